@@ -1,0 +1,33 @@
+//! Generates the client-server gRPC services. Messages are the serde types in
+//! `src/rpc/`, carried by a JSON codec, so there is no second copy of any type.
+
+use tonic_build::manual::{Builder, Method, Service};
+
+fn unary(name: &str, route: &str, input: &str, output: &str) -> Method {
+    Method::builder()
+        .name(name)
+        .route_name(route)
+        .input_type(format!("crate::rpc::{input}"))
+        .output_type(format!("crate::rpc::{output}"))
+        .codec_path("crate::rpc::codec::JsonCodec")
+        .build()
+}
+
+fn main() {
+    let node = Service::builder()
+        .name("Node")
+        .package("nomad")
+        .comment("RPCs a client node makes; every call is authenticated by the node's SecretID.")
+        .method(unary("register", "Register", "NodeRegisterRequest", "NodeUpdateResponse"))
+        .method(unary("update_status", "UpdateStatus", "NodeUpdateStatusRequest", "NodeUpdateResponse"))
+        .method(unary("update_alloc", "UpdateAlloc", "AllocUpdateRequest", "GenericResponse"))
+        .method(unary("get_client_allocs", "GetClientAllocs", "NodeSpecificRequest", "NodeClientAllocsResponse"))
+        .build();
+    let alloc = Service::builder()
+        .name("Alloc")
+        .package("nomad")
+        .comment("Alloc reads for client nodes.")
+        .method(unary("get_allocs", "GetAllocs", "AllocsGetRequest", "AllocsGetResponse"))
+        .build();
+    Builder::new().compile(&[node, alloc]);
+}

@@ -1,0 +1,221 @@
+//! Nomad's job defaults (`api.Job.Canonicalize` then `structs.Job.Canonicalize`).
+//!
+//! Static defaults (count 1, priority 50, 100 MHz / 300 MiB, 5 s kill
+//! timeout, ...) live in the types' `Default` impls and serde field defaults,
+//! so an absent or `null` key gets them while an explicit value is kept.
+//! Defaults that depend on other fields are filled here.
+
+use crate::job::{
+    DEFAULT_NAMESPACE, DEFAULT_NODE_POOL, DEFAULT_REGION, Job, JobType, ReschedulePolicy, RestartPolicy, RESTART_MODE_FAIL,
+    UpdateStrategy,
+};
+use crate::service::{SERVICE_PROVIDER_CONSUL, Service};
+
+impl Job {
+    /// Fills every default Nomad fills before validation. Idempotent.
+    pub fn canonicalize(&mut self) {
+        if self.name.is_empty() {
+            self.name = self.id.clone();
+        }
+        if self.namespace.is_empty() {
+            self.namespace = DEFAULT_NAMESPACE.to_string();
+        }
+        if self.region.is_empty() {
+            self.region = DEFAULT_REGION.to_string();
+        }
+        if self.node_pool.is_empty() {
+            self.node_pool = DEFAULT_NODE_POOL.to_string();
+        }
+        if self.datacenters.is_empty() {
+            self.datacenters = vec!["*".to_string()];
+        }
+        for c in &mut self.constraints {
+            default_operand(&mut c.operand);
+        }
+        for a in &mut self.affinities {
+            default_operand(&mut a.operand);
+        }
+        let job_update = match self.job_type {
+            JobType::Service => {
+                let mut u = self.update.take().unwrap_or_else(UpdateStrategy::default_service);
+                fill_update_defaults(&mut u);
+                u
+            }
+            _ => self.update.take().unwrap_or_default(),
+        };
+        let job_type = self.job_type;
+        let job_id = self.id.clone();
+        for g in &mut self.task_groups {
+            if job_type == JobType::Service && g.update.is_none() {
+                g.update = Some(job_update.clone());
+            }
+            if let Some(u) = g.update.as_mut() {
+                fill_update_defaults(u);
+            }
+            let restart = g.restart_policy.get_or_insert_with(|| match job_type {
+                JobType::Batch | JobType::Sysbatch => RestartPolicy::default_batch(),
+                _ => RestartPolicy::default_service(),
+            });
+            if restart.mode.is_empty() {
+                restart.mode = RESTART_MODE_FAIL.to_string();
+            }
+            let restart = restart.clone();
+            if matches!(job_type, JobType::Service | JobType::Batch) {
+                let resched = g.reschedule_policy.get_or_insert_with(|| match job_type {
+                    JobType::Batch => ReschedulePolicy::default_batch(),
+                    _ => ReschedulePolicy::default_service(),
+                });
+                if resched.delay_function.is_empty() {
+                    resched.delay_function =
+                        if job_type == JobType::Batch { "constant" } else { "exponential" }.to_string();
+                }
+            }
+            if job_type == JobType::Service && g.migrate.is_none() {
+                g.migrate = Some(Default::default());
+            }
+            for c in &mut g.constraints {
+                default_operand(&mut c.operand);
+            }
+            for a in &mut g.affinities {
+                default_operand(&mut a.operand);
+            }
+            for n in &mut g.networks {
+                if n.mode.is_empty() {
+                    n.mode = "host".to_string();
+                }
+            }
+            let group_name = g.name.clone();
+            for s in &mut g.services {
+                canonicalize_service(s, &format!("{job_id}-{group_name}"));
+            }
+            for v in g.volumes.values_mut() {
+                if v.volume_type.is_empty() {
+                    v.volume_type = "host".to_string();
+                }
+            }
+            for t in &mut g.tasks {
+                if t.restart_policy.is_none() {
+                    t.restart_policy = Some(restart.clone());
+                }
+                if t.resources.cores > 0 {
+                    t.resources.cpu = 0;
+                }
+                for c in &mut t.constraints {
+                    default_operand(&mut c.operand);
+                }
+                for a in &mut t.affinities {
+                    default_operand(&mut a.operand);
+                }
+                for m in &mut t.volume_mounts {
+                    if m.propagation_mode.is_empty() {
+                        m.propagation_mode = "private".to_string();
+                    }
+                }
+                let task_name = t.name.clone();
+                for s in &mut t.services {
+                    canonicalize_service(s, &format!("{job_id}-{group_name}-{task_name}"));
+                }
+            }
+        }
+        self.update = Some(job_update);
+    }
+}
+
+fn default_operand(op: &mut String) {
+    if op.is_empty() {
+        *op = "=".to_string();
+    }
+}
+
+fn fill_update_defaults(u: &mut UpdateStrategy) {
+    let d = UpdateStrategy::default_service();
+    if u.health_check.is_empty() {
+        u.health_check = d.health_check;
+    }
+    if u.stagger == 0 {
+        u.stagger = d.stagger;
+    }
+    if u.min_healthy_time == 0 {
+        u.min_healthy_time = d.min_healthy_time;
+    }
+    if u.healthy_deadline == 0 {
+        u.healthy_deadline = d.healthy_deadline;
+    }
+    if u.progress_deadline == 0 {
+        u.progress_deadline = d.progress_deadline;
+    }
+}
+
+fn canonicalize_service(s: &mut Service, default_name: &str) {
+    if s.name.is_empty() {
+        s.name = default_name.to_string();
+    }
+    if s.address_mode.is_empty() {
+        s.address_mode = "auto".to_string();
+    }
+    if s.provider.is_empty() {
+        s.provider = SERVICE_PROVIDER_CONSUL.to_string();
+    }
+    if s.on_update.is_empty() {
+        s.on_update = "require_healthy".to_string();
+    }
+    for c in &mut s.checks {
+        if c.on_update.is_empty() {
+            c.on_update = s.on_update.clone();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lenient;
+
+    #[test]
+    fn a_minimal_json_job_gets_nomads_defaults() {
+        let mut job: Job = lenient::from_slice(
+            br#"{"ID":"web","TaskGroups":[{"Name":"g","Tasks":[{"Name":"t","Driver":"raw_exec",
+                "Services":[{"PortLabel":"http"}]}]}]}"#,
+        )
+        .unwrap();
+        job.canonicalize();
+        assert_eq!(job.name, "web");
+        assert_eq!(job.namespace, "default");
+        assert_eq!(job.region, "global");
+        assert_eq!(job.priority, 50);
+        assert_eq!(job.job_type, JobType::Service);
+        assert_eq!(job.datacenters, vec!["*"]);
+        assert_eq!(job.node_pool, "default");
+        let g = &job.task_groups[0];
+        assert_eq!(g.count, 1);
+        assert_eq!(g.ephemeral_disk.size_mb, 300);
+        assert_eq!(g.restart_policy.as_ref().unwrap().attempts, 2);
+        assert!(g.reschedule_policy.as_ref().unwrap().unlimited);
+        assert_eq!(g.update.as_ref().unwrap().max_parallel, 1);
+        let t = &g.tasks[0];
+        assert_eq!(t.resources.cpu, 100);
+        assert_eq!(t.resources.memory_mb, 300);
+        assert_eq!(t.kill_timeout, 5_000_000_000);
+        assert_eq!(t.log_config.max_files, 10);
+        assert_eq!(t.restart_policy, g.restart_policy);
+        assert_eq!(t.services[0].name, "web-g-t");
+        assert_eq!(t.services[0].provider, "consul");
+    }
+
+    #[test]
+    fn explicit_zero_count_and_batch_policies_are_kept() {
+        let mut job: Job = lenient::from_slice(
+            br#"{"ID":"b","Type":"batch","TaskGroups":[{"Name":"g","Count":0,"Tasks":[{"Name":"t","Driver":"raw_exec"}]}]}"#,
+        )
+        .unwrap();
+        job.canonicalize();
+        let g = &job.task_groups[0];
+        assert_eq!(g.count, 0);
+        assert_eq!(g.restart_policy.as_ref().unwrap().attempts, 3);
+        assert_eq!(g.reschedule_policy.as_ref().unwrap().attempts, 1);
+        assert!(g.update.is_none());
+        let before = job.clone();
+        job.canonicalize();
+        assert_eq!(job, before, "canonicalize is idempotent");
+    }
+}

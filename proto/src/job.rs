@@ -1,0 +1,754 @@
+//! Jobs, task groups and tasks in Nomad's JSON shape (`structs.Job`).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::resources::{NetworkResource, Resources};
+use crate::service::Service;
+use crate::volume::{VolumeMount, VolumeRequest};
+
+/// The namespace every object lives in unless told otherwise.
+pub const DEFAULT_NAMESPACE: &str = "default";
+/// The region a single cluster uses unless configured.
+pub const DEFAULT_REGION: &str = "global";
+/// The node pool nodes and jobs use unless told otherwise.
+pub const DEFAULT_NODE_POOL: &str = "default";
+/// The node pool name that matches every node; not allowed on a node.
+pub const ALL_NODE_POOL: &str = "all";
+/// Default job priority.
+pub const DEFAULT_JOB_PRIORITY: i64 = 50;
+/// Highest job priority a server accepts by default.
+pub const MAX_JOB_PRIORITY: i64 = 100;
+
+/// Which scheduler places a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum JobType {
+    /// Long-running services (the default).
+    #[default]
+    #[serde(alias = "")]
+    Service,
+    /// Run-to-completion work.
+    Batch,
+    /// One alloc on every feasible node.
+    System,
+    /// Run-to-completion on every feasible node.
+    Sysbatch,
+    /// Internal garbage-collection jobs.
+    #[serde(rename = "_core")]
+    Core,
+}
+
+impl JobType {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobType::Service => "service",
+            JobType::Batch => "batch",
+            JobType::System => "system",
+            JobType::Sysbatch => "sysbatch",
+            JobType::Core => "_core",
+        }
+    }
+}
+
+impl std::fmt::Display for JobType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A job's overall status, derived from its allocs and evals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum JobStatus {
+    /// Nothing placed yet.
+    #[default]
+    #[serde(alias = "")]
+    Pending,
+    /// At least one alloc is not terminal.
+    Running,
+    /// Stopped, or finished.
+    Dead,
+}
+
+impl JobStatus {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Pending => "pending",
+            JobStatus::Running => "running",
+            JobStatus::Dead => "dead",
+        }
+    }
+}
+
+/// A job: the unit users submit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct Job {
+    /// Marked for stopping; the scheduler stops every alloc.
+    pub stop: bool,
+    /// Region.
+    pub region: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Unique ID within the namespace.
+    #[serde(rename = "ID")]
+    pub id: String,
+    /// Parent job of a dispatched or periodic child.
+    #[serde(rename = "ParentID")]
+    pub parent_id: String,
+    /// Display name (defaults to the ID).
+    pub name: String,
+    /// Scheduler type.
+    #[serde(rename = "Type")]
+    pub job_type: JobType,
+    /// Priority 1..=100.
+    pub priority: i64,
+    /// Place all or nothing.
+    pub all_at_once: bool,
+    /// Datacenters, glob patterns allowed.
+    pub datacenters: Vec<String>,
+    /// Node pool.
+    pub node_pool: String,
+    /// Constraints on every group.
+    pub constraints: Vec<Constraint>,
+    /// Affinities on every group.
+    pub affinities: Vec<Affinity>,
+    /// Spreads on every group.
+    pub spreads: Vec<Spread>,
+    /// Task groups.
+    pub task_groups: Vec<TaskGroup>,
+    /// Job-level update strategy (set for every job once canonicalized).
+    pub update: Option<UpdateStrategy>,
+    /// Multi-region settings (kept for shape).
+    pub multiregion: Option<serde_json::Value>,
+    /// Periodic launch settings.
+    pub periodic: Option<PeriodicConfig>,
+    /// Parameterized (dispatch) settings.
+    pub parameterized_job: Option<ParameterizedJobConfig>,
+    /// Whether this is a dispatched child.
+    pub dispatched: bool,
+    /// Idempotency token of a dispatch.
+    pub dispatch_idempotency_token: String,
+    /// Dispatch payload (base64 in JSON).
+    pub payload: Option<String>,
+    /// User metadata.
+    pub meta: BTreeMap<String, String>,
+    /// Consul token used at submission (never returned).
+    pub consul_token: String,
+    /// Consul namespace.
+    pub consul_namespace: String,
+    /// Vault token used at submission (never returned).
+    pub vault_token: String,
+    /// Vault namespace.
+    pub vault_namespace: String,
+    /// Token that submitted the job.
+    #[serde(rename = "NomadTokenID")]
+    pub nomad_token_id: String,
+    /// Derived status.
+    pub status: JobStatus,
+    /// Why the status is what it is.
+    pub status_description: String,
+    /// This version is marked stable.
+    pub stable: bool,
+    /// Version, bumped when the spec changes.
+    pub version: u64,
+    /// Submission time, Unix nanoseconds.
+    pub submit_time: i64,
+    /// Raft index that created the job.
+    pub create_index: u64,
+    /// Raft index of the last change, including status.
+    pub modify_index: u64,
+    /// Raft index of the last spec change.
+    pub job_modify_index: u64,
+}
+
+impl Default for Job {
+    fn default() -> Self {
+        Job {
+            stop: false,
+            region: String::new(),
+            namespace: String::new(),
+            id: String::new(),
+            parent_id: String::new(),
+            name: String::new(),
+            job_type: JobType::Service,
+            priority: DEFAULT_JOB_PRIORITY,
+            all_at_once: false,
+            datacenters: Vec::new(),
+            node_pool: String::new(),
+            constraints: Vec::new(),
+            affinities: Vec::new(),
+            spreads: Vec::new(),
+            task_groups: Vec::new(),
+            update: None,
+            multiregion: None,
+            periodic: None,
+            parameterized_job: None,
+            dispatched: false,
+            dispatch_idempotency_token: String::new(),
+            payload: None,
+            meta: BTreeMap::new(),
+            consul_token: String::new(),
+            consul_namespace: String::new(),
+            vault_token: String::new(),
+            vault_namespace: String::new(),
+            nomad_token_id: String::new(),
+            status: JobStatus::Pending,
+            status_description: String::new(),
+            stable: false,
+            version: 0,
+            submit_time: 0,
+            create_index: 0,
+            modify_index: 0,
+            job_modify_index: 0,
+        }
+    }
+}
+
+impl Job {
+    /// The group with this name.
+    pub fn lookup_task_group(&self, name: &str) -> Option<&TaskGroup> {
+        self.task_groups.iter().find(|g| g.name == name)
+    }
+
+    /// Periodic or parameterized jobs are templates: registering them creates no eval.
+    pub fn is_periodic_or_parameterized(&self) -> bool {
+        self.periodic.as_ref().is_some_and(|p| p.enabled) || self.parameterized_job.is_some()
+    }
+
+    /// `(namespace, id)`, the key jobs are stored under.
+    pub fn namespaced_id(&self) -> crate::NamespacedId {
+        crate::NamespacedId::new(&self.namespace, &self.id)
+    }
+
+    /// True when two versions differ in what users specified (ignoring indexes,
+    /// status and bookkeeping), which is when the version is bumped.
+    pub fn spec_changed(&self, other: &Job) -> bool {
+        let strip = |j: &Job| {
+            let mut j = j.clone();
+            j.status = JobStatus::Pending;
+            j.status_description.clear();
+            j.stable = false;
+            j.version = 0;
+            j.submit_time = 0;
+            j.create_index = 0;
+            j.modify_index = 0;
+            j.job_modify_index = 0;
+            j
+        };
+        strip(self) != strip(other)
+    }
+}
+
+/// A group of tasks placed together on one node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct TaskGroup {
+    /// Name, unique in the job.
+    pub name: String,
+    /// How many allocs to run (0 allowed).
+    pub count: i64,
+    /// Update strategy (inherits the job's).
+    pub update: Option<UpdateStrategy>,
+    /// Migration strategy for drains.
+    pub migrate: Option<MigrateStrategy>,
+    /// Constraints.
+    pub constraints: Vec<Constraint>,
+    /// Scaling policy (kept for shape).
+    pub scaling: Option<serde_json::Value>,
+    /// Restart policy for the group's tasks (default depends on the job type).
+    pub restart_policy: Option<RestartPolicy>,
+    /// Tasks.
+    pub tasks: Vec<Task>,
+    /// Ephemeral disk.
+    pub ephemeral_disk: EphemeralDisk,
+    /// User metadata.
+    pub meta: BTreeMap<String, String>,
+    /// Reschedule policy (default depends on the job type).
+    pub reschedule_policy: Option<ReschedulePolicy>,
+    /// Affinities.
+    pub affinities: Vec<Affinity>,
+    /// Spreads.
+    pub spreads: Vec<Spread>,
+    /// Group networks.
+    pub networks: Vec<NetworkResource>,
+    /// Consul settings (kept for shape).
+    pub consul: Option<serde_json::Value>,
+    /// Group services.
+    pub services: Vec<Service>,
+    /// Volumes, keyed by name.
+    pub volumes: BTreeMap<String, VolumeRequest>,
+    /// Time between deregistering services and killing tasks, ns.
+    pub shutdown_delay: Option<i64>,
+    /// Stop allocs this long after their client stops heartbeating, ns.
+    pub stop_after_client_disconnect: Option<i64>,
+    /// Keep allocs `unknown` (not lost) this long while their client is disconnected, ns.
+    pub max_client_disconnect: Option<i64>,
+}
+
+impl Default for TaskGroup {
+    fn default() -> Self {
+        TaskGroup {
+            name: String::new(),
+            count: 1,
+            update: None,
+            migrate: None,
+            constraints: Vec::new(),
+            scaling: None,
+            restart_policy: None,
+            tasks: Vec::new(),
+            ephemeral_disk: EphemeralDisk::default(),
+            meta: BTreeMap::new(),
+            reschedule_policy: None,
+            affinities: Vec::new(),
+            spreads: Vec::new(),
+            networks: Vec::new(),
+            consul: None,
+            services: Vec::new(),
+            volumes: BTreeMap::new(),
+            shutdown_delay: None,
+            stop_after_client_disconnect: None,
+            max_client_disconnect: None,
+        }
+    }
+}
+
+impl TaskGroup {
+    /// The task with this name.
+    pub fn lookup_task(&self, name: &str) -> Option<&Task> {
+        self.tasks.iter().find(|t| t.name == name)
+    }
+
+    /// The group keeps allocs `unknown` while their node is disconnected.
+    pub fn supports_disconnected_clients(&self) -> bool {
+        self.max_client_disconnect.is_some()
+    }
+}
+
+/// One task: a process, container or VM run by a driver.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct Task {
+    /// Name, unique in the group.
+    pub name: String,
+    /// Driver (`raw_exec`, `exec`, `oci`, ...).
+    pub driver: String,
+    /// User to run as.
+    pub user: String,
+    /// Driver configuration, free-form.
+    pub config: BTreeMap<String, serde_json::Value>,
+    /// Environment variables.
+    pub env: BTreeMap<String, String>,
+    /// Task services.
+    pub services: Vec<Service>,
+    /// Vault settings (kept for shape).
+    pub vault: Option<serde_json::Value>,
+    /// Templates.
+    pub templates: Vec<Template>,
+    /// Constraints.
+    pub constraints: Vec<Constraint>,
+    /// Affinities.
+    pub affinities: Vec<Affinity>,
+    /// Resources.
+    pub resources: Resources,
+    /// Restart policy (copied from the group at canonicalization).
+    pub restart_policy: Option<RestartPolicy>,
+    /// Dispatch payload file.
+    pub dispatch_payload: Option<serde_json::Value>,
+    /// Lifecycle hook.
+    pub lifecycle: Option<TaskLifecycle>,
+    /// User metadata.
+    pub meta: BTreeMap<String, String>,
+    /// Time between the kill signal and SIGKILL, ns.
+    pub kill_timeout: i64,
+    /// Log rotation.
+    pub log_config: LogConfig,
+    /// Artifacts to fetch.
+    pub artifacts: Vec<TaskArtifact>,
+    /// The group stops when a leader task exits.
+    pub leader: bool,
+    /// Delay before killing, ns.
+    pub shutdown_delay: i64,
+    /// Volume mounts.
+    pub volume_mounts: Vec<VolumeMount>,
+    /// Scaling policies (kept for shape).
+    pub scaling_policies: Vec<serde_json::Value>,
+    /// Signal sent to stop the task (default SIGINT for Nomad; we follow it).
+    pub kill_signal: String,
+    /// Task kind, e.g. `connect-proxy:<service>`.
+    pub kind: String,
+    /// CSI plugin configuration.
+    #[serde(rename = "CSIPluginConfig")]
+    pub csi_plugin_config: Option<CsiPluginConfig>,
+    /// Workload identity (kept for shape).
+    pub identity: Option<serde_json::Value>,
+}
+
+/// Default time between the kill signal and SIGKILL: 5 s.
+pub const DEFAULT_KILL_TIMEOUT_NS: i64 = 5_000_000_000;
+
+impl Default for Task {
+    fn default() -> Self {
+        Task {
+            name: String::new(),
+            driver: String::new(),
+            user: String::new(),
+            config: BTreeMap::new(),
+            env: BTreeMap::new(),
+            services: Vec::new(),
+            vault: None,
+            templates: Vec::new(),
+            constraints: Vec::new(),
+            affinities: Vec::new(),
+            resources: Resources::default(),
+            restart_policy: None,
+            dispatch_payload: None,
+            lifecycle: None,
+            meta: BTreeMap::new(),
+            kill_timeout: DEFAULT_KILL_TIMEOUT_NS,
+            log_config: LogConfig::default(),
+            artifacts: Vec::new(),
+            leader: false,
+            shutdown_delay: 0,
+            volume_mounts: Vec::new(),
+            scaling_policies: Vec::new(),
+            kill_signal: String::new(),
+            kind: String::new(),
+            csi_plugin_config: None,
+            identity: None,
+        }
+    }
+}
+
+/// A placement rule: `LTarget Operand RTarget`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct Constraint {
+    /// Left side, usually `${attr.*}`, `${node.*}` or `${meta.*}`.
+    pub l_target: String,
+    /// Right side.
+    pub r_target: String,
+    /// Operator (`=`, `!=`, `<`, `regexp`, `version`, `distinct_hosts`, ...).
+    pub operand: String,
+}
+
+impl std::fmt::Display for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} {}", self.l_target, self.operand, self.r_target)
+    }
+}
+
+/// A placement preference with a weight in -100..=100.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct Affinity {
+    /// Left side.
+    pub l_target: String,
+    /// Right side.
+    pub r_target: String,
+    /// Operator.
+    pub operand: String,
+    /// Weight, -100..=100, non-zero.
+    pub weight: i64,
+}
+
+/// Spread allocs over the values of an attribute.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct Spread {
+    /// Attribute to spread over, e.g. `${node.datacenter}`.
+    pub attribute: String,
+    /// Weight, 0..=100.
+    pub weight: i64,
+    /// Desired percentages per value.
+    pub spread_target: Vec<SpreadTarget>,
+}
+
+/// One target share of a spread.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct SpreadTarget {
+    /// Attribute value.
+    pub value: String,
+    /// Percent of allocs.
+    pub percent: i64,
+}
+
+/// What happens when a task exits (`restart {}`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct RestartPolicy {
+    /// Restarts allowed within `Interval`.
+    pub attempts: i64,
+    /// Window for counting attempts, ns.
+    pub interval: i64,
+    /// Wait before a restart, ns.
+    pub delay: i64,
+    /// `fail` or `delay` once attempts are used up.
+    pub mode: String,
+    /// Re-render templates on restart.
+    pub render_templates: bool,
+}
+
+/// Restart mode: give up and fail the task.
+pub const RESTART_MODE_FAIL: &str = "fail";
+/// Restart mode: wait out the interval and try again.
+pub const RESTART_MODE_DELAY: &str = "delay";
+
+impl RestartPolicy {
+    /// Nomad's default for service and system jobs: 2 attempts in 30 min, 15 s delay, fail.
+    pub fn default_service() -> RestartPolicy {
+        RestartPolicy { attempts: 2, interval: 30 * 60 * NS, delay: 15 * NS, mode: RESTART_MODE_FAIL.into(), render_templates: false }
+    }
+
+    /// Nomad's default for batch jobs: 3 attempts in 24 h, 15 s delay, fail.
+    pub fn default_batch() -> RestartPolicy {
+        RestartPolicy { attempts: 3, interval: 24 * 3600 * NS, delay: 15 * NS, mode: RESTART_MODE_FAIL.into(), render_templates: false }
+    }
+}
+
+const NS: i64 = 1_000_000_000;
+
+/// Where and how failed allocs are replaced (`reschedule {}`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct ReschedulePolicy {
+    /// Reschedules allowed within `Interval`.
+    pub attempts: i64,
+    /// Window, ns.
+    pub interval: i64,
+    /// Base delay, ns.
+    pub delay: i64,
+    /// `constant`, `exponential` or `fibonacci`.
+    pub delay_function: String,
+    /// Cap on the delay, ns.
+    pub max_delay: i64,
+    /// Reschedule forever.
+    pub unlimited: bool,
+}
+
+impl ReschedulePolicy {
+    /// Nomad's default for service jobs: unlimited, 30 s exponential up to 1 h.
+    pub fn default_service() -> ReschedulePolicy {
+        ReschedulePolicy { attempts: 0, interval: 0, delay: 30 * NS, delay_function: "exponential".into(), max_delay: 3600 * NS, unlimited: true }
+    }
+
+    /// Nomad's default for batch jobs: once in 24 h after 5 s.
+    pub fn default_batch() -> ReschedulePolicy {
+        ReschedulePolicy { attempts: 1, interval: 24 * 3600 * NS, delay: 5 * NS, delay_function: "constant".into(), max_delay: 0, unlimited: false }
+    }
+
+    /// True when the policy allows any rescheduling at all.
+    pub fn enabled(&self) -> bool {
+        self.unlimited || (self.attempts > 0 && self.interval > 0)
+    }
+}
+
+/// How allocs are replaced on a job update (`update {}`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct UpdateStrategy {
+    /// Deprecated stagger, ns.
+    pub stagger: i64,
+    /// Allocs updated at once (0: no rolling updates).
+    pub max_parallel: i64,
+    /// `checks`, `task_states` or `manual`.
+    pub health_check: String,
+    /// Healthy for this long to count, ns.
+    pub min_healthy_time: i64,
+    /// Must be healthy by this, ns.
+    pub healthy_deadline: i64,
+    /// Deployment fails without progress for this long, ns.
+    pub progress_deadline: i64,
+    /// Revert to the last stable version on failure.
+    pub auto_revert: bool,
+    /// Promote canaries automatically.
+    pub auto_promote: bool,
+    /// Canaries to place.
+    pub canary: i64,
+}
+
+impl UpdateStrategy {
+    /// Nomad's default for service jobs.
+    pub fn default_service() -> UpdateStrategy {
+        UpdateStrategy {
+            stagger: 30 * NS,
+            max_parallel: 1,
+            health_check: "checks".into(),
+            min_healthy_time: 10 * NS,
+            healthy_deadline: 5 * 60 * NS,
+            progress_deadline: 10 * 60 * NS,
+            auto_revert: false,
+            auto_promote: false,
+            canary: 0,
+        }
+    }
+}
+
+/// How allocs leave a draining node (`migrate {}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct MigrateStrategy {
+    /// Allocs migrated at once.
+    pub max_parallel: i64,
+    /// `checks` or `task_states`.
+    pub health_check: String,
+    /// Healthy for this long, ns.
+    pub min_healthy_time: i64,
+    /// Must be healthy by this, ns.
+    pub healthy_deadline: i64,
+}
+
+impl Default for MigrateStrategy {
+    fn default() -> Self {
+        MigrateStrategy { max_parallel: 1, health_check: "checks".into(), min_healthy_time: 10 * NS, healthy_deadline: 5 * 60 * NS }
+    }
+}
+
+/// Scratch disk for a group.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct EphemeralDisk {
+    /// Keep on the same node across updates.
+    pub sticky: bool,
+    /// Size in MiB (default 300).
+    #[serde(rename = "SizeMB")]
+    pub size_mb: i64,
+    /// Move with the alloc.
+    pub migrate: bool,
+}
+
+impl Default for EphemeralDisk {
+    fn default() -> Self {
+        EphemeralDisk { sticky: false, size_mb: 300, migrate: false }
+    }
+}
+
+/// Log rotation for a task (`logs {}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct LogConfig {
+    /// Files kept per stream.
+    pub max_files: i64,
+    /// Size of each file in MiB.
+    #[serde(rename = "MaxFileSizeMB")]
+    pub max_file_size_mb: i64,
+    /// Do not collect logs.
+    pub disabled: bool,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig { max_files: 10, max_file_size_mb: 10, disabled: false }
+    }
+}
+
+/// Lifecycle hook of a task (`lifecycle { hook sidecar }`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct TaskLifecycle {
+    /// `prestart`, `poststart` or `poststop`.
+    pub hook: String,
+    /// Keep running alongside the main tasks.
+    pub sidecar: bool,
+}
+
+/// Lifecycle hook names.
+pub mod lifecycle_hook {
+    /// Runs before the main tasks.
+    pub const PRESTART: &str = "prestart";
+    /// Runs after the main tasks started.
+    pub const POSTSTART: &str = "poststart";
+    /// Runs after the main tasks stopped.
+    pub const POSTSTOP: &str = "poststop";
+}
+
+/// Periodic launches (`periodic {}`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct PeriodicConfig {
+    /// Enabled.
+    pub enabled: bool,
+    /// Cron spec.
+    pub spec: String,
+    /// Cron specs.
+    pub specs: Vec<String>,
+    /// Spec type (`cron`).
+    pub spec_type: String,
+    /// Skip a launch while the previous runs.
+    pub prohibit_overlap: bool,
+    /// Time zone.
+    pub time_zone: String,
+}
+
+/// Dispatch settings (`parameterized {}`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct ParameterizedJobConfig {
+    /// `optional`, `required` or `forbidden`.
+    pub payload: String,
+    /// Required meta keys.
+    pub meta_required: Vec<String>,
+    /// Optional meta keys.
+    pub meta_optional: Vec<String>,
+}
+
+/// A template rendered into the task dir.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct Template {
+    /// Source path.
+    pub source_path: String,
+    /// Destination path.
+    pub dest_path: String,
+    /// Inline template.
+    pub embedded_tmpl: String,
+    /// What to do on change.
+    pub change_mode: String,
+    /// Signal for the `signal` change mode.
+    pub change_signal: String,
+    /// Splay, ns.
+    pub splay: i64,
+    /// File mode.
+    pub perms: String,
+    /// Export as environment.
+    pub envvars: bool,
+}
+
+/// An artifact fetched into the task dir.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct TaskArtifact {
+    /// Source URL.
+    pub getter_source: String,
+    /// Getter options.
+    pub getter_options: BTreeMap<String, String>,
+    /// Headers.
+    pub getter_headers: BTreeMap<String, String>,
+    /// `any`, `file` or `dir`.
+    pub getter_mode: String,
+    /// Destination relative to the task dir.
+    pub relative_dest: String,
+}
+
+/// A task that serves as a CSI plugin.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct CsiPluginConfig {
+    /// Plugin ID.
+    #[serde(rename = "ID")]
+    pub id: String,
+    /// `controller`, `node` or `monolith`.
+    #[serde(rename = "Type")]
+    pub plugin_type: String,
+    /// Where the plugin's socket is mounted in the task.
+    pub mount_dir: String,
+    /// Base dir for staging and publishing inside the plugin.
+    pub stage_publish_base_dir: String,
+    /// Health check timeout, ns.
+    pub health_timeout: i64,
+}

@@ -1,0 +1,170 @@
+//! The client-server RPC: messages and the generated gRPC services.
+//!
+//! Method names follow Nomad's (`Node.Register`, `Node.UpdateStatus`,
+//! `Node.UpdateAlloc`, `Node.GetClientAllocs`, `Alloc.GetAllocs`). Every call
+//! carries the node's SecretID; servers refuse a call whose secret does not
+//! match the stored node and change nothing.
+
+pub mod codec;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::alloc::Allocation;
+use crate::node::{Node, NodeEvent, NodeStatus};
+
+#[allow(missing_docs, clippy::all)]
+mod generated {
+    include!(concat!(env!("OUT_DIR"), "/nomad.Node.rs"));
+    include!(concat!(env!("OUT_DIR"), "/nomad.Alloc.rs"));
+}
+
+pub use generated::alloc_client::AllocClient;
+pub use generated::alloc_server::{Alloc as AllocRpc, AllocServer};
+pub use generated::node_client::NodeClient;
+pub use generated::node_server::{Node as NodeRpc, NodeServer};
+
+/// `Node.Register`: upsert the whole node.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct NodeRegisterRequest {
+    /// The node, including its SecretID.
+    pub node: Node,
+    /// Region.
+    pub region: String,
+}
+
+/// Reply to `Node.Register` and `Node.UpdateStatus`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct NodeUpdateResponse {
+    /// Heartbeat within this long, ns (0 when no timer was set, e.g. the node is down).
+    #[serde(rename = "HeartbeatTTL")]
+    pub heartbeat_ttl: i64,
+    /// Evals created.
+    #[serde(rename = "EvalIDs")]
+    pub eval_ids: Vec<String>,
+    /// Index of the eval write.
+    pub eval_create_index: u64,
+    /// Index of the node write.
+    pub node_modify_index: u64,
+    /// Leader's RPC address.
+    #[serde(rename = "LeaderRPCAddr")]
+    pub leader_rpc_addr: String,
+    /// Nodes in the cluster.
+    pub num_nodes: i64,
+    /// Servers the client may use.
+    pub servers: Vec<NodeServerInfo>,
+    /// The node's status after the call.
+    pub status: NodeStatus,
+    /// Index of the write (0 when nothing was written).
+    pub index: u64,
+}
+
+/// A server a client may talk to.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct NodeServerInfo {
+    /// RPC address.
+    #[serde(rename = "RPCAdvertiseAddr")]
+    pub rpc_advertise_addr: String,
+    /// Datacenter.
+    pub datacenter: String,
+}
+
+/// `Node.UpdateStatus`: the heartbeat, or a status change.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct NodeUpdateStatusRequest {
+    /// Node.
+    #[serde(rename = "NodeID")]
+    pub node_id: String,
+    /// Requested status (clients always send `ready`).
+    pub status: NodeStatus,
+    /// Event to record with the change.
+    pub node_event: Option<NodeEvent>,
+    /// Client time of the update, Unix seconds.
+    pub updated_at: i64,
+    /// The node's secret.
+    #[serde(rename = "SecretID")]
+    pub secret_id: String,
+}
+
+/// `Node.UpdateAlloc`: client-side alloc status.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct AllocUpdateRequest {
+    /// Stripped allocs: ID, NodeID, ClientStatus, ClientDescription, TaskStates, ...
+    pub alloc: Vec<Allocation>,
+    /// Must be empty; evals are created by the server.
+    pub evals: Vec<crate::Evaluation>,
+    /// The node's secret.
+    #[serde(rename = "SecretID")]
+    pub secret_id: String,
+}
+
+/// A reply that only carries the write index.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct GenericResponse {
+    /// Raft index of the write.
+    pub index: u64,
+}
+
+/// A blocking query about one node.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct NodeSpecificRequest {
+    /// Node.
+    #[serde(rename = "NodeID")]
+    pub node_id: String,
+    /// The node's secret.
+    #[serde(rename = "SecretID")]
+    pub secret_id: String,
+    /// Block until the result's index is above this.
+    pub min_query_index: u64,
+    /// Longest wait, ns (0: server default).
+    pub max_query_time: i64,
+}
+
+/// Reply to `Node.GetClientAllocs`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct NodeClientAllocsResponse {
+    /// Alloc ID to AllocModifyIndex, for every alloc on the node.
+    pub allocs: BTreeMap<String, u64>,
+    /// Migrate tokens.
+    pub migrate_tokens: BTreeMap<String, String>,
+    /// Index of the result.
+    pub index: u64,
+}
+
+/// `Alloc.GetAllocs`: fetch allocs by ID.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct AllocsGetRequest {
+    /// Alloc IDs.
+    #[serde(rename = "AllocIDs")]
+    pub alloc_ids: Vec<String>,
+    /// Node asking (its allocs only).
+    #[serde(rename = "NodeID")]
+    pub node_id: String,
+    /// The node's secret.
+    #[serde(rename = "SecretID")]
+    pub secret_id: String,
+    /// Wait until the state is at least this index.
+    pub min_query_index: u64,
+    /// Longest wait, ns.
+    pub max_query_time: i64,
+}
+
+/// Reply to `Alloc.GetAllocs`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct AllocsGetResponse {
+    /// The allocs found.
+    pub allocs: Vec<Allocation>,
+    /// Index of the result.
+    pub index: u64,
+}

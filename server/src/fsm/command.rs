@@ -1,0 +1,177 @@
+//! The commands written to the Raft log.
+//!
+//! A command carries everything its application needs, including timestamps
+//! and generated IDs, so applying it reads no clock and no randomness and
+//! every server (and every replay after a restart) reaches the same state.
+//! Commands are part of the on-disk format: add variants and optional fields,
+//! never change the meaning of existing ones.
+
+use std::collections::BTreeMap;
+
+use nomad_proto::node::DrainStrategy;
+use nomad_proto::{Allocation, DesiredTransition, Evaluation, Job, Node, NodeEvent, NodeStatus, SchedulingEligibility, Timestamp};
+use serde::{Deserialize, Serialize};
+
+/// One state change, applied by the FSM at a Raft index.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Command {
+    /// Upsert a node (`Node.Register`) and create the evals the endpoint decided on.
+    NodeRegister {
+        /// The node as registered; the FSM keeps stored status, eligibility, drain and events.
+        node: Node,
+        /// Evals to create in the same transaction.
+        evals: Vec<Evaluation>,
+        /// Server time of the call.
+        now: Timestamp,
+    },
+    /// Change a node's status (`Node.UpdateStatus`, heartbeat expiry).
+    NodeUpdateStatus {
+        /// Node.
+        node_id: String,
+        /// New status.
+        status: NodeStatus,
+        /// Event to record.
+        event: Option<NodeEvent>,
+        /// Unix seconds of the change.
+        updated_at: i64,
+        /// Evals to create in the same transaction.
+        evals: Vec<Evaluation>,
+    },
+    /// Remove nodes.
+    NodeDeregister {
+        /// Nodes.
+        node_ids: Vec<String>,
+        /// Evals to create.
+        evals: Vec<Evaluation>,
+    },
+    /// Change a node's scheduling eligibility.
+    NodeUpdateEligibility {
+        /// Node.
+        node_id: String,
+        /// New eligibility.
+        eligibility: SchedulingEligibility,
+        /// Event to record.
+        event: Option<NodeEvent>,
+        /// Evals to create.
+        evals: Vec<Evaluation>,
+        /// Server time.
+        now: Timestamp,
+    },
+    /// Set or clear a node's drain.
+    NodeUpdateDrain {
+        /// Node.
+        node_id: String,
+        /// The drain (None: stop draining).
+        drain: Option<DrainStrategy>,
+        /// Mark the node eligible when clearing the drain.
+        mark_eligible: bool,
+        /// Event to record.
+        event: Option<NodeEvent>,
+        /// Evals to create.
+        evals: Vec<Evaluation>,
+        /// Server time.
+        now: Timestamp,
+    },
+    /// Register or update a job, with its eval.
+    JobRegister {
+        /// Canonicalized, validated job.
+        job: Job,
+        /// Eval to create (none for periodic or parameterized jobs).
+        eval: Option<Evaluation>,
+        /// Submission time.
+        now: Timestamp,
+    },
+    /// Stop (and maybe purge) a job, with its eval.
+    JobDeregister {
+        /// Namespace.
+        namespace: String,
+        /// Job.
+        job_id: String,
+        /// Remove it from state instead of marking it stopped.
+        purge: bool,
+        /// Eval to create.
+        eval: Option<Evaluation>,
+        /// Server time.
+        now: Timestamp,
+    },
+    /// Upsert evals (scheduler status updates, follow-ups, blocked evals).
+    EvalUpsert {
+        /// Evals.
+        evals: Vec<Evaluation>,
+    },
+    /// Delete evals and allocs (garbage collection).
+    EvalDelete {
+        /// Evals.
+        eval_ids: Vec<String>,
+        /// Allocs.
+        alloc_ids: Vec<String>,
+    },
+    /// Client-side alloc status (`Node.UpdateAlloc`), with the evals it triggers.
+    AllocClientUpdate {
+        /// Stripped allocs from the client.
+        allocs: Vec<Allocation>,
+        /// Evals to create.
+        evals: Vec<Evaluation>,
+        /// Server time.
+        now: Timestamp,
+    },
+    /// Ask the scheduler to migrate or reschedule allocs (alloc stop, drain).
+    AllocDesiredTransition {
+        /// Transitions per alloc ID.
+        transitions: BTreeMap<String, DesiredTransition>,
+        /// Evals to create.
+        evals: Vec<Evaluation>,
+    },
+    /// Commit the accepted part of a plan.
+    PlanApply(PlanApply),
+}
+
+/// The part of a plan the applier accepted.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PlanApply {
+    /// Job the plan was computed for (allocs reference it).
+    pub job: Option<Job>,
+    /// New or rewritten allocs (placements, unknown/reconnect markers, in-place updates).
+    pub allocs_upserted: Vec<Allocation>,
+    /// Allocs stopped: ID plus the fields the scheduler set.
+    pub allocs_stopped: Vec<AllocStop>,
+    /// The eval that produced the plan, updated.
+    pub eval: Option<Evaluation>,
+    /// Evals created by the scheduler (follow-ups, blocked).
+    pub evals: Vec<Evaluation>,
+    /// Server time.
+    pub now: Timestamp,
+}
+
+/// A stop decided by the scheduler.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AllocStop {
+    /// Alloc.
+    pub alloc_id: String,
+    /// Why.
+    pub desired_description: String,
+    /// Client status to set (`lost`, ...), empty to keep the client's.
+    pub client_status: Option<nomad_proto::ClientStatus>,
+    /// Follow-up eval.
+    pub followup_eval_id: String,
+}
+
+/// What applying a command produced. An error is a deterministic refusal
+/// (every server refuses the same command the same way).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ApplyResult {
+    /// Why the command was refused, if it was.
+    pub error: Option<String>,
+}
+
+impl ApplyResult {
+    /// Success.
+    pub fn ok() -> ApplyResult {
+        ApplyResult { error: None }
+    }
+
+    /// A refusal.
+    pub fn err(msg: impl Into<String>) -> ApplyResult {
+        ApplyResult { error: Some(msg.into()) }
+    }
+}

@@ -1,0 +1,3 @@
+//! The nomad-rs server role.
+
+pub mod fsm;
