@@ -1,0 +1,1 @@
+//! Task drivers behind one trait.

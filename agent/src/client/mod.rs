@@ -1,0 +1,3 @@
+//! The client role: runs allocations on this host.
+
+pub mod driver;
