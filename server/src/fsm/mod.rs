@@ -1,10 +1,13 @@
 //! The finite state machine: the only code that mutates cluster state.
 //!
 //! Raft hands every committed [`Command`] to [`Fsm::apply`] with its log
-//! index; the FSM applies it to the state store stamped with that index.
+//! index; [`ServerFsm`] applies it to the state store as one transaction
+//! stamped with that index.
 
+mod apply;
 mod command;
 
+pub use apply::ServerFsm;
 pub use command::{AllocStop, ApplyResult, Command, PlanApply};
 
 /// What the Raft layer needs from the state machine.

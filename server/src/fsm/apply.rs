@@ -1,0 +1,154 @@
+//! Applying commands to the state store.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use nomad_proto::{Job, NamespacedId};
+
+use super::{ApplyResult, Command, Fsm, PlanApply};
+use crate::state::{State, StateStore, Txn, TxnError};
+
+/// The server's state machine: applies commands to a [`StateStore`].
+#[derive(Debug, Clone)]
+pub struct ServerFsm {
+    store: Arc<StateStore>,
+}
+
+impl ServerFsm {
+    /// A state machine over `store`.
+    pub fn new(store: Arc<StateStore>) -> ServerFsm {
+        ServerFsm { store }
+    }
+
+    /// The store it writes to.
+    pub fn store(&self) -> &Arc<StateStore> {
+        &self.store
+    }
+}
+
+impl Fsm for ServerFsm {
+    fn apply(&self, index: u64, cmd: &Command) -> ApplyResult {
+        match self.store.write(index, |txn| apply_command(txn, cmd)) {
+            Ok(()) => ApplyResult::ok(),
+            Err(TxnError(msg)) => {
+                // Still record that this index was applied, so replays line up.
+                let _ = self.store.write(index, |_| Ok(()));
+                ApplyResult::err(msg)
+            }
+        }
+    }
+
+    fn snapshot(&self) -> Result<Vec<u8>, String> {
+        serde_json::to_vec(&self.store.snapshot()).map_err(|e| format!("encoding state snapshot: {e}"))
+    }
+
+    fn restore(&self, data: &[u8]) -> Result<(), String> {
+        let state: State = serde_json::from_slice(data).map_err(|e| format!("decoding state snapshot: {e}"))?;
+        self.store.restore(state);
+        Ok(())
+    }
+}
+
+fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnError> {
+    let mut jobs: BTreeSet<NamespacedId> = BTreeSet::new();
+    match cmd {
+        Command::NodeRegister { node, evals, now } => {
+            txn.upsert_node(node.clone(), *now);
+            jobs.extend(txn.upsert_evals(evals.clone()));
+        }
+        Command::NodeUpdateStatus { node_id, status, event, updated_at, evals } => {
+            txn.update_node_status(node_id, *status, event.clone(), *updated_at)?;
+            jobs.extend(txn.upsert_evals(evals.clone()));
+        }
+        Command::NodeDeregister { node_ids, evals } => {
+            for id in node_ids {
+                txn.delete_node(id)?;
+            }
+            jobs.extend(txn.upsert_evals(evals.clone()));
+        }
+        Command::NodeUpdateEligibility { node_id, eligibility, event, evals, now: _ } => {
+            txn.update_node_eligibility(node_id, *eligibility, event.clone())?;
+            jobs.extend(txn.upsert_evals(evals.clone()));
+        }
+        Command::NodeUpdateDrain { node_id, drain, mark_eligible, event, evals, now } => {
+            txn.update_node_drain(node_id, drain.clone(), *mark_eligible, event.clone(), *now)?;
+            jobs.extend(txn.upsert_evals(evals.clone()));
+        }
+        Command::JobRegister { job, eval, now } => {
+            let mut job = job.clone();
+            job.submit_time = now.unix_nanos();
+            let stored = txn.upsert_job(job)?;
+            if let Some(e) = eval {
+                let mut e = e.clone();
+                e.job_modify_index = stored.job_modify_index;
+                jobs.extend(txn.upsert_evals(vec![e]));
+            }
+            jobs.insert(stored.namespaced_id());
+        }
+        Command::JobDeregister { namespace, job_id, purge, eval, now: _ } => {
+            let existing = txn.state().job(namespace, job_id).cloned();
+            match (existing, purge) {
+                (Some(_), true) => txn.delete_job(namespace, job_id)?,
+                (Some(j), false) => {
+                    let mut j: Job = (*j).clone();
+                    j.stop = true;
+                    txn.upsert_job(j)?;
+                }
+                (None, _) => {}
+            }
+            if let Some(e) = eval {
+                jobs.extend(txn.upsert_evals(vec![e.clone()]));
+            }
+            jobs.insert(NamespacedId::new(namespace, job_id));
+        }
+        Command::EvalUpsert { evals } => {
+            jobs.extend(txn.upsert_evals(evals.clone()));
+        }
+        Command::EvalDelete { eval_ids, alloc_ids } => {
+            jobs.extend(txn.delete_evals(eval_ids));
+            jobs.extend(txn.delete_allocs(alloc_ids));
+        }
+        Command::AllocClientUpdate { allocs, evals, now } => {
+            jobs.extend(txn.update_allocs_from_client(allocs, now.unix_nanos()));
+            jobs.extend(txn.upsert_evals(evals.clone()));
+        }
+        Command::AllocDesiredTransition { transitions, evals } => {
+            txn.update_desired_transitions(transitions)?;
+            jobs.extend(txn.upsert_evals(evals.clone()));
+        }
+        Command::PlanApply(plan) => apply_plan(txn, plan, &mut jobs)?,
+    }
+    for key in &jobs {
+        txn.refresh_job_status(key);
+    }
+    Ok(())
+}
+
+fn apply_plan(txn: &mut Txn<'_>, plan: &PlanApply, jobs: &mut BTreeSet<NamespacedId>) -> Result<(), TxnError> {
+    // Allocs in the log carry no job when they run the plan's job; they share one copy.
+    let job = plan.job.clone().map(Arc::new);
+    let now = plan.now.unix_nanos();
+    let allocs = plan
+        .allocs_upserted
+        .iter()
+        .cloned()
+        .map(|mut a| {
+            if a.job.is_none() {
+                a.job = job.clone();
+            }
+            if a.create_time == 0 {
+                a.create_time = now;
+            }
+            a.modify_time = now;
+            a
+        })
+        .collect();
+    jobs.extend(txn.stop_allocs(&plan.allocs_stopped, now));
+    jobs.extend(txn.upsert_allocs_from_plan(allocs));
+    let mut evals = plan.evals.clone();
+    if let Some(e) = &plan.eval {
+        evals.push(e.clone());
+    }
+    jobs.extend(txn.upsert_evals(evals));
+    Ok(())
+}

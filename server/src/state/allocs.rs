@@ -1,0 +1,208 @@
+//! The allocations table and its node and job indexes.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use nomad_proto::{Allocation, ClientStatus, DesiredStatus, DesiredTransition, NamespacedId};
+
+use super::{State, Table, Txn, TxnError};
+
+impl State {
+    /// One alloc.
+    pub fn alloc(&self, id: &str) -> Option<&Arc<Allocation>> {
+        self.allocs.get(id)
+    }
+
+    /// Every alloc, ordered by ID.
+    pub fn allocs(&self) -> impl Iterator<Item = &Arc<Allocation>> {
+        self.allocs.values()
+    }
+
+    /// Allocs whose ID starts with `prefix`.
+    pub fn allocs_by_prefix<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = &'a Arc<Allocation>> + 'a {
+        self.allocs.range(prefix.to_string()..).map(|(_, a)| a).take_while(move |a| a.id.starts_with(prefix))
+    }
+
+    /// Allocs on a node.
+    pub fn allocs_by_node<'a>(&'a self, node_id: &str) -> impl Iterator<Item = &'a Arc<Allocation>> + use<'a> {
+        self.allocs_by_node.get(node_id).into_iter().flat_map(|ids| ids.iter()).filter_map(|id| self.allocs.get(id))
+    }
+
+    /// Allocs of a job.
+    pub fn allocs_by_job<'a>(&'a self, namespace: &str, job_id: &str) -> impl Iterator<Item = &'a Arc<Allocation>> + use<'a> {
+        self.allocs_of_job_key(&NamespacedId::new(namespace, job_id))
+    }
+
+    pub(super) fn allocs_of_job_key<'a>(&'a self, key: &NamespacedId) -> impl Iterator<Item = &'a Arc<Allocation>> + use<'a> {
+        self.allocs_by_job.get(key).into_iter().flat_map(|ids| ids.iter()).filter_map(|id| self.allocs.get(id))
+    }
+
+    /// Allocs placed by an eval.
+    pub fn allocs_by_eval<'a>(&'a self, eval: &'a nomad_proto::Evaluation) -> impl Iterator<Item = &'a Arc<Allocation>> + 'a {
+        self.allocs_by_job(&eval.namespace, &eval.job_id).filter(move |a| a.eval_id == eval.id)
+    }
+}
+
+/// The fields a client may set on its allocs (`Node.UpdateAlloc`).
+fn merge_client_fields(stored: &Allocation, update: &Allocation) -> Allocation {
+    let mut a = stored.clone();
+    a.client_status = update.client_status;
+    a.client_description = update.client_description.clone();
+    a.task_states = update.task_states.clone();
+    a.network_status = update.network_status.clone();
+    if update.deployment_status.is_some() {
+        a.deployment_status = update.deployment_status.clone();
+    }
+    a
+}
+
+impl Txn<'_> {
+    fn put_alloc(&mut self, alloc: Allocation) {
+        let key = NamespacedId::new(&alloc.namespace, &alloc.job_id);
+        let old = self.state.allocs.get(&alloc.id).cloned();
+        // Keep the job summary's counters in step with client status changes.
+        let group = alloc.task_group.clone();
+        let (old_status, new_status) = (old.as_ref().map(|o| o.client_status), alloc.client_status);
+        if old_status != Some(new_status) {
+            self.update_summary(&key, |s| {
+                let g = s.summary.entry(group).or_default();
+                if let Some(o) = old_status {
+                    *g.counter(o) -= 1;
+                }
+                *g.counter(new_status) += 1;
+            });
+        }
+        self.state.allocs_by_node.entry(alloc.node_id.clone()).or_default().insert(alloc.id.clone());
+        self.state.allocs_by_job.entry(key).or_default().insert(alloc.id.clone());
+        self.state.allocs.insert(alloc.id.clone(), Arc::new(alloc));
+        self.touch(Table::Allocs);
+    }
+
+    /// Upserts allocs decided by the scheduler (plan apply). For known allocs
+    /// the client's status and task states win unless the plan marks them
+    /// `lost` or `unknown`. Both modify indexes move, so clients pull them.
+    pub fn upsert_allocs_from_plan(&mut self, allocs: Vec<Allocation>) -> BTreeSet<NamespacedId> {
+        let index = self.index;
+        let mut jobs = BTreeSet::new();
+        for mut a in allocs {
+            match self.state.allocs.get(&a.id) {
+                Some(stored) => {
+                    a.create_index = stored.create_index;
+                    a.create_time = stored.create_time;
+                    if !matches!(a.client_status, ClientStatus::Lost | ClientStatus::Unknown) {
+                        a.client_status = stored.client_status;
+                        a.client_description = stored.client_description.clone();
+                    }
+                    a.task_states = stored.task_states.clone();
+                }
+                None => a.create_index = index,
+            }
+            a.modify_index = index;
+            a.alloc_modify_index = index;
+            jobs.insert(NamespacedId::new(&a.namespace, &a.job_id));
+            self.put_alloc(a);
+        }
+        jobs
+    }
+
+    /// Stops allocs as the scheduler decided.
+    pub fn stop_allocs(&mut self, stops: &[crate::fsm::AllocStop], now_ns: i64) -> BTreeSet<NamespacedId> {
+        let index = self.index;
+        let mut jobs = BTreeSet::new();
+        for s in stops {
+            let Some(stored) = self.state.allocs.get(&s.alloc_id) else { continue };
+            let mut a = (**stored).clone();
+            a.desired_status = DesiredStatus::Stop;
+            a.desired_description = s.desired_description.clone();
+            if let Some(cs) = s.client_status {
+                a.client_status = cs;
+                if cs == ClientStatus::Lost {
+                    a.client_description = nomad_proto::alloc::ALLOC_LOST_DESC.to_string();
+                }
+            }
+            if !s.followup_eval_id.is_empty() {
+                a.followup_eval_id = s.followup_eval_id.clone();
+            }
+            a.modify_index = index;
+            a.alloc_modify_index = index;
+            a.modify_time = now_ns;
+            jobs.insert(NamespacedId::new(&a.namespace, &a.job_id));
+            self.put_alloc(a);
+        }
+        jobs
+    }
+
+    /// Applies client-reported status (`Node.UpdateAlloc`). Unknown allocs are
+    /// skipped. Only `ModifyIndex` moves (clients must not re-pull their own
+    /// update), and every node in the batch gets `LastAllocUpdateIndex`.
+    pub fn update_allocs_from_client(&mut self, updates: &[Allocation], now_ns: i64) -> BTreeSet<NamespacedId> {
+        let index = self.index;
+        let mut jobs = BTreeSet::new();
+        let mut nodes = BTreeSet::new();
+        for u in updates {
+            nodes.insert(u.node_id.clone());
+            let Some(stored) = self.state.allocs.get(&u.id) else { continue };
+            let mut a = merge_client_fields(stored, u);
+            a.modify_index = index;
+            a.modify_time = now_ns;
+            jobs.insert(NamespacedId::new(&a.namespace, &a.job_id));
+            self.put_alloc(a);
+        }
+        for n in nodes {
+            self.mark_alloc_update(&n);
+        }
+        jobs
+    }
+
+    /// Merges desired transitions (migrate, reschedule) into allocs.
+    pub fn update_desired_transitions(
+        &mut self,
+        transitions: &std::collections::BTreeMap<String, DesiredTransition>,
+    ) -> Result<(), TxnError> {
+        let index = self.index;
+        for (id, t) in transitions {
+            let stored = self.state.allocs.get(id).ok_or_else(|| TxnError(format!("alloc not found: {id}")))?;
+            let mut a = (**stored).clone();
+            let d = &mut a.desired_transition;
+            d.migrate = t.migrate.or(d.migrate);
+            d.reschedule = t.reschedule.or(d.reschedule);
+            d.force_reschedule = t.force_reschedule.or(d.force_reschedule);
+            d.no_shutdown_delay = t.no_shutdown_delay.or(d.no_shutdown_delay);
+            a.modify_index = index;
+            a.alloc_modify_index = index;
+            self.put_alloc(a);
+        }
+        Ok(())
+    }
+
+    /// Removes allocs (garbage collection).
+    pub fn delete_allocs(&mut self, ids: &[String]) -> BTreeSet<NamespacedId> {
+        let mut jobs = BTreeSet::new();
+        for id in ids {
+            let Some(a) = self.state.allocs.remove(id) else { continue };
+            let key = NamespacedId::new(&a.namespace, &a.job_id);
+            let status = a.client_status;
+            let group = a.task_group.clone();
+            self.update_summary(&key, |s| {
+                if let Some(g) = s.summary.get_mut(&group) {
+                    *g.counter(status) -= 1;
+                }
+            });
+            if let Some(set) = self.state.allocs_by_node.get_mut(&a.node_id) {
+                set.remove(id);
+                if set.is_empty() {
+                    self.state.allocs_by_node.remove(&a.node_id);
+                }
+            }
+            if let Some(set) = self.state.allocs_by_job.get_mut(&key) {
+                set.remove(id);
+                if set.is_empty() {
+                    self.state.allocs_by_job.remove(&key);
+                }
+            }
+            jobs.insert(key);
+            self.touch(Table::Allocs);
+        }
+        jobs
+    }
+}

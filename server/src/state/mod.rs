@@ -1,0 +1,235 @@
+//! The state store: cluster state in persistent maps.
+//!
+//! ```text
+//!  FSM ──write(index, |txn| ...)──▶ [ State ] ──snapshot()──▶ readers (HTTP, RPC, scheduler)
+//!                                      │
+//!                                      └─ per-table index + watch channel ─▶ blocking queries
+//! ```
+//!
+//! Tables are `imbl` maps of `Arc` values, so [`StateStore::snapshot`] is an
+//! O(1) clone that later writes never disturb. A write works on a copy of
+//! the state and replaces it only if the whole transaction succeeds, which
+//! makes every FSM command atomic.
+//!
+//! **Invariant:** only the FSM calls [`StateStore::write`]; every change is
+//! stamped with the Raft index of the command that made it.
+
+mod allocs;
+mod evals;
+mod jobs;
+mod nodes;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use imbl::{OrdMap, OrdSet};
+use nomad_proto::{Allocation, Evaluation, Job, JobSummary, NamespacedId, Namespace, Node};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+pub use jobs::job_status;
+
+/// The tables whose index blocking queries wait on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Table {
+    /// Jobs.
+    Jobs,
+    /// Job summaries.
+    JobSummary,
+    /// Nodes.
+    Nodes,
+    /// Allocations.
+    Allocs,
+    /// Evaluations.
+    Evals,
+    /// Namespaces.
+    Namespaces,
+}
+
+impl Table {
+    /// Every table.
+    pub const ALL: [Table; 6] = [Table::Jobs, Table::JobSummary, Table::Nodes, Table::Allocs, Table::Evals, Table::Namespaces];
+
+    fn slot(self) -> usize {
+        self as usize
+    }
+}
+
+/// The whole cluster state at one Raft index. Cloning is O(1).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct State {
+    /// Raft index of the last applied command.
+    pub index: u64,
+    table_index: [u64; 6],
+    jobs: OrdMap<NamespacedId, Arc<Job>>,
+    job_summaries: OrdMap<NamespacedId, Arc<JobSummary>>,
+    nodes: OrdMap<String, Arc<Node>>,
+    allocs: OrdMap<String, Arc<Allocation>>,
+    allocs_by_node: OrdMap<String, OrdSet<String>>,
+    allocs_by_job: OrdMap<NamespacedId, OrdSet<String>>,
+    evals: OrdMap<String, Arc<Evaluation>>,
+    evals_by_job: OrdMap<NamespacedId, OrdSet<String>>,
+    namespaces: OrdMap<String, Arc<Namespace>>,
+}
+
+impl State {
+    /// A fresh state with the `default` namespace.
+    pub fn new() -> State {
+        let mut s = State::default();
+        s.namespaces.insert(
+            nomad_proto::job::DEFAULT_NAMESPACE.to_string(),
+            Arc::new(Namespace { name: "default".into(), description: "Default shared namespace".into(), ..Namespace::default() }),
+        );
+        s
+    }
+
+    /// The index of one table (the Raft index of its last change).
+    pub fn table_index(&self, t: Table) -> u64 {
+        self.table_index[t.slot()]
+    }
+
+    /// The highest index among `tables`.
+    pub fn max_index(&self, tables: &[Table]) -> u64 {
+        tables.iter().map(|t| self.table_index(*t)).max().unwrap_or(0)
+    }
+
+    /// Namespaces, by name.
+    pub fn namespaces(&self) -> impl Iterator<Item = &Arc<Namespace>> {
+        self.namespaces.values()
+    }
+
+    /// One namespace.
+    pub fn namespace(&self, name: &str) -> Option<&Arc<Namespace>> {
+        self.namespaces.get(name)
+    }
+}
+
+/// A write in progress: the FSM's view of the state during one command.
+pub struct Txn<'a> {
+    state: &'a mut State,
+    index: u64,
+    touched: BTreeSet<Table>,
+}
+
+impl Txn<'_> {
+    /// The Raft index this transaction stamps.
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+
+    /// Read access to the state as changed so far.
+    pub fn state(&self) -> &State {
+        self.state
+    }
+
+    fn touch(&mut self, t: Table) {
+        self.touched.insert(t);
+    }
+}
+
+/// An error that aborts a transaction; nothing it did is kept.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct TxnError(pub String);
+
+/// The state store: the current [`State`] plus change notification.
+pub struct StateStore {
+    current: RwLock<State>,
+    watchers: [watch::Sender<u64>; 6],
+}
+
+impl Default for StateStore {
+    fn default() -> Self {
+        StateStore::new()
+    }
+}
+
+impl std::fmt::Debug for StateStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateStore").field("index", &self.snapshot().index).finish()
+    }
+}
+
+impl StateStore {
+    /// An empty store with the `default` namespace.
+    pub fn new() -> StateStore {
+        StateStore { current: RwLock::new(State::new()), watchers: std::array::from_fn(|_| watch::channel(0).0) }
+    }
+
+    /// The state now. O(1); later writes do not change it.
+    pub fn snapshot(&self) -> State {
+        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Applies `f` as one transaction at `index`: either everything it did
+    /// is kept and watchers of the touched tables are woken, or nothing is.
+    pub fn write<T>(&self, index: u64, f: impl FnOnce(&mut Txn<'_>) -> Result<T, TxnError>) -> Result<T, TxnError> {
+        let mut guard = self.current.write().unwrap_or_else(|e| e.into_inner());
+        let mut next = guard.clone();
+        let mut txn = Txn { state: &mut next, index, touched: BTreeSet::new() };
+        let out = f(&mut txn)?;
+        let touched = std::mem::take(&mut txn.touched);
+        for t in &touched {
+            next.table_index[t.slot()] = index;
+        }
+        next.index = next.index.max(index);
+        *guard = next;
+        drop(guard);
+        for t in touched {
+            self.watchers[t.slot()].send_replace(index);
+        }
+        Ok(out)
+    }
+
+    /// Replaces the whole state (snapshot restore) and wakes every watcher.
+    pub fn restore(&self, state: State) {
+        let indexes = state.table_index;
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = state;
+        for t in Table::ALL {
+            self.watchers[t.slot()].send_replace(indexes[t.slot()]);
+        }
+    }
+
+    /// Waits until one of `tables` has an index above `min_index`, or until `wait` passes.
+    pub async fn wait_for_change(&self, tables: &[Table], min_index: u64, wait: Duration) {
+        let mut rxs: Vec<watch::Receiver<u64>> = tables.iter().map(|t| self.watchers[t.slot()].subscribe()).collect();
+        let changed = async {
+            loop {
+                if rxs.iter_mut().any(|rx| *rx.borrow_and_update() > min_index) {
+                    return;
+                }
+                let futs = rxs.iter_mut().map(|rx| Box::pin(rx.changed()));
+                let _ = futures::future::select_all(futs).await;
+            }
+        };
+        let _ = tokio::time::timeout(wait, changed).await;
+    }
+
+    /// Runs `query` against snapshots until its result index is above
+    /// `min_index` or `wait` passes (Nomad's blocking query). A `min_index`
+    /// of 0 returns at once.
+    pub async fn blocking_query<T>(
+        &self,
+        tables: &[Table],
+        min_index: u64,
+        wait: Duration,
+        mut query: impl FnMut(&State) -> (T, u64),
+    ) -> (T, u64) {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let snap = self.snapshot();
+            let (out, index) = query(&snap);
+            let now = tokio::time::Instant::now();
+            if min_index == 0 || index > min_index || now >= deadline {
+                return (out, index.max(1));
+            }
+            // Wait for a change to any table newer than what this snapshot saw.
+            let seen = snap.max_index(tables);
+            self.wait_for_change(tables, seen, deadline - now).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
