@@ -291,6 +291,16 @@ impl Node {
             && self.scheduling_eligibility == SchedulingEligibility::Eligible
     }
 
+    /// The node's datacenter matches one of `patterns` (`*` globs, as Nomad 1.5+).
+    pub fn in_any_datacenter(&self, patterns: &[String]) -> bool {
+        patterns.iter().any(|p| glob_match(p, &self.datacenter))
+    }
+
+    /// The node belongs to `pool` (`all` matches every node).
+    pub fn in_pool(&self, pool: &str) -> bool {
+        pool == crate::job::ALL_NODE_POOL || pool == self.node_pool || (pool.is_empty() && self.node_pool == crate::job::DEFAULT_NODE_POOL)
+    }
+
     /// A copy that is safe to show: the SecretID blanked.
     pub fn sanitized(&self) -> Node {
         let mut n = self.clone();
@@ -370,6 +380,26 @@ impl Node {
             modify_index: self.modify_index,
         }
     }
+}
+
+/// Matches `text` against a pattern where `*` stands for any run of characters.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == text;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !text.starts_with(first) || text.len() < first.len() + last.len() || !text.ends_with(last) {
+        return false;
+    }
+    let mut rest = &text[first.len()..text.len() - last.len()];
+    for mid in &parts[1..parts.len() - 1] {
+        match rest.find(mid) {
+            Some(i) => rest = &rest[i + mid.len()..],
+            None => return false,
+        }
+    }
+    true
 }
 
 fn host_of(addr: &str) -> String {
@@ -486,6 +516,19 @@ mod tests {
         assert_eq!(v["SecretID"], "");
         assert_eq!(v["Drain"], true);
         assert!(!v.to_string().contains("s3cr3t"));
+    }
+
+    #[test]
+    fn datacenter_globs_match_like_nomad() {
+        assert!(glob_match("*", "dc1"));
+        assert!(glob_match("dc*", "dc1"));
+        assert!(glob_match("*-east-*", "us-east-1"));
+        assert!(!glob_match("dc2", "dc1"));
+        assert!(!glob_match("eu-*", "us-east-1"));
+        assert!(!glob_match("a*a", "a"));
+        let n = Node { datacenter: "dc1".into(), node_pool: "default".into(), ..Node::default() };
+        assert!(n.in_any_datacenter(&["dc2".into(), "dc*".into()]));
+        assert!(n.in_pool("all") && n.in_pool("default") && !n.in_pool("gpu"));
     }
 
     #[test]

@@ -194,6 +194,53 @@ fn civil_from_days(z: i64) -> (i64, i64, i64) {
     (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
+/// Parses a Go duration string (`"300ms"`, `"1.5h"`, `"2h45m"`, `"-1s"`) into nanoseconds.
+pub fn parse_go_duration(s: &str) -> Result<i64, DurationParseError> {
+    let err = || DurationParseError(s.to_string());
+    let (neg, mut rest) = match s.as_bytes().first() {
+        Some(b'-') => (true, &s[1..]),
+        Some(b'+') => (false, &s[1..]),
+        _ => (false, s),
+    };
+    if rest == "0" {
+        return Ok(0);
+    }
+    if rest.is_empty() {
+        return Err(err());
+    }
+    let mut total: f64 = 0.0;
+    while !rest.is_empty() {
+        let num_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(err)?;
+        if num_end == 0 {
+            return Err(err());
+        }
+        let value: f64 = rest[..num_end].parse().map_err(|_| err())?;
+        rest = &rest[num_end..];
+        let unit_end = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let scale = match &rest[..unit_end] {
+            "ns" => 1.0,
+            "us" | "\u{b5}s" | "\u{3bc}s" => 1e3,
+            "ms" => 1e6,
+            "s" => 1e9,
+            "m" => 60e9,
+            "h" => 3600e9,
+            _ => return Err(err()),
+        };
+        rest = &rest[unit_end..];
+        total += value * scale;
+    }
+    if total > i64::MAX as f64 {
+        return Err(err());
+    }
+    let ns = total.round() as i64;
+    Ok(if neg { -ns } else { ns })
+}
+
+/// A duration string Go's `time.ParseDuration` would refuse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid duration {0:?}: expected a number with a unit such as 30s, 500ms, 1h30m")]
+pub struct DurationParseError(pub String);
+
 /// Current time as Unix nanoseconds.
 pub fn now_unix_nanos() -> i64 {
     Timestamp::now().0
@@ -227,6 +274,18 @@ mod tests {
             assert!(e.to_string().contains("RFC 3339"), "{e}");
         }
         assert!(serde_json::from_str::<Timestamp>("12").is_err());
+    }
+
+    #[test]
+    fn go_durations_parse() {
+        assert_eq!(parse_go_duration("300ms").unwrap(), 300_000_000);
+        assert_eq!(parse_go_duration("1h30m").unwrap(), 5_400_000_000_000);
+        assert_eq!(parse_go_duration("1.5s").unwrap(), 1_500_000_000);
+        assert_eq!(parse_go_duration("0").unwrap(), 0);
+        assert_eq!(parse_go_duration("-2s").unwrap(), -2_000_000_000);
+        for bad in ["", "5", "s", "5x", "1h-3m", "abc"] {
+            assert!(parse_go_duration(bad).is_err(), "{bad}");
+        }
     }
 
     proptest::proptest! {

@@ -1,4 +1,9 @@
 //! The nomad-rs server role.
 
+pub mod consensus;
+pub mod endpoints;
 pub mod fsm;
+pub mod heartbeat;
+pub mod http;
 pub mod state;
+pub mod testing;

@@ -37,6 +37,11 @@ impl State {
         self.allocs_by_job.get(key).into_iter().flat_map(|ids| ids.iter()).filter_map(|id| self.allocs.get(id))
     }
 
+    /// The index at which an alloc was last removed from a node (0: never).
+    pub fn alloc_removed_index(&self, node_id: &str) -> u64 {
+        self.alloc_removed.get(node_id).copied().unwrap_or(0)
+    }
+
     /// Allocs placed by an eval.
     pub fn allocs_by_eval<'a>(&'a self, eval: &'a nomad_proto::Evaluation) -> impl Iterator<Item = &'a Arc<Allocation>> + 'a {
         self.allocs_by_job(&eval.namespace, &eval.job_id).filter(move |a| a.eval_id == eval.id)
@@ -188,6 +193,7 @@ impl Txn<'_> {
                     *g.counter(status) -= 1;
                 }
             });
+            self.state.alloc_removed.insert(a.node_id.clone(), self.index);
             if let Some(set) = self.state.allocs_by_node.get_mut(&a.node_id) {
                 set.remove(id);
                 if set.is_empty() {

@@ -17,6 +17,7 @@
 mod allocs;
 mod evals;
 mod jobs;
+mod namespaces;
 mod nodes;
 
 use std::collections::BTreeSet;
@@ -70,6 +71,8 @@ pub struct State {
     allocs_by_job: OrdMap<NamespacedId, OrdSet<String>>,
     evals: OrdMap<String, Arc<Evaluation>>,
     evals_by_job: OrdMap<NamespacedId, OrdSet<String>>,
+    /// Per node, the index at which one of its allocs was last removed (so alloc watches notice GC).
+    alloc_removed: OrdMap<String, u64>,
     namespaces: OrdMap<String, Arc<Namespace>>,
 }
 

@@ -1,0 +1,175 @@
+//! `Job.*` endpoints: register and deregister.
+
+use nomad_proto::eval::trigger;
+use nomad_proto::{Evaluation, Job, Timestamp};
+use serde::Serialize;
+
+use super::{EndpointError, Endpoints};
+use crate::fsm::Command;
+
+/// Options of a job registration (`JobRegisterRequest` minus the job).
+#[derive(Debug, Clone, Default)]
+pub struct JobRegisterOptions {
+    /// Only register if the job's modify index equals `job_modify_index` (0: the job must not exist).
+    pub enforce_index: bool,
+    /// Expected `JobModifyIndex` with `enforce_index`.
+    pub job_modify_index: u64,
+    /// Keep the counts of groups that already exist.
+    pub preserve_counts: bool,
+    /// Priority of the eval (0: the job's).
+    pub eval_priority: i64,
+}
+
+/// Reply to a registration, in Nomad's shape.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct JobRegisterResponse {
+    /// Eval created (empty for periodic and parameterized jobs).
+    #[serde(rename = "EvalID")]
+    pub eval_id: String,
+    /// Index of the eval.
+    pub eval_create_index: u64,
+    /// The job's modify index after the write.
+    pub job_modify_index: u64,
+    /// Warnings.
+    pub warnings: String,
+    /// Index of the write.
+    pub index: u64,
+    /// Query meta (Nomad embeds it).
+    pub last_contact: u64,
+    /// Query meta.
+    pub known_leader: bool,
+    /// Query meta.
+    pub next_token: String,
+}
+
+/// Reply to a deregistration, in Nomad's shape.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct JobDeregisterResponse {
+    /// Eval created.
+    #[serde(rename = "EvalID")]
+    pub eval_id: String,
+    /// Index of the eval.
+    pub eval_create_index: u64,
+    /// The job's modify index.
+    pub job_modify_index: u64,
+    /// Volume eval (unused).
+    #[serde(rename = "VolumeEvalID")]
+    pub volume_eval_id: String,
+    /// Volume eval index (unused).
+    pub volume_eval_index: u64,
+    /// Index of the write.
+    pub index: u64,
+    /// Query meta.
+    pub last_contact: u64,
+    /// Query meta.
+    pub known_leader: bool,
+    /// Query meta.
+    pub next_token: String,
+}
+
+impl Endpoints {
+    /// `Job.Register`: canonicalize, validate, then write the job and its eval in one command.
+    pub async fn job_register(&self, mut job: Job, opts: JobRegisterOptions) -> Result<JobRegisterResponse, EndpointError> {
+        job.canonicalize();
+        job.validate()?;
+        if opts.eval_priority != 0 && !(1..=nomad_proto::job::MAX_JOB_PRIORITY).contains(&opts.eval_priority) {
+            return Err(EndpointError::BadRequest("eval priority must be between 1 and 100".into()));
+        }
+        let snap = self.store.snapshot();
+        if snap.namespace(&job.namespace).is_none() {
+            return Err(EndpointError::Invalid(format!("job {:?} is in nonexistent namespace {:?}", job.id, job.namespace)));
+        }
+        let existing = snap.job(&job.namespace, &job.id).cloned();
+        if opts.enforce_index {
+            match (&existing, opts.job_modify_index) {
+                (Some(_), 0) => {
+                    return Err(EndpointError::BadRequest("Enforcing job modify index 0: job already exists".into()));
+                }
+                (Some(j), want) if j.job_modify_index != want => {
+                    return Err(EndpointError::BadRequest(format!(
+                        "Enforcing job modify index {want}: job exists with conflicting job modify index: {}",
+                        j.job_modify_index
+                    )));
+                }
+                (None, want) if want != 0 => {
+                    return Err(EndpointError::BadRequest(format!("Enforcing job modify index {want}: job does not exist")));
+                }
+                _ => {}
+            }
+        }
+        if opts.preserve_counts {
+            if let Some(old) = &existing {
+                for g in &mut job.task_groups {
+                    if let Some(og) = old.lookup_task_group(&g.name) {
+                        g.count = og.count;
+                    }
+                }
+            }
+        }
+        let now = Timestamp::now();
+        let eval = (!job.is_periodic_or_parameterized()).then(|| {
+            let mut e = Evaluation::for_job(&job, trigger::JOB_REGISTER, now);
+            if opts.eval_priority > 0 {
+                e.priority = opts.eval_priority;
+            }
+            e
+        });
+        let eval_id = eval.as_ref().map(|e| e.id.clone()).unwrap_or_default();
+        let (ns, id) = (job.namespace.clone(), job.id.clone());
+        let index = self.consensus.apply(Command::JobRegister { job, eval, now }).await?;
+        let job_modify_index = self.store.snapshot().job(&ns, &id).map(|j| j.job_modify_index).unwrap_or(index);
+        Ok(JobRegisterResponse {
+            eval_create_index: if eval_id.is_empty() { 0 } else { index },
+            eval_id,
+            job_modify_index,
+            index,
+            known_leader: true,
+            ..JobRegisterResponse::default()
+        })
+    }
+
+    /// `Job.Deregister`: mark the job stopped (or purge it) and create an eval
+    /// so the scheduler stops its allocs. An unknown job is not an error.
+    pub async fn job_deregister(
+        &self,
+        namespace: &str,
+        job_id: &str,
+        purge: bool,
+        eval_priority: i64,
+    ) -> Result<JobDeregisterResponse, EndpointError> {
+        if job_id.is_empty() {
+            return Err(EndpointError::BadRequest("missing job ID for deregistering".into()));
+        }
+        if eval_priority != 0 && !(1..=nomad_proto::job::MAX_JOB_PRIORITY).contains(&eval_priority) {
+            return Err(EndpointError::BadRequest("eval priority must be between 1 and 100".into()));
+        }
+        let snap = self.store.snapshot();
+        let Some(job) = snap.job(namespace, job_id).cloned() else {
+            return Ok(JobDeregisterResponse { known_leader: true, index: snap.index, ..Default::default() });
+        };
+        let now = Timestamp::now();
+        let eval = (!job.is_periodic_or_parameterized()).then(|| {
+            let mut e = Evaluation::for_job(&job, trigger::JOB_DEREGISTER, now);
+            if eval_priority > 0 {
+                e.priority = eval_priority;
+            }
+            e
+        });
+        let eval_id = eval.as_ref().map(|e| e.id.clone()).unwrap_or_default();
+        let index = self
+            .consensus
+            .apply(Command::JobDeregister { namespace: namespace.to_string(), job_id: job_id.to_string(), purge, eval, now })
+            .await?;
+        let job_modify_index = self.store.snapshot().job(namespace, job_id).map(|j| j.job_modify_index).unwrap_or(index);
+        Ok(JobDeregisterResponse {
+            eval_create_index: if eval_id.is_empty() { 0 } else { index },
+            eval_id,
+            job_modify_index,
+            index,
+            known_leader: true,
+            ..JobDeregisterResponse::default()
+        })
+    }
+}

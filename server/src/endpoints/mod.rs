@@ -1,0 +1,82 @@
+//! Server endpoints: the logic behind each RPC and HTTP route.
+//!
+//! Every write follows one skeleton: authenticate → check the request
+//! against a state snapshot → build one [`Command`](crate::fsm::Command)
+//! carrying everything (IDs, timestamps, evals) → apply it through
+//! [`Consensus`]. Endpoints never mutate state themselves.
+
+mod alloc;
+mod error;
+mod eligibility;
+mod job;
+mod node;
+mod node_evals;
+
+use std::sync::Arc;
+
+pub use error::EndpointError;
+pub use alloc::AllocStopResponse;
+pub use eligibility::NodeEligibilityUpdateResponse;
+pub use job::{JobDeregisterResponse, JobRegisterOptions, JobRegisterResponse};
+pub use node_evals::{create_node_evals, should_create_node_eval};
+
+use crate::consensus::Consensus;
+use crate::heartbeat::Heartbeater;
+use crate::state::StateStore;
+
+/// Settings endpoints need.
+#[derive(Debug, Clone)]
+pub struct EndpointConfig {
+    /// This server's region.
+    pub region: String,
+    /// This server's datacenter.
+    pub datacenter: String,
+    /// Longest blocking query.
+    pub max_query_time: std::time::Duration,
+}
+
+impl Default for EndpointConfig {
+    fn default() -> Self {
+        EndpointConfig {
+            region: nomad_proto::job::DEFAULT_REGION.to_string(),
+            datacenter: "dc1".to_string(),
+            max_query_time: std::time::Duration::from_secs(300),
+        }
+    }
+}
+
+/// The endpoints of one server.
+#[derive(Clone)]
+pub struct Endpoints {
+    store: Arc<StateStore>,
+    consensus: Arc<dyn Consensus>,
+    heartbeats: Arc<Heartbeater>,
+    config: EndpointConfig,
+}
+
+impl Endpoints {
+    /// Endpoints over a store, writing through `consensus`.
+    pub fn new(store: Arc<StateStore>, consensus: Arc<dyn Consensus>, heartbeats: Arc<Heartbeater>, config: EndpointConfig) -> Endpoints {
+        Endpoints { store, consensus, heartbeats, config }
+    }
+
+    /// The state store.
+    pub fn store(&self) -> &Arc<StateStore> {
+        &self.store
+    }
+
+    /// The consensus handle.
+    pub fn consensus(&self) -> &Arc<dyn Consensus> {
+        &self.consensus
+    }
+
+    /// The heartbeat timers.
+    pub fn heartbeats(&self) -> &Arc<Heartbeater> {
+        &self.heartbeats
+    }
+
+    /// Settings.
+    pub fn config(&self) -> &EndpointConfig {
+        &self.config
+    }
+}

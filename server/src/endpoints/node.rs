@@ -1,0 +1,382 @@
+//! `Node.*` RPCs: register, heartbeat, client alloc updates, alloc watch;
+//! and the heartbeat-expiry path.
+//!
+//! The reconnect protocol is enforced here, server-side, so clients can keep
+//! making their calls concurrently and in any order:
+//! - `Register` never changes a known node's status;
+//! - `UpdateStatus` moves a `disconnected` node to `initializing`, and keeps
+//!   an `initializing` node there until its alloc updates since its last
+//!   missed heartbeat have landed (`LastAllocUpdateIndex > LastMissedHeartbeatIndex`);
+//! - `UpdateAlloc` is refused while the node is `disconnected` or `down`.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use nomad_proto::eval::trigger;
+use nomad_proto::node::event_subsystem;
+use nomad_proto::rpc::{
+    AllocUpdateRequest, AllocsGetRequest, AllocsGetResponse, GenericResponse, NodeClientAllocsResponse, NodeRegisterRequest,
+    NodeServerInfo, NodeSpecificRequest, NodeUpdateResponse, NodeUpdateStatusRequest,
+};
+use nomad_proto::{ClientStatus, DesiredStatus, EvalStatus, Evaluation, NamespacedId, Node, NodeEvent, NodeStatus, Timestamp};
+
+use super::node_evals::{create_node_evals, should_create_node_eval, status_transition_requires_eval};
+use super::{EndpointError, Endpoints};
+use crate::fsm::Command;
+use crate::heartbeat::HeartbeatExpiry;
+use crate::state::{State, Table};
+
+impl Endpoints {
+    fn authenticate_node<'s>(&self, state: &'s State, node_id: &str, secret: &str) -> Result<&'s std::sync::Arc<Node>, EndpointError> {
+        if node_id.is_empty() {
+            return Err(EndpointError::BadRequest("missing node ID".into()));
+        }
+        let node = state.node(node_id).ok_or_else(|| EndpointError::NotFound(format!("node {node_id} not found")))?;
+        if node.secret_id != secret || secret.is_empty() {
+            return Err(EndpointError::PermissionDenied("node secret ID does not match".into()));
+        }
+        Ok(node)
+    }
+
+    fn servers(&self) -> Vec<NodeServerInfo> {
+        self.consensus
+            .peers()
+            .into_iter()
+            .map(|addr| NodeServerInfo { rpc_advertise_addr: addr, datacenter: self.config.datacenter.clone() })
+            .collect()
+    }
+
+    fn heartbeat_ttl(&self, node_id: &str) -> Result<Duration, EndpointError> {
+        self.heartbeats.reset(node_id).map_err(|e| EndpointError::Internal(e.to_string()))
+    }
+
+    /// `Node.Register`.
+    pub async fn node_register(&self, req: NodeRegisterRequest) -> Result<NodeUpdateResponse, EndpointError> {
+        let mut node = req.node;
+        let missing = |what: &str| EndpointError::BadRequest(format!("missing {what} for client registration"));
+        if node.id.is_empty() {
+            return Err(missing("node ID"));
+        }
+        if node.datacenter.is_empty() {
+            return Err(missing("datacenter"));
+        }
+        if node.name.is_empty() {
+            return Err(missing("node name"));
+        }
+        if node.attributes.is_empty() {
+            return Err(missing("attributes"));
+        }
+        if node.secret_id.is_empty() {
+            return Err(missing("node secret ID"));
+        }
+        if node.node_pool == nomad_proto::job::ALL_NODE_POOL {
+            return Err(EndpointError::BadRequest("node is not allowed to register in node pool \"all\"".into()));
+        }
+        if node.node_pool.is_empty() {
+            node.node_pool = nomad_proto::job::DEFAULT_NODE_POOL.to_string();
+        }
+        let now = Timestamp::now();
+        node.status_updated_at = now.unix_secs();
+        let snap = self.store.snapshot();
+        let original = snap.node(&node.id).cloned();
+        if let Some(orig) = &original {
+            if orig.secret_id != node.secret_id {
+                return Err(EndpointError::PermissionDenied("node secret ID does not match. Not registering node.".into()));
+            }
+            // A known node's status is only ever changed by UpdateStatus and heartbeat expiry.
+            node.status = orig.status;
+        }
+        node.compute_class();
+        let evals = if should_create_node_eval(original.as_deref(), &node) {
+            create_node_evals(&snap, &node, snap.index + 1, now)
+        } else {
+            Vec::new()
+        };
+        let eval_ids: Vec<String> = evals.iter().map(|e| e.id.clone()).collect();
+        let status = node.status;
+        let node_id = node.id.clone();
+        let index = self.consensus.apply(Command::NodeRegister { node, evals, now }).await?;
+        let ttl = if status != NodeStatus::Down { self.heartbeat_ttl(&node_id)? } else { Duration::ZERO };
+        Ok(NodeUpdateResponse {
+            heartbeat_ttl: ttl.as_nanos() as i64,
+            eval_create_index: if eval_ids.is_empty() { 0 } else { index },
+            eval_ids,
+            node_modify_index: index,
+            leader_rpc_addr: self.consensus.leader_rpc_addr().unwrap_or_default(),
+            num_nodes: self.store.snapshot().node_count() as i64,
+            servers: self.servers(),
+            status,
+            index,
+        })
+    }
+
+    /// `Node.UpdateStatus`: the heartbeat, with the reconnect gate.
+    pub async fn node_update_status(&self, req: NodeUpdateStatusRequest) -> Result<NodeUpdateResponse, EndpointError> {
+        let snap = self.store.snapshot();
+        let node = self.authenticate_node(&snap, &req.node_id, &req.secret_id)?.clone();
+        let mut status = req.status;
+        match (node.status, status) {
+            (NodeStatus::Initializing, NodeStatus::Ready) => {
+                let has_live_allocs = snap.allocs_by_node(&node.id).any(|a| !a.terminal());
+                if has_live_allocs && node.last_alloc_update_index <= node.last_missed_heartbeat_index {
+                    // Its allocs' state since the missed heartbeat has not landed yet.
+                    status = NodeStatus::Initializing;
+                }
+            }
+            (NodeStatus::Disconnected, NodeStatus::Ready) => status = NodeStatus::Initializing,
+            _ => {}
+        }
+        let mut event = req.node_event.clone();
+        if node.status == NodeStatus::Down && status == NodeStatus::Ready && event.is_none() {
+            event = Some(NodeEvent {
+                message: "Node reregistered by heartbeat".into(),
+                subsystem: event_subsystem::CLUSTER.into(),
+                timestamp: Timestamp::now(),
+                ..NodeEvent::default()
+            });
+        }
+        self.write_node_status(&snap, &node, status, event, req.updated_at).await
+    }
+
+    /// Writes a status change (if there is one) with its evals, then keeps
+    /// or drops the node's heartbeat timer.
+    async fn write_node_status(
+        &self,
+        snap: &State,
+        node: &Node,
+        status: NodeStatus,
+        event: Option<NodeEvent>,
+        updated_at: i64,
+    ) -> Result<NodeUpdateResponse, EndpointError> {
+        let now = Timestamp::now();
+        let mut index = 0;
+        let mut eval_ids = Vec::new();
+        if node.status != status || event.is_some() {
+            let evals = if status == NodeStatus::Down || status_transition_requires_eval(status, node.status) {
+                create_node_evals(snap, node, snap.index + 1, now)
+            } else {
+                Vec::new()
+            };
+            eval_ids = evals.iter().map(|e| e.id.clone()).collect();
+            let updated_at = if updated_at == 0 { now.unix_secs() } else { updated_at };
+            index = self
+                .consensus
+                .apply(Command::NodeUpdateStatus { node_id: node.id.clone(), status, event, updated_at, evals })
+                .await?;
+        }
+        let ttl = if status == NodeStatus::Down {
+            self.heartbeats.remove(&node.id);
+            Duration::ZERO
+        } else {
+            self.heartbeat_ttl(&node.id)?
+        };
+        Ok(NodeUpdateResponse {
+            heartbeat_ttl: ttl.as_nanos() as i64,
+            eval_create_index: if eval_ids.is_empty() { 0 } else { index },
+            eval_ids,
+            node_modify_index: index,
+            leader_rpc_addr: self.consensus.leader_rpc_addr().unwrap_or_default(),
+            num_nodes: snap.node_count() as i64,
+            servers: self.servers(),
+            status,
+            index,
+        })
+    }
+
+    /// A node's heartbeat deadline passed: it becomes `disconnected` if it
+    /// runs a desired-run, unexpired alloc whose group tolerates disconnects,
+    /// otherwise `down`. An `initializing` node goes `down`.
+    pub async fn node_heartbeat_missed(&self, node_id: &str) -> Result<NodeStatus, EndpointError> {
+        if !self.consensus.is_leader() {
+            return Err(EndpointError::Internal("failed to reset heartbeat since server is not leader".into()));
+        }
+        let snap = self.store.snapshot();
+        let Some(node) = snap.node(node_id).cloned() else {
+            return Err(EndpointError::NotFound(format!("node {node_id} not found")));
+        };
+        let now = Timestamp::now();
+        let can_disconnect = !matches!(node.status, NodeStatus::Down | NodeStatus::Initializing)
+            && snap.allocs_by_node(node_id).any(|a| {
+                a.max_client_disconnect().is_some_and(|d| d > 0) && a.desired_status == DesiredStatus::Run && !a.expired(now)
+            });
+        let status = if can_disconnect { NodeStatus::Disconnected } else { NodeStatus::Down };
+        let event = NodeEvent {
+            message: "Node heartbeat missed".into(),
+            subsystem: event_subsystem::CLUSTER.into(),
+            timestamp: now,
+            ..NodeEvent::default()
+        };
+        self.write_node_status(&snap, &node, status, Some(event), now.unix_secs()).await?;
+        Ok(status)
+    }
+
+    /// `Node.UpdateAlloc`: client-side alloc status, refused from
+    /// unresponsive nodes. Creates `reconnect` evals for allocs that were
+    /// `unknown` and `alloc-failure` evals for reschedulable failures.
+    pub async fn node_update_alloc(&self, req: AllocUpdateRequest) -> Result<GenericResponse, EndpointError> {
+        let first = req.alloc.first().ok_or_else(|| EndpointError::BadRequest("must update at least one allocation".into()))?;
+        let snap = self.store.snapshot();
+        let node_id = first.node_id.clone();
+        if node_id.is_empty() {
+            return Err(EndpointError::BadRequest("missing node ID".into()));
+        }
+        let node = self.authenticate_node(&snap, &node_id, &req.secret_id)?;
+        if node.status.is_unresponsive() {
+            return Err(EndpointError::BadRequest(format!(
+                "node {node_id} is not allowed to update allocs while in status {}",
+                node.status
+            )));
+        }
+        if !req.evals.is_empty() {
+            return Err(EndpointError::BadRequest("evals field must not be set".into()));
+        }
+        if let Some(other) = req.alloc.iter().find(|a| a.node_id != node_id) {
+            return Err(EndpointError::PermissionDenied(format!("alloc {} does not belong to node {node_id}", other.id)));
+        }
+        let now = Timestamp::now();
+        let mut evals: Vec<Evaluation> = Vec::new();
+        let mut seen: BTreeSet<NamespacedId> = BTreeSet::new();
+        for update in &req.alloc {
+            let Some(stored) = snap.alloc(&update.id) else { continue };
+            if stored.node_id != node_id {
+                return Err(EndpointError::PermissionDenied(format!("alloc {} does not belong to node {node_id}", stored.id)));
+            }
+            if !update.client_status.is_terminal() && stored.client_status != ClientStatus::Unknown {
+                continue;
+            }
+            let job = snap.job(&stored.namespace, &stored.job_id);
+            let (priority, eval_type) = match (job, &stored.job) {
+                (Some(j), _) | (None, Some(j)) => (j.priority, j.job_type),
+                (None, None) => (nomad_proto::job::DEFAULT_JOB_PRIORITY, Default::default()),
+            };
+            let trigger = if job.is_none() {
+                trigger::JOB_DEREGISTER
+            } else if stored.client_status == ClientStatus::Unknown {
+                trigger::RECONNECT
+            } else if update.client_status == ClientStatus::Failed
+                && stored.followup_eval_id.is_empty()
+                && reschedule_eligible(stored, now)
+            {
+                trigger::RETRY_FAILED_ALLOC
+            } else {
+                continue;
+            };
+            if seen.insert(NamespacedId::new(&stored.namespace, &stored.job_id)) {
+                evals.push(Evaluation {
+                    id: nomad_proto::new_id(),
+                    namespace: stored.namespace.clone(),
+                    priority,
+                    eval_type,
+                    triggered_by: trigger.to_string(),
+                    job_id: stored.job_id.clone(),
+                    status: EvalStatus::Pending,
+                    create_time: now.unix_nanos(),
+                    modify_time: now.unix_nanos(),
+                    ..Evaluation::default()
+                });
+            }
+        }
+        let allocs = req.alloc.into_iter().map(strip_client_update).collect();
+        let index = self.consensus.apply(Command::AllocClientUpdate { allocs, evals, now }).await?;
+        Ok(GenericResponse { index })
+    }
+
+    /// `Node.GetClientAllocs`: alloc ID → AllocModifyIndex for the node's
+    /// allocs, blocking until something newer than `min_query_index`.
+    pub async fn node_get_client_allocs(&self, req: NodeSpecificRequest) -> Result<NodeClientAllocsResponse, EndpointError> {
+        {
+            let snap = self.store.snapshot();
+            self.authenticate_node(&snap, &req.node_id, &req.secret_id)?;
+        }
+        let wait = self.query_wait(req.max_query_time);
+        let node_id = req.node_id.clone();
+        let (allocs, index) = self
+            .store
+            .blocking_query(&[Table::Allocs], req.min_query_index, wait, |s| {
+                let mut max = s.alloc_removed_index(&node_id);
+                let allocs = s
+                    .allocs_by_node(&node_id)
+                    .map(|a| {
+                        max = max.max(a.modify_index);
+                        (a.id.clone(), a.alloc_modify_index)
+                    })
+                    .collect();
+                (allocs, if max == 0 { s.table_index(Table::Allocs) } else { max })
+            })
+            .await;
+        Ok(NodeClientAllocsResponse { allocs, migrate_tokens: Default::default(), index })
+    }
+
+    /// `Alloc.GetAllocs` for a node: its own allocs only.
+    pub async fn alloc_get_allocs(&self, req: AllocsGetRequest) -> Result<AllocsGetResponse, EndpointError> {
+        {
+            let snap = self.store.snapshot();
+            self.authenticate_node(&snap, &req.node_id, &req.secret_id)?;
+        }
+        let wait = self.query_wait(req.max_query_time);
+        let (allocs, index) = self
+            .store
+            .blocking_query(&[Table::Allocs], req.min_query_index, wait, |s| {
+                let allocs = req
+                    .alloc_ids
+                    .iter()
+                    .filter_map(|id| s.alloc(id))
+                    .filter(|a| a.node_id == req.node_id)
+                    .map(|a| (**a).clone())
+                    .collect::<Vec<_>>();
+                (allocs, s.table_index(Table::Allocs))
+            })
+            .await;
+        Ok(AllocsGetResponse { allocs, index })
+    }
+
+    pub(super) fn query_wait(&self, requested_ns: i64) -> Duration {
+        let max = self.config.max_query_time;
+        if requested_ns <= 0 { max } else { Duration::from_nanos(requested_ns as u64).min(max) }
+    }
+}
+
+/// Keeps only the fields a client may set.
+fn strip_client_update(a: nomad_proto::Allocation) -> nomad_proto::Allocation {
+    nomad_proto::Allocation {
+        id: a.id,
+        node_id: a.node_id,
+        client_status: a.client_status,
+        client_description: a.client_description,
+        task_states: a.task_states,
+        deployment_status: a.deployment_status,
+        network_status: a.network_status,
+        ..nomad_proto::Allocation::default()
+    }
+}
+
+/// The group's reschedule policy allows another attempt now.
+fn reschedule_eligible(alloc: &nomad_proto::Allocation, now: Timestamp) -> bool {
+    let Some(policy) = alloc.job.as_ref().and_then(|j| j.lookup_task_group(&alloc.task_group)).and_then(|g| g.reschedule_policy.as_ref()) else {
+        return false;
+    };
+    if policy.unlimited {
+        return true;
+    }
+    if policy.attempts <= 0 {
+        return false;
+    }
+    let window_start = now.unix_nanos() - policy.interval;
+    let used = alloc
+        .reschedule_tracker
+        .as_ref()
+        .map(|t| t.events.iter().filter(|e| e.reschedule_time >= window_start).count())
+        .unwrap_or(0);
+    (used as i64) < policy.attempts
+}
+
+impl HeartbeatExpiry for Endpoints {
+    fn node_expired(&self, node_id: String) -> crate::consensus::BoxFuture<'_, ()> {
+        Box::pin(async move {
+            match self.node_heartbeat_missed(&node_id).await {
+                Ok(status) => tracing::warn!(node_id, %status, "node missed its heartbeat"),
+                Err(e) => tracing::error!(node_id, error = %e, "updating node after a missed heartbeat failed"),
+            }
+        })
+    }
+}

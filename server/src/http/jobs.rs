@@ -1,0 +1,228 @@
+//! `/v1/jobs` and `/v1/job/<id>[/<action>]`.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{Method, Uri};
+use axum::response::Response;
+use nomad_proto::{AllocStubFields, Job, JobSummary};
+use serde::Deserialize;
+
+use super::HttpState;
+use super::util::{
+    HttpError, HttpResult, QueryOptions, decode_body, json_response, list_response, paginate, read_body, require_method,
+};
+use crate::endpoints::JobRegisterOptions;
+use crate::state::Table;
+
+/// Body of `PUT /v1/jobs` (`api.JobRegisterRequest`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+struct JobRegisterRequest {
+    job: Option<Job>,
+    enforce_index: bool,
+    job_modify_index: u64,
+    policy_override: bool,
+    preserve_counts: bool,
+    eval_priority: i64,
+    region: String,
+    namespace: String,
+}
+
+/// `GET|PUT|POST /v1/jobs`.
+pub async fn jobs(State(s): State<HttpState>, method: Method, uri: Uri, body: Body) -> Response {
+    super::respond(async {
+        let q = QueryOptions::parse(&uri)?;
+        match method {
+            Method::GET => list_jobs(&s, &q).await,
+            Method::PUT | Method::POST => register(&s, &q, None, body).await,
+            _ => Err(HttpError::invalid_method()),
+        }
+    })
+    .await
+}
+
+async fn list_jobs(s: &HttpState, q: &QueryOptions) -> HttpResult {
+    let with_meta = q.bool("meta", false)?;
+    let ns = q.namespace_filter().map(str::to_string);
+    let (stubs, index) = s
+        .endpoints
+        .store()
+        .blocking_query(&[Table::Jobs, Table::JobSummary], q.min_index, q.wait, |st| {
+            let stubs: Vec<_> = st
+                .jobs_by_prefix(ns.as_deref(), &q.prefix)
+                .map(|j| j.stub(st.job_summary(&j.namespace, &j.id).map(|x| (**x).clone()), with_meta))
+                .collect();
+            (stubs, st.max_index(&[Table::Jobs, Table::JobSummary]))
+        })
+        .await;
+    let (page, next) = paginate(stubs, q, |j| format!("{}.{}", j.namespace, j.id));
+    list_response(&page, next, s.meta(index), q.pretty)
+}
+
+async fn register(s: &HttpState, q: &QueryOptions, url_id: Option<&str>, body: Body) -> HttpResult {
+    let bytes = read_body(body).await?;
+    let req: JobRegisterRequest = decode_body(&bytes)?;
+    let _ = (req.policy_override, &req.region);
+    let Some(mut job) = req.job else {
+        return Err(HttpError::bad_request("Job must be specified"));
+    };
+    if job.id.is_empty() {
+        return Err(HttpError::bad_request("Job ID hasn't been provided"));
+    }
+    if let Some(id) = url_id {
+        if id != job.id {
+            return Err(HttpError::bad_request("Job ID does not match name"));
+        }
+    }
+    if job.job_type == nomad_proto::JobType::System {
+        if let Some(g) = job.task_groups.iter().find(|g| g.scaling.is_some()) {
+            return Err(HttpError::bad_request(format!("Task group {:?} has a scaling policy, which system jobs do not support", g.name)));
+        }
+    }
+    // Namespace precedence: ?namespace, then the request body, then the job.
+    if q.params.get("namespace").is_some_and(|n| !n.is_empty()) {
+        job.namespace = q.namespace.clone();
+    } else if !req.namespace.is_empty() {
+        job.namespace = req.namespace.clone();
+    }
+    let opts = JobRegisterOptions {
+        enforce_index: req.enforce_index,
+        job_modify_index: req.job_modify_index,
+        preserve_counts: req.preserve_counts,
+        eval_priority: req.eval_priority,
+    };
+    let resp = s.endpoints.job_register(job, opts).await?;
+    let index = resp.index;
+    json_response(&resp, Some(s.meta(index)), q.pretty)
+}
+
+/// `/v1/job/<id>` and its sub-resources.
+pub async fn job_specific(State(s): State<HttpState>, method: Method, uri: Uri, body: Body) -> Response {
+    super::respond(async {
+        let q = QueryOptions::parse(&uri)?;
+        let path = uri.path().strip_prefix("/v1/job/").unwrap_or_default().to_string();
+        let (id, action) = split_action(&path, &["allocations", "evaluations", "summary", "plan", "versions", "evaluate", "deployments", "deployment", "scale", "services", "submission", "periodic/force", "dispatch", "revert", "stable"]);
+        if id.is_empty() {
+            return Err(HttpError::not_found("missing job ID"));
+        }
+        match action {
+            None => match method {
+                Method::GET => get_job(&s, &q, &id).await,
+                Method::PUT | Method::POST => register(&s, &q, Some(&id), body).await,
+                Method::DELETE => deregister(&s, &q, &id).await,
+                _ => Err(HttpError::invalid_method()),
+            },
+            Some("allocations") => {
+                require_method(&method, &[Method::GET])?;
+                job_allocations(&s, &q, &id).await
+            }
+            Some("evaluations") => {
+                require_method(&method, &[Method::GET])?;
+                job_evaluations(&s, &q, &id).await
+            }
+            Some("summary") => {
+                require_method(&method, &[Method::GET])?;
+                job_summary(&s, &q, &id).await
+            }
+            Some(other) => Err(HttpError::not_found(format!("job action {other:?} is not supported by nomad-rs yet"))),
+        }
+    })
+    .await
+}
+
+/// Splits `web/summary` into (`web`, `summary`); a job ID may itself contain slashes.
+pub(super) fn split_action(path: &str, actions: &[&'static str]) -> (String, Option<&'static str>) {
+    for a in actions {
+        if let Some(id) = path.strip_suffix(&format!("/{a}")) {
+            return (id.to_string(), Some(a));
+        }
+    }
+    (path.to_string(), None)
+}
+
+async fn get_job(s: &HttpState, q: &QueryOptions, id: &str) -> HttpResult {
+    let ns = q.namespace.clone();
+    let (job, index): (Option<Arc<Job>>, u64) = s
+        .endpoints
+        .store()
+        .blocking_query(&[Table::Jobs], q.min_index, q.wait, |st| match st.job(&ns, id) {
+            Some(j) => (Some(j.clone()), j.modify_index),
+            None => (None, st.table_index(Table::Jobs)),
+        })
+        .await;
+    let job = job.ok_or_else(|| HttpError::not_found("job not found"))?;
+    json_response(&*job, Some(s.meta(index)), q.pretty)
+}
+
+async fn deregister(s: &HttpState, q: &QueryOptions, id: &str) -> HttpResult {
+    let purge = q.bool("purge", false)?;
+    let _global = q.bool("global", false)?;
+    let _no_shutdown_delay = q.bool("no_shutdown_delay", false)?;
+    let eval_priority = q.int("eval_priority", 0)?;
+    let resp = s.endpoints.job_deregister(&q.namespace, id, purge, eval_priority).await?;
+    let index = resp.index;
+    json_response(&resp, Some(s.meta(index)), q.pretty)
+}
+
+async fn job_allocations(s: &HttpState, q: &QueryOptions, id: &str) -> HttpResult {
+    let all = q.bool("all", false)?;
+    let ns = q.namespace.clone();
+    let (stubs, index) = s
+        .endpoints
+        .store()
+        .blocking_query(&[Table::Allocs], q.min_index, q.wait, |st| {
+            let current = st.job(&ns, id).map(|j| j.create_index);
+            let stubs: Vec<_> = st
+                .allocs_by_job(&ns, id)
+                // Without `all`, allocs of an earlier job with the same ID are hidden.
+                .filter(|a| all || current.is_none_or(|ci| a.job.as_ref().is_none_or(|j| j.create_index == ci)))
+                .map(|a| a.stub(AllocStubFields::default()))
+                .collect();
+            (stubs, st.table_index(Table::Allocs))
+        })
+        .await;
+    list_response(&stubs, None, s.meta(index), q.pretty)
+}
+
+async fn job_evaluations(s: &HttpState, q: &QueryOptions, id: &str) -> HttpResult {
+    let ns = q.namespace.clone();
+    let (evals, index) = s
+        .endpoints
+        .store()
+        .blocking_query(&[Table::Evals], q.min_index, q.wait, |st| {
+            let evals: Vec<_> = st.evals_by_job(&ns, id).map(|e| (**e).clone()).collect();
+            (evals, st.table_index(Table::Evals))
+        })
+        .await;
+    list_response(&evals, None, s.meta(index), q.pretty)
+}
+
+async fn job_summary(s: &HttpState, q: &QueryOptions, id: &str) -> HttpResult {
+    let ns = q.namespace.clone();
+    let (summary, index): (Option<Arc<JobSummary>>, u64) = s
+        .endpoints
+        .store()
+        .blocking_query(&[Table::JobSummary], q.min_index, q.wait, |st| match st.job_summary(&ns, id) {
+            Some(js) => (Some(js.clone()), js.modify_index),
+            None => (None, st.table_index(Table::JobSummary)),
+        })
+        .await;
+    let summary = summary.ok_or_else(|| HttpError::not_found("job not found"))?;
+    json_response(&*summary, Some(s.meta(index)), q.pretty)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_action;
+
+    #[test]
+    fn job_ids_with_slashes_keep_their_action() {
+        let acts = &["summary", "periodic/force"];
+        assert_eq!(split_action("web", acts), ("web".into(), None));
+        assert_eq!(split_action("web/summary", acts), ("web".into(), Some("summary")));
+        assert_eq!(split_action("batch/dispatch-1/summary", acts), ("batch/dispatch-1".into(), Some("summary")));
+        assert_eq!(split_action("cron/periodic/force", acts), ("cron".into(), Some("periodic/force")));
+    }
+}

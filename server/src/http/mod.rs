@@ -1,0 +1,75 @@
+//! Nomad's HTTP API (`/v1/...`), served with axum.
+//!
+//! One file per resource. Handlers parse the query options, run a blocking
+//! query against state snapshots or call an endpoint, and answer in Nomad's
+//! shapes: JSON with `X-Nomad-Index`/`X-Nomad-KnownLeader`/`X-Nomad-LastContact`,
+//! plain-text errors with Nomad's status codes, 405 `Invalid method`, and an
+//! empty 404 for unknown paths.
+
+mod agent;
+mod allocs;
+mod evals;
+mod jobs;
+mod namespaces;
+mod nodes;
+pub mod util;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+
+pub use agent::{API_VERSION, AgentInfo};
+use util::{HttpResult, QueryMeta};
+
+use crate::endpoints::Endpoints;
+
+/// What handlers share.
+#[derive(Clone)]
+pub struct HttpState {
+    /// The server's endpoints.
+    pub endpoints: Endpoints,
+    /// About this agent.
+    pub agent: Arc<AgentInfo>,
+}
+
+impl HttpState {
+    fn meta(&self, index: u64) -> QueryMeta {
+        QueryMeta { index: index.max(1), known_leader: self.endpoints.consensus().leader_rpc_addr().is_some() }
+    }
+}
+
+async fn respond(f: impl Future<Output = HttpResult>) -> Response {
+    match f.await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The `/v1` routes of the server role. The agent merges its own (client) routes.
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/v1/jobs", any(jobs::jobs))
+        .route("/v1/job/{*rest}", any(jobs::job_specific))
+        .route("/v1/allocations", any(allocs::allocations))
+        .route("/v1/allocation/{*rest}", any(allocs::allocation_specific))
+        .route("/v1/evaluations", any(evals::evaluations))
+        .route("/v1/evaluation/{*rest}", any(evals::evaluation_specific))
+        .route("/v1/nodes", any(nodes::nodes))
+        .route("/v1/node/{*rest}", any(nodes::node_specific))
+        .route("/v1/namespaces", any(namespaces::namespaces))
+        .route("/v1/namespace/{*rest}", any(namespaces::namespace_specific))
+        .route("/v1/agent/self", any(agent::agent_self))
+        .route("/v1/agent/members", any(agent::agent_members))
+        .route("/v1/status/leader", any(agent::status_leader))
+        .route("/v1/status/peers", any(agent::status_peers))
+        .route("/v1/regions", any(agent::regions))
+        .fallback(|| async { StatusCode::NOT_FOUND })
+        .with_state(state)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,333 @@
+//! Every route with good and bad input, through the real router.
+
+use axum::body::Body;
+use axum::http::{HeaderMap, Method, Request, StatusCode};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use crate::testing::{TestServer, job, node};
+
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    fn index(&self) -> u64 {
+        self.headers.get("x-nomad-index").expect("X-Nomad-Index").to_str().unwrap().parse().unwrap()
+    }
+}
+
+async fn call(ts: &TestServer, method: Method, path: &str, body: impl Into<Body>) -> Reply {
+    let req = Request::builder().method(method).uri(path).body(body.into()).unwrap();
+    let resp = ts.router().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap().to_vec();
+    Reply { status, headers, body }
+}
+
+async fn get(ts: &TestServer, path: &str) -> Reply {
+    call(ts, Method::GET, path, Body::empty()).await
+}
+
+fn job_body(id: &str) -> String {
+    json!({ "Job": serde_json::to_value(job(id, 2)).unwrap() }).to_string()
+}
+
+#[tokio::test]
+async fn register_list_read_and_stop_a_job() {
+    let ts = TestServer::new();
+    let r = call(&ts, Method::PUT, "/v1/jobs", job_body("web")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let v = r.json();
+    let eval_id = v["EvalID"].as_str().unwrap().to_string();
+    assert!(!eval_id.is_empty());
+    assert!(r.index() > 0);
+    assert_eq!(v["JobModifyIndex"], r.index());
+
+    let list = get(&ts, "/v1/jobs").await;
+    assert_eq!(list.status, StatusCode::OK);
+    let arr = list.json();
+    assert_eq!(arr[0]["ID"], "web");
+    assert_eq!(arr[0]["Status"], "pending");
+    assert_eq!(arr[0]["JobSummary"]["Summary"]["web"]["Queued"], 0);
+    assert_eq!(list.headers["x-nomad-knownleader"], "true");
+
+    let one = get(&ts, "/v1/job/web").await.json();
+    assert_eq!(one["Name"], "web");
+    assert_eq!(one["TaskGroups"][0]["Tasks"][0]["Resources"]["CPU"], 100);
+
+    let evals = get(&ts, "/v1/job/web/evaluations").await.json();
+    assert_eq!(evals[0]["ID"], eval_id.as_str());
+    assert_eq!(evals[0]["TriggeredBy"], "job-register");
+    let eval = get(&ts, &format!("/v1/evaluation/{eval_id}")).await.json();
+    assert_eq!(eval["JobID"], "web");
+    assert_eq!(get(&ts, "/v1/job/web/summary").await.json()["JobID"], "web");
+    assert_eq!(get(&ts, "/v1/job/web/allocations").await.json(), json!([]));
+
+    let stop = call(&ts, Method::DELETE, "/v1/job/web", Body::empty()).await;
+    assert_eq!(stop.status, StatusCode::OK);
+    assert!(!stop.json()["EvalID"].as_str().unwrap().is_empty());
+    assert_eq!(get(&ts, "/v1/job/web").await.json()["Stop"], true);
+
+    let purge = call(&ts, Method::DELETE, "/v1/job/web?purge=true", Body::empty()).await;
+    assert_eq!(purge.status, StatusCode::OK);
+    assert_eq!(get(&ts, "/v1/job/web").await.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn register_accepts_any_key_case_and_nulls() {
+    let ts = TestServer::new();
+    let body = r#"{"job":{"id":"lower","type":null,"datacenters":null,"taskgroups":[{"name":"g","COUNT":1,
+        "tasks":[{"name":"t","driver":"raw_exec","config":{"command":"/bin/true"},"resources":null}]}]}}"#;
+    let r = call(&ts, Method::POST, "/v1/job/lower", body).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let j = get(&ts, "/v1/job/lower").await.json();
+    assert_eq!(j["Type"], "service");
+    assert_eq!(j["Datacenters"], json!(["*"]));
+    assert_eq!(j["TaskGroups"][0]["Tasks"][0]["Config"]["command"], "/bin/true");
+}
+
+#[tokio::test]
+async fn bad_job_input_gets_nomads_codes_and_changes_nothing() {
+    let ts = TestServer::new();
+    let cases: Vec<(Method, &str, String, StatusCode, &str)> = vec![
+        (Method::PUT, "/v1/jobs", String::new(), StatusCode::BAD_REQUEST, "Request body is empty"),
+        (Method::PUT, "/v1/jobs", "{not json".into(), StatusCode::BAD_REQUEST, "invalid JSON"),
+        (Method::PUT, "/v1/jobs", "{}".into(), StatusCode::BAD_REQUEST, "Job must be specified"),
+        (Method::PUT, "/v1/jobs", r#"{"Job":{"Name":"x"}}"#.into(), StatusCode::BAD_REQUEST, "Job ID hasn't been provided"),
+        (Method::PUT, "/v1/job/other", job_body("web"), StatusCode::BAD_REQUEST, "Job ID does not match name"),
+        (Method::PUT, "/v1/jobs", r#"{"Job":{"ID":"x"}}"#.into(), StatusCode::INTERNAL_SERVER_ERROR, "Missing job task groups"),
+        (
+            Method::PUT,
+            "/v1/jobs",
+            r#"{"Job":{"ID":"x","TaskGroups":[{"Name":"g","Count":-1,"Tasks":[{"Name":"t","Driver":"raw_exec"}]}]}}"#.into(),
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "Task group count can't be negative",
+        ),
+        (
+            Method::PUT,
+            "/v1/jobs",
+            r#"{"Job":{"ID":"x","TaskGroups":[{"Name":"g","Count":"two"}]}}"#.into(),
+            StatusCode::BAD_REQUEST,
+            "Job.TaskGroups[0].Count",
+        ),
+        (Method::PATCH, "/v1/jobs", String::new(), StatusCode::METHOD_NOT_ALLOWED, "Invalid method"),
+        (Method::DELETE, "/v1/job/x?purge=maybe", String::new(), StatusCode::BAD_REQUEST, "Failed to parse value of \"purge\""),
+        (Method::GET, "/v1/jobs?wait=forever&index=1", String::new(), StatusCode::BAD_REQUEST, "Invalid wait time"),
+        (Method::GET, "/v1/jobs?index=abc", String::new(), StatusCode::BAD_REQUEST, "Invalid index"),
+        (Method::GET, "/v1/job/missing", String::new(), StatusCode::NOT_FOUND, "job not found"),
+        (Method::GET, "/v1/job/missing/summary", String::new(), StatusCode::NOT_FOUND, "job not found"),
+        (Method::POST, "/v1/job/missing/summary", String::new(), StatusCode::METHOD_NOT_ALLOWED, "Invalid method"),
+    ];
+    for (method, path, body, code, needle) in cases {
+        let r = call(&ts, method.clone(), path, body).await;
+        assert_eq!(r.status, code, "{method} {path}: {}", r.text());
+        assert!(r.text().contains(needle), "{method} {path}: {:?} lacks {needle:?}", r.text());
+        if code != StatusCode::OK {
+            assert!(r.headers["content-type"].to_str().unwrap().starts_with("text/plain"));
+        }
+    }
+    assert_eq!(ts.store.snapshot().jobs().count(), 0, "nothing was written");
+    assert_eq!(ts.store.snapshot().evals().count(), 0);
+}
+
+#[tokio::test]
+async fn oversized_bodies_are_refused() {
+    let ts = TestServer::new();
+    let huge = vec![b' '; super::util::MAX_BODY_BYTES + 1];
+    let r = call(&ts, Method::PUT, "/v1/jobs", huge).await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(r.text().contains("too large"));
+}
+
+#[tokio::test]
+async fn unknown_paths_are_empty_404s() {
+    let ts = TestServer::new();
+    let r = get(&ts, "/v1/nope").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert!(r.body.is_empty());
+}
+
+#[tokio::test]
+async fn namespaces_scope_job_lists() {
+    let ts = TestServer::new();
+    ts.store
+        .write(100, |tx| {
+            tx.upsert_namespace(nomad_proto::Namespace { name: "prod".into(), ..Default::default() });
+            Ok(())
+        })
+        .unwrap();
+    for (ns, id) in [("default", "a"), ("prod", "a"), ("prod", "b")] {
+        let r = call(&ts, Method::PUT, &format!("/v1/jobs?namespace={ns}"), job_body(id)).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    }
+    assert_eq!(get(&ts, "/v1/jobs").await.json().as_array().unwrap().len(), 1);
+    assert_eq!(get(&ts, "/v1/jobs?namespace=prod").await.json().as_array().unwrap().len(), 2);
+    assert_eq!(get(&ts, "/v1/jobs?namespace=*").await.json().as_array().unwrap().len(), 3);
+    assert_eq!(get(&ts, "/v1/jobs?namespace=*&prefix=b").await.json()[0]["Namespace"], "prod");
+    let r = call(&ts, Method::PUT, "/v1/jobs?namespace=ghost", job_body("c")).await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(r.text().contains("nonexistent namespace"));
+    let nss = get(&ts, "/v1/namespaces").await.json();
+    assert_eq!(nss.as_array().unwrap().len(), 2);
+    assert_eq!(get(&ts, "/v1/namespace/prod").await.json()["Name"], "prod");
+    assert_eq!(get(&ts, "/v1/namespace/ghost").await.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn job_list_pages_with_next_token() {
+    let ts = TestServer::new();
+    for id in ["a", "b", "c"] {
+        call(&ts, Method::PUT, "/v1/jobs", job_body(id)).await;
+    }
+    let p1 = get(&ts, "/v1/jobs?per_page=2").await;
+    assert_eq!(p1.json().as_array().unwrap().len(), 2);
+    let token = p1.headers["x-nomad-nexttoken"].to_str().unwrap().to_string();
+    let p2 = get(&ts, &format!("/v1/jobs?per_page=2&next_token={token}")).await;
+    assert_eq!(p2.json()[0]["ID"], "c");
+    assert!(p2.headers.get("x-nomad-nexttoken").is_none());
+}
+
+#[tokio::test]
+async fn blocking_job_list_returns_when_a_job_arrives() {
+    let ts = TestServer::new();
+    let first = call(&ts, Method::PUT, "/v1/jobs", job_body("a")).await.index();
+    let router = ts.router();
+    let waiter = tokio::spawn(async move {
+        let req = Request::get(format!("/v1/jobs?index={first}&wait=30s")).body(Body::empty()).unwrap();
+        let resp = router.oneshot(req).await.unwrap();
+        let idx: u64 = resp.headers()["x-nomad-index"].to_str().unwrap().parse().unwrap();
+        let body = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
+        (idx, serde_json::from_slice::<Value>(&body).unwrap())
+    });
+    tokio::task::yield_now().await;
+    assert!(!waiter.is_finished());
+    call(&ts, Method::PUT, "/v1/jobs", job_body("b")).await;
+    let (idx, list) = tokio::time::timeout(std::time::Duration::from_secs(10), waiter).await.unwrap().unwrap();
+    assert!(idx > first);
+    assert_eq!(list.as_array().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn nodes_routes_never_show_the_secret() {
+    let ts = TestServer::new();
+    let n = ts.register_node(node("n1")).await;
+    let list = get(&ts, "/v1/nodes").await;
+    assert_eq!(list.status, StatusCode::OK);
+    let stub = &list.json()[0];
+    assert_eq!(stub["ID"], "n1");
+    assert_eq!(stub["Address"], "127.0.0.1");
+    assert!(stub.get("NodeResources").is_none());
+    let with_res = get(&ts, "/v1/nodes?resources=true&os=true").await.json();
+    assert_eq!(with_res[0]["NodeResources"]["Memory"]["MemoryMB"], 8192);
+    let full = get(&ts, "/v1/node/n1").await;
+    let v = full.json();
+    assert_eq!(v["SecretID"], "");
+    assert_eq!(v["Drain"], false);
+    assert_eq!(v["Status"], "initializing");
+    for r in [list, full, get(&ts, "/v1/nodes?resources=true").await, get(&ts, "/v1/node/n1/allocations").await] {
+        assert!(!r.text().contains(&n.secret_id), "secret leaked: {}", r.text());
+    }
+    assert_eq!(get(&ts, "/v1/node/ghost").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(get(&ts, "/v1/nodes?prefix=zz").await.json(), json!([]));
+}
+
+#[tokio::test]
+async fn node_eligibility_round_trip_and_bad_input() {
+    let ts = TestServer::new();
+    ts.register_node(node("n1")).await;
+    let r = call(&ts, Method::POST, "/v1/node/n1/eligibility", r#"{"Eligibility":"ineligible"}"#).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(get(&ts, "/v1/node/n1").await.json()["SchedulingEligibility"], "ineligible");
+    let bad = call(&ts, Method::POST, "/v1/node/n1/eligibility", r#"{"Eligibility":"maybe"}"#).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert!(bad.text().contains("invalid scheduling eligibility"));
+    let empty = call(&ts, Method::POST, "/v1/node/n1/eligibility", "").await;
+    assert_eq!(empty.status, StatusCode::BAD_REQUEST);
+    let ghost = call(&ts, Method::POST, "/v1/node/ghost/eligibility", r#"{"Eligibility":"eligible"}"#).await;
+    assert_eq!(ghost.status, StatusCode::NOT_FOUND);
+    let wrong = call(&ts, Method::GET, "/v1/node/n1/eligibility", "").await;
+    assert_eq!(wrong.status, StatusCode::METHOD_NOT_ALLOWED);
+}
+
+#[tokio::test]
+async fn alloc_routes_with_options_and_bad_ids() {
+    let ts = TestServer::new();
+    let mut j = job("web", 1);
+    j.canonicalize();
+    ts.store.write(49, |tx| tx.upsert_job(j.clone()).map(|_| ())).unwrap();
+    let stored = ts.store.snapshot().job("default", "web").unwrap().clone();
+    let alloc = nomad_proto::Allocation {
+        id: "a1".into(),
+        namespace: "default".into(),
+        job_id: "web".into(),
+        job: Some(stored),
+        task_group: "web".into(),
+        node_id: "n1".into(),
+        eval_id: "e1".into(),
+        allocated_resources: Some(Default::default()),
+        task_states: Some(Default::default()),
+        ..Default::default()
+    };
+    ts.store
+        .write(50, |tx| {
+            tx.upsert_allocs_from_plan(vec![alloc.clone()]);
+            Ok(())
+        })
+        .unwrap();
+    let plain = get(&ts, "/v1/allocations").await.json();
+    assert!(plain[0].get("AllocatedResources").is_none());
+    assert!(plain[0]["TaskStates"].is_object());
+    let opts = get(&ts, "/v1/allocations?resources=true&task_states=false").await.json();
+    assert!(opts[0]["AllocatedResources"].is_object());
+    assert!(opts[0]["TaskStates"].is_null());
+    assert_eq!(get(&ts, "/v1/allocation/a1").await.json()["Job"]["ID"], "web");
+    assert_eq!(get(&ts, "/v1/allocation/nope").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(get(&ts, "/v1/allocation/a1/x/y").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(get(&ts, "/v1/job/web/allocations").await.json()[0]["ID"], "a1");
+    let stop = call(&ts, Method::POST, "/v1/allocation/a1/stop", "").await;
+    assert_eq!(stop.status, StatusCode::OK, "{}", stop.text());
+    let eval_id = stop.json()["EvalID"].as_str().unwrap().to_string();
+    assert_eq!(ts.store.snapshot().eval(&eval_id).unwrap().triggered_by, "alloc-stop");
+    assert_eq!(ts.store.snapshot().alloc("a1").unwrap().desired_transition.migrate, Some(true));
+    assert_eq!(call(&ts, Method::POST, "/v1/allocation/nope/stop", "").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(call(&ts, Method::DELETE, "/v1/allocation/a1", "").await.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(get(&ts, "/v1/allocations?task_states=nah").await.status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn eval_routes_and_filters() {
+    let ts = TestServer::new();
+    call(&ts, Method::PUT, "/v1/jobs", job_body("a")).await;
+    call(&ts, Method::PUT, "/v1/jobs", job_body("b")).await;
+    assert_eq!(get(&ts, "/v1/evaluations").await.json().as_array().unwrap().len(), 2);
+    assert_eq!(get(&ts, "/v1/evaluations?job=a").await.json().as_array().unwrap().len(), 1);
+    assert_eq!(get(&ts, "/v1/evaluations?status=complete").await.json(), json!([]));
+    assert_eq!(get(&ts, "/v1/evaluation/nope").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(get(&ts, "/v1/evaluation/nope/allocations").await.json(), json!([]));
+    assert_eq!(call(&ts, Method::DELETE, "/v1/evaluation/x", "").await.status, StatusCode::METHOD_NOT_ALLOWED);
+}
+
+#[tokio::test]
+async fn status_and_agent_routes() {
+    let ts = TestServer::new();
+    assert_eq!(get(&ts, "/v1/status/leader").await.json(), json!("127.0.0.1:4647"));
+    assert_eq!(get(&ts, "/v1/status/peers").await.json(), json!(["127.0.0.1:4647"]));
+    assert_eq!(get(&ts, "/v1/regions").await.json(), json!(["global"]));
+    let me = get(&ts, "/v1/agent/self").await.json();
+    assert!(me.get("config").is_some() && me.get("member").is_some() && me.get("stats").is_some());
+    assert_eq!(me["member"]["Name"], "test");
+    assert_eq!(get(&ts, "/v1/agent/members").await.json()["ServerRegion"], "global");
+    assert_eq!(call(&ts, Method::POST, "/v1/status/leader", "").await.status, StatusCode::METHOD_NOT_ALLOWED);
+}
