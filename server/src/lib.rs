@@ -5,5 +5,6 @@ pub mod endpoints;
 pub mod fsm;
 pub mod heartbeat;
 pub mod http;
+pub mod scheduler;
 pub mod state;
 pub mod testing;
