@@ -77,8 +77,9 @@ impl Consensus for LocalConsensus {
                 return Err(ApplyError::NoLeader);
             }
             let mut next = self.next_index.lock().await;
-            let index = *next;
-            *next += 1;
+            // Tests may also write to the store directly; never reuse an index.
+            let index = (*next).max(self.fsm.store().snapshot().index + 1);
+            *next = index + 1;
             let res = self.fsm.apply(index, &cmd);
             match res.error {
                 None => Ok(index),

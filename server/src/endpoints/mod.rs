@@ -80,3 +80,6 @@ impl Endpoints {
         &self.config
     }
 }
+
+#[cfg(test)]
+mod tests;
