@@ -50,6 +50,7 @@ pub struct LocalConsensus {
     next_index: tokio::sync::Mutex<u64>,
     leader: watch::Sender<bool>,
     addr: String,
+    remote_leader: std::sync::Mutex<Option<String>>,
 }
 
 impl LocalConsensus {
@@ -61,12 +62,18 @@ impl LocalConsensus {
             next_index: tokio::sync::Mutex::new(start + 1),
             leader: watch::channel(true).0,
             addr: "127.0.0.1:4647".to_string(),
+            remote_leader: std::sync::Mutex::new(None),
         }
     }
 
     /// Flips leadership, to exercise leader-only subsystems.
     pub fn set_leader(&self, leader: bool) {
         self.leader.send_replace(leader);
+    }
+
+    /// While not leading, report this address as the leader's (to exercise forwarding).
+    pub fn set_remote_leader(&self, addr: Option<String>) {
+        *self.remote_leader.lock().unwrap_or_else(|e| e.into_inner()) = addr;
     }
 }
 
@@ -97,7 +104,11 @@ impl Consensus for LocalConsensus {
     }
 
     fn leader_rpc_addr(&self) -> Option<String> {
-        self.is_leader().then(|| self.addr.clone())
+        if self.is_leader() {
+            Some(self.addr.clone())
+        } else {
+            self.remote_leader.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        }
     }
 
     fn peers(&self) -> Vec<String> {

@@ -1,0 +1,198 @@
+//! The client-facing gRPC services (`Node.*`, `Alloc.*`).
+//!
+//! Node RPCs reset leader-held heartbeat timers and write through Raft, so a
+//! follower forwards them to the leader once (a forwarded call that lands on
+//! a non-leader is refused instead of bouncing around). `tonic::Status`
+//! mapping happens only here.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use nomad_proto::rpc::codec::MAX_MESSAGE_BYTES;
+use nomad_proto::rpc::{
+    AllocClient, AllocRpc, AllocServer, AllocUpdateRequest, AllocsGetRequest, AllocsGetResponse, GenericResponse, NodeClient,
+    NodeClientAllocsResponse, NodeRegisterRequest, NodeRpc, NodeServer, NodeSpecificRequest, NodeUpdateResponse,
+    NodeUpdateStatusRequest,
+};
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+use crate::endpoints::Endpoints;
+
+/// Metadata key marking a call that was already forwarded once.
+const FORWARDED: &str = "x-nomad-forwarded";
+
+/// Cached channels to other servers.
+#[derive(Default, Clone)]
+pub struct Peers {
+    channels: Arc<Mutex<HashMap<String, Channel>>>,
+}
+
+impl Peers {
+    /// A lazily connecting channel to `addr` (`host:port`).
+    pub fn channel(&self, addr: &str) -> Result<Channel, Status> {
+        let mut map = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = map.get(addr) {
+            return Ok(c.clone());
+        }
+        let ch = Channel::from_shared(format!("http://{addr}"))
+            .map_err(|e| Status::internal(format!("bad server address {addr:?}: {e}")))?
+            .connect_timeout(std::time::Duration::from_secs(5))
+            .connect_lazy();
+        map.insert(addr.to_string(), ch.clone());
+        Ok(ch)
+    }
+}
+
+/// The `Node` and `Alloc` services of one server.
+#[derive(Clone)]
+pub struct ClientRpc {
+    endpoints: Endpoints,
+    peers: Peers,
+}
+
+impl ClientRpc {
+    /// Services over `endpoints`.
+    pub fn new(endpoints: Endpoints, peers: Peers) -> ClientRpc {
+        ClientRpc { endpoints, peers }
+    }
+
+    /// The tonic services, ready to add to a server.
+    pub fn services(&self) -> (NodeServer<ClientRpc>, AllocServer<ClientRpc>) {
+        (
+            NodeServer::new(self.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES),
+            AllocServer::new(self.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
+    }
+
+    /// Where to forward: `None` when this server should answer itself.
+    fn forward_target<T>(&self, req: &Request<T>) -> Result<Option<Channel>, Status> {
+        if self.endpoints.consensus().is_leader() {
+            return Ok(None);
+        }
+        if req.metadata().contains_key(FORWARDED) {
+            return Err(Status::unavailable("No cluster leader"));
+        }
+        let leader = self.endpoints.consensus().leader_rpc_addr().ok_or_else(|| Status::unavailable("No cluster leader"))?;
+        self.peers.channel(&leader).map(Some)
+    }
+}
+
+fn forwarded<T>(inner: T) -> Request<T> {
+    let mut r = Request::new(inner);
+    r.metadata_mut().insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+    r
+}
+
+fn node_client(ch: Channel) -> NodeClient<Channel> {
+    NodeClient::new(ch).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES)
+}
+
+#[tonic::async_trait]
+impl NodeRpc for ClientRpc {
+    async fn register(&self, req: Request<NodeRegisterRequest>) -> Result<Response<NodeUpdateResponse>, Status> {
+        if let Some(ch) = self.forward_target(&req)? {
+            return node_client(ch).register(forwarded(req.into_inner())).await;
+        }
+        Ok(Response::new(self.endpoints.node_register(req.into_inner()).await?))
+    }
+
+    async fn update_status(&self, req: Request<NodeUpdateStatusRequest>) -> Result<Response<NodeUpdateResponse>, Status> {
+        if let Some(ch) = self.forward_target(&req)? {
+            return node_client(ch).update_status(forwarded(req.into_inner())).await;
+        }
+        Ok(Response::new(self.endpoints.node_update_status(req.into_inner()).await?))
+    }
+
+    async fn update_alloc(&self, req: Request<AllocUpdateRequest>) -> Result<Response<GenericResponse>, Status> {
+        if let Some(ch) = self.forward_target(&req)? {
+            return node_client(ch).update_alloc(forwarded(req.into_inner())).await;
+        }
+        Ok(Response::new(self.endpoints.node_update_alloc(req.into_inner()).await?))
+    }
+
+    async fn get_client_allocs(&self, req: Request<NodeSpecificRequest>) -> Result<Response<NodeClientAllocsResponse>, Status> {
+        if let Some(ch) = self.forward_target(&req)? {
+            return node_client(ch).get_client_allocs(forwarded(req.into_inner())).await;
+        }
+        Ok(Response::new(self.endpoints.node_get_client_allocs(req.into_inner()).await?))
+    }
+}
+
+#[tonic::async_trait]
+impl AllocRpc for ClientRpc {
+    async fn get_allocs(&self, req: Request<AllocsGetRequest>) -> Result<Response<AllocsGetResponse>, Status> {
+        if let Some(ch) = self.forward_target(&req)? {
+            let client = AllocClient::new(ch).max_decoding_message_size(MAX_MESSAGE_BYTES);
+            return client.clone().get_allocs(forwarded(req.into_inner())).await;
+        }
+        Ok(Response::new(self.endpoints.alloc_get_allocs(req.into_inner()).await?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio_stream::wrappers::TcpListenerStream;
+
+    use super::*;
+    use crate::testing::{TestServer, node};
+
+    async fn serve(ts: &TestServer) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (node_svc, alloc_svc) = ClientRpc::new(ts.endpoints.clone(), Peers::default()).services();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(node_svc)
+                .add_service(alloc_svc)
+                .serve_with_incoming(TcpListenerStream::new(listener)),
+        );
+        addr
+    }
+
+    #[tokio::test]
+    async fn node_rpcs_over_real_grpc_map_errors_to_statuses() {
+        let ts = TestServer::new();
+        let addr = serve(&ts).await;
+        let mut client = node_client(Peers::default().channel(&addr).unwrap());
+        let n = node("n1");
+        let r = client.register(NodeRegisterRequest { node: n.clone(), ..Default::default() }).await.unwrap().into_inner();
+        assert!(r.heartbeat_ttl > 0);
+        assert_eq!(r.status, nomad_proto::NodeStatus::Initializing);
+        let bad = client
+            .update_status(NodeUpdateStatusRequest { node_id: "n1".into(), secret_id: "nope".into(), ..Default::default() })
+            .await
+            .unwrap_err();
+        assert_eq!(bad.code(), tonic::Code::PermissionDenied);
+        let missing = client
+            .update_status(NodeUpdateStatusRequest { node_id: "ghost".into(), secret_id: "x".into(), ..Default::default() })
+            .await
+            .unwrap_err();
+        assert_eq!(missing.code(), tonic::Code::NotFound);
+        assert!(missing.message().contains("not found"));
+    }
+
+    #[tokio::test]
+    async fn a_follower_forwards_to_the_leader_and_never_twice() {
+        let leader = TestServer::new();
+        let leader_addr = serve(&leader).await;
+        // A "follower" whose consensus is not leader and points at the leader.
+        let follower = TestServer::new();
+        follower.consensus.set_leader(false);
+        let follower_rpc = ClientRpc::new(follower.endpoints.clone(), Peers::default());
+        // LocalConsensus reports no leader address when it is not leader, so the
+        // follower has nowhere to forward to: a clear unavailable error.
+        let req = Request::new(NodeRegisterRequest { node: node("n1"), ..Default::default() });
+        let err = follower_rpc.register(req).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unavailable);
+        // A call already forwarded once is refused by a non-leader instead of bouncing.
+        let err = follower_rpc.register(forwarded(NodeRegisterRequest { node: node("n1"), ..Default::default() })).await.unwrap_err();
+        assert_eq!(err.message(), "No cluster leader");
+        // Once the leader is known, the follower forwards and the leader writes.
+        follower.consensus.set_remote_leader(Some(leader_addr));
+        let r = follower_rpc.register(Request::new(NodeRegisterRequest { node: node("n1"), ..Default::default() })).await.unwrap();
+        assert!(r.into_inner().heartbeat_ttl > 0, "the leader armed the timer");
+        assert!(leader.store.snapshot().node("n1").is_some());
+        assert!(follower.store.snapshot().node("n1").is_none());
+    }
+}
