@@ -1,3 +1,4 @@
 //! The nomad-rs server role.
 
 pub mod fsm;
+pub mod raft;
