@@ -88,7 +88,7 @@ impl LogStore {
     /// Decodes the pointers and the first and last entries, so a corrupt store fails at start.
     fn check(&self) -> StoreResult<()> {
         read_meta::<Vote<NodeId>>(&self.db, VOTE)?;
-        read_meta::<LogId<NodeId>>(&self.db, COMMITTED)?;
+        read_meta::<Option<LogId<NodeId>>>(&self.db, COMMITTED)?;
         read_meta::<LogId<NodeId>>(&self.db, LAST_PURGED)?;
         let txn = self.db.begin_read()?;
         let logs = txn.open_table(LOGS)?;

@@ -302,6 +302,11 @@ async fn log_store_truncates_purges_and_persists() {
         (Some(log_id(2, 7, 20)), Some(log_id(2, 7, 20)))
     );
     assert!(store.try_get_log_entries(0..100).await.unwrap().is_empty());
+
+    store.save_committed(None).await.unwrap();
+    drop(store);
+    let mut store = LogStore::open(&path).expect("an unset committed pointer is valid");
+    assert_eq!(store.read_committed().await.unwrap(), None);
 }
 
 #[tokio::test]
