@@ -66,6 +66,15 @@ impl Shared {
         }
     }
 
+    async fn write_here(&self, command: Command, timeout: Duration) -> Attempt {
+        match tokio::time::timeout(timeout, self.write_local(command)).await {
+            Err(_) => Attempt::Failed(RaftError::CommitTimeout(self.apply_timeout)),
+            Ok(Ok(applied)) => Attempt::Done(applied),
+            Ok(Err(Refusal::NotLeader)) => Attempt::Retry(RaftError::NoLeader),
+            Ok(Err(Refusal::Failed(message))) => Attempt::Failed(RaftError::Raft(message)),
+        }
+    }
+
     async fn forward(&self, leader: &str, command: Command, timeout: Duration) -> Attempt {
         let forward_error = |message: String| RaftError::Forward {
             leader: leader.to_string(),
@@ -234,14 +243,7 @@ impl RaftNode {
             }
             let attempt = match self.shared.leader() {
                 None => Attempt::Retry(RaftError::NoLeader),
-                Some((id, _)) if id == self.shared.id => {
-                    match tokio::time::timeout(remaining, self.shared.write_local(cmd.clone())).await {
-                        Err(_) => Attempt::Failed(RaftError::CommitTimeout(self.shared.apply_timeout)),
-                        Ok(Ok(applied)) => Attempt::Done(applied),
-                        Ok(Err(Refusal::NotLeader)) => Attempt::Retry(RaftError::NoLeader),
-                        Ok(Err(Refusal::Failed(message))) => Attempt::Failed(RaftError::Raft(message)),
-                    }
-                }
+                Some((id, _)) if id == self.shared.id => self.shared.write_here(cmd.clone(), remaining).await,
                 Some((_, addr)) => self.shared.forward(&addr, cmd.clone(), remaining).await,
             };
             last_error = match attempt {
