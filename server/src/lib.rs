@@ -5,6 +5,7 @@ pub mod endpoints;
 pub mod fsm;
 pub mod heartbeat;
 pub mod http;
+pub mod raft;
 pub mod rpc;
 pub mod scheduler;
 pub mod state;

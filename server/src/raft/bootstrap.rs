@@ -1,0 +1,165 @@
+//! A server's Raft identity and how servers form a cluster.
+//!
+//! - `bootstrap_expect = 1`: the server initializes a cluster of itself on first start (see `RaftNode::start`).
+//! - `bootstrap_expect = N > 1`: the server asks every `join` address for `Info`. Once it sees N
+//!   uninitialized servers (itself included), the one with the lowest id initializes the cluster with
+//!   all of them as voters; the others wait to be contacted by the new leader.
+//! - Any server (also with `bootstrap_expect = 0`) that finds an initialized server among the `join`
+//!   addresses asks it to add it (`Join`, passed on to the leader).
+//!
+//! Polling retries with backoff until the server has Raft state, logging each change of progress.
+//! As with Nomad's `bootstrap_expect`, every server of a new cluster must be given the same N.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::BasicNode;
+use openraft::error::{InitializeError, RaftError as OpenraftError};
+
+use super::node::Shared;
+use super::rpc::{InfoReply, InfoRequest, JoinRequest};
+use super::{NodeId, RaftError};
+
+const NODE_ID_FILE: &str = "node-id";
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+const MAX_RETRY: Duration = Duration::from_secs(5);
+/// Time allowed for one `Info` call.
+const INFO_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The server's Raft id: the one stored in `<raft_dir>/node-id`, else `configured`, else a random one;
+/// stored on first start so it never changes.
+pub(crate) fn node_id(raft_dir: &Path, configured: Option<NodeId>) -> Result<NodeId, RaftError> {
+    let path = raft_dir.join(NODE_ID_FILE);
+    let io_error = |context: &str| {
+        let context = format!("{context} {}", path.display());
+        move |source| RaftError::Io { context, source }
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let stored = text.trim().parse::<NodeId>().map_err(|e| {
+                RaftError::Config(format!(
+                    "{} holds {:?}, not a node id: {e}",
+                    path.display(),
+                    text.trim()
+                ))
+            })?;
+            match configured {
+                Some(id) if id != stored => Err(RaftError::Config(format!(
+                    "node id {id} was configured but {} holds {stored}",
+                    path.display()
+                ))),
+                _ => Ok(stored),
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let id = configured.unwrap_or_else(rand::random);
+            let temp = raft_dir.join(format!("{NODE_ID_FILE}.tmp"));
+            std::fs::write(&temp, format!("{id}\n")).map_err(io_error("writing"))?;
+            std::fs::File::open(&temp)
+                .and_then(|f| f.sync_all())
+                .map_err(io_error("syncing"))?;
+            std::fs::rename(&temp, &path).map_err(io_error("renaming to"))?;
+            Ok(id)
+        }
+        Err(e) => Err(io_error("reading")(e)),
+    }
+}
+
+/// Polls `join` until this server is part of a cluster: bootstraps one or joins one.
+pub(crate) async fn form_cluster(shared: Arc<Shared>, expect: usize, join: Vec<String>) {
+    let mut delay = FIRST_RETRY;
+    let mut last_progress = String::new();
+    loop {
+        match shared.raft.is_initialized().await {
+            Ok(true) => {
+                tracing::info!(node_id = shared.id, "raft cluster formed");
+                return;
+            }
+            Ok(false) => {}
+            Err(_) => return, // shut down
+        }
+        match step(&shared, expect, &join).await {
+            // Raft state arrives with the leader's first append; check again shortly.
+            Ok(()) => delay = FIRST_RETRY,
+            Err(progress) if progress != last_progress => {
+                tracing::info!(node_id = shared.id, "raft bootstrap: {progress}");
+                last_progress = progress;
+            }
+            Err(progress) => tracing::debug!(node_id = shared.id, "raft bootstrap: {progress}"),
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(MAX_RETRY);
+    }
+}
+
+/// One round of discovery. `Ok` when this server initialized or joined a cluster, else what it waits for.
+async fn step(shared: &Shared, expect: usize, join: &[String]) -> Result<(), String> {
+    let peers = discover(shared, join).await;
+    if let Some(member) = peers.iter().find(|peer| peer.initialized) {
+        return request_join(shared, &member.addr).await;
+    }
+    if expect < 2 {
+        return Err(format!("no initialized server among {join:?} to join"));
+    }
+    let servers: BTreeMap<NodeId, BasicNode> = peers
+        .iter()
+        .map(|peer| (peer.node_id, BasicNode::new(&peer.addr)))
+        .chain([(shared.id, BasicNode::new(&shared.addr))])
+        .collect();
+    if servers.len() < expect {
+        return Err(format!("found {} of {expect} expected servers", servers.len()));
+    }
+    let lowest = *servers.keys().next().expect("servers holds this server");
+    if lowest != shared.id {
+        return Err(format!("waiting for server {lowest} to bootstrap the cluster"));
+    }
+    tracing::info!(node_id = shared.id, voters = ?servers.keys().collect::<Vec<_>>(), "bootstrapping raft cluster");
+    match shared.raft.initialize(servers).await {
+        // Someone reached this server first: it is part of a cluster already.
+        Ok(()) | Err(OpenraftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
+        Err(e) => Err(format!("initializing the cluster: {e}")),
+    }
+}
+
+/// `Info` from every reachable `join` address other than this server.
+async fn discover(shared: &Shared, join: &[String]) -> Vec<InfoReply> {
+    let calls = join.iter().filter(|addr| **addr != shared.addr).map(|addr| async move {
+        let mut client = shared.pool.client(addr).ok()?;
+        match tokio::time::timeout(INFO_TIMEOUT, client.info(InfoRequest {})).await {
+            Ok(Ok(reply)) => Some(reply.into_inner()),
+            Ok(Err(status)) => {
+                tracing::debug!(addr, error = %status.message(), "raft bootstrap: server not reachable");
+                None
+            }
+            Err(_) => None,
+        }
+    });
+    let replies = futures::future::join_all(calls).await;
+    replies
+        .into_iter()
+        .flatten()
+        .filter(|reply| reply.node_id != shared.id)
+        .collect()
+}
+
+async fn request_join(shared: &Shared, via: &str) -> Result<(), String> {
+    let request = JoinRequest {
+        node_id: shared.id,
+        addr: shared.addr.clone(),
+        forwarded: false,
+    };
+    let mut client = shared.pool.client(via).map_err(|e| format!("joining via {via}: {e}"))?;
+    match tokio::time::timeout(shared.apply_timeout, client.join(request)).await {
+        Ok(Ok(reply)) => match reply.into_inner() {
+            Ok(()) => {
+                tracing::info!(node_id = shared.id, via, "joined the raft cluster");
+                Ok(())
+            }
+            Err(refusal) => Err(format!("joining via {via}: {refusal}")),
+        },
+        Ok(Err(status)) => Err(format!("joining via {via}: {}", status.message())),
+        Err(_) => Err(format!("joining via {via}: timed out")),
+    }
+}

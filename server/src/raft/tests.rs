@@ -1,0 +1,554 @@
+//! Raft layer tests: storage, crash recovery, snapshots, and clusters over real gRPC on 127.0.0.1:0.
+//!
+//! Nothing here sleeps to synchronise: every wait polls a condition under a deadline.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
+use openraft::testing::log_id;
+use openraft::{Entry, EntryPayload, RaftLogReader, Vote};
+use redb::{Database, TableDefinition};
+use tempfile::TempDir;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use super::log_store::LogStore;
+use super::network::{PeerPool, never_sent};
+use super::rpc::InfoRequest;
+use super::{RaftConfig, RaftError, RaftNode, TypeConfig};
+use crate::fsm::{ApplyResult, Command, Fsm};
+
+/// How long any awaited condition may take before the test fails.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Records every applied command with its index; snapshots are that list as JSON.
+#[derive(Default)]
+struct TestFsm {
+    applied: Mutex<Vec<(u64, Command)>>,
+    restores: AtomicUsize,
+}
+
+impl TestFsm {
+    fn entries(&self) -> Vec<(u64, Command)> {
+        self.applied.lock().unwrap().clone()
+    }
+
+    fn restores(&self) -> usize {
+        self.restores.load(Ordering::SeqCst)
+    }
+}
+
+impl Fsm for TestFsm {
+    fn apply(&self, index: u64, cmd: &Command) -> ApplyResult {
+        self.applied.lock().unwrap().push((index, cmd.clone()));
+        ApplyResult::ok()
+    }
+
+    fn snapshot(&self) -> Result<Vec<u8>, String> {
+        serde_json::to_vec(&*self.applied.lock().unwrap()).map_err(|e| e.to_string())
+    }
+
+    fn restore(&self, data: &[u8]) -> Result<(), String> {
+        *self.applied.lock().unwrap() = serde_json::from_slice(data).map_err(|e| e.to_string())?;
+        self.restores.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+fn command(n: usize) -> Command {
+    Command::EvalDelete {
+        eval_ids: vec![format!("eval-{n}")],
+        alloc_ids: Vec::new(),
+    }
+}
+
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .try_init();
+}
+
+/// Test timings: fast elections, but loose enough for a busy 2-core machine.
+fn config(dir: &Path, addr: &str) -> RaftConfig {
+    RaftConfig {
+        heartbeat_interval_ms: 150,
+        election_timeout_min_ms: 800,
+        election_timeout_max_ms: 1600,
+        apply_timeout_ms: 15_000,
+        ..RaftConfig::new(dir, addr)
+    }
+}
+
+/// A single server is never contacted, so it advertises an address nothing listens on.
+const UNUSED_ADDR: &str = "127.0.0.1:0";
+
+async fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !condition() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A runtime of its own, so dropping it kills every Raft task mid-flight like a crash.
+fn crashable_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn apply_all(node: &RaftNode, commands: impl IntoIterator<Item = usize>) -> Vec<(u64, Command)> {
+    let mut applied = Vec::new();
+    for n in commands {
+        let (index, result) = node.apply(command(n)).await.unwrap();
+        assert_eq!(result, ApplyResult::ok());
+        applied.push((index, command(n)));
+    }
+    applied
+}
+
+#[test]
+fn single_server_rebuilds_fsm_from_log_after_crash() {
+    init_tracing();
+    let dir = TempDir::new().unwrap();
+    let before = Arc::new(TestFsm::default());
+
+    let runtime = crashable_runtime();
+    let written = runtime.block_on(async {
+        let node = RaftNode::start(config(dir.path(), UNUSED_ADDR), before.clone())
+            .await
+            .unwrap();
+        apply_all(&node, 0..20).await
+    });
+    drop(runtime); // crash: no shutdown, tasks dropped wherever they were
+
+    assert!(
+        written.windows(2).all(|w| w[0].0 < w[1].0),
+        "indexes increase: {written:?}"
+    );
+    assert_eq!(
+        before.entries(),
+        written,
+        "the fsm saw every write, in order, at its index"
+    );
+
+    let after = Arc::new(TestFsm::default());
+    let runtime = crashable_runtime();
+    runtime.block_on(async {
+        let node = RaftNode::start(config(dir.path(), UNUSED_ADDR), after.clone())
+            .await
+            .unwrap();
+        // Rebuilt by the time start() returns, without any new write.
+        assert_eq!(after.entries(), written);
+        assert_eq!(
+            after.restores(),
+            0,
+            "no snapshot was taken, so it all came from the log"
+        );
+
+        let (index, _) = node.apply(command(99)).await.unwrap();
+        assert!(index > written.last().unwrap().0, "new writes continue the log");
+        node.shutdown().await;
+    });
+}
+
+#[test]
+fn snapshot_purges_log_and_restart_restores_snapshot_plus_trailing_log() {
+    init_tracing();
+    let dir = TempDir::new().unwrap();
+    let cfg = RaftConfig {
+        snapshot_logs: 10,
+        ..config(dir.path(), UNUSED_ADDR)
+    };
+    let before = Arc::new(TestFsm::default());
+
+    let runtime = crashable_runtime();
+    let written = runtime.block_on(async {
+        let node = RaftNode::start(cfg.clone(), before.clone()).await.unwrap();
+        let written = apply_all(&node, 0..45).await;
+        let metrics = node.metrics();
+        wait_for("a snapshot and a log purge", || {
+            let m = metrics.borrow();
+            m.snapshot.is_some_and(|s| s.index >= 30) && m.purged.is_some()
+        })
+        .await;
+        // Trailing entries after the snapshot, so the restart needs both.
+        let mut written = written;
+        written.extend(apply_all(&node, 45..48).await);
+        written
+    });
+    drop(runtime);
+
+    let after = Arc::new(TestFsm::default());
+    let runtime = crashable_runtime();
+    runtime.block_on(async {
+        let node = RaftNode::start(cfg, after.clone()).await.unwrap();
+        assert_eq!(after.restores(), 1, "started from the snapshot");
+        assert_eq!(
+            after.entries(),
+            written,
+            "snapshot plus trailing log rebuild the same state"
+        );
+        let purged = node.metrics().borrow().purged.expect("the log was purged");
+        assert!(purged.index > 1, "the log alone could not have rebuilt the state");
+        node.shutdown().await;
+    });
+}
+
+#[tokio::test]
+async fn corrupt_snapshot_fails_start_with_a_clear_error() {
+    init_tracing();
+    let dir = TempDir::new().unwrap();
+    let node = RaftNode::start(config(dir.path(), UNUSED_ADDR), Arc::new(TestFsm::default()))
+        .await
+        .unwrap();
+    apply_all(&node, 0..3).await;
+    node.shared.raft.trigger().snapshot().await.unwrap();
+    let metrics = node.metrics();
+    wait_for("a snapshot", || metrics.borrow().snapshot.is_some()).await;
+    node.shutdown().await;
+
+    let path = dir.path().join("raft/snapshots/current.snap");
+    let mut bytes = std::fs::read(&path).unwrap();
+    *bytes.last_mut().unwrap() ^= 0xff;
+    std::fs::write(&path, bytes).unwrap();
+
+    let err = RaftNode::start(config(dir.path(), UNUSED_ADDR), Arc::new(TestFsm::default()))
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(err, RaftError::Snapshot(_)), "{err}");
+    assert!(err.to_string().contains("checksum mismatch"), "{err}");
+}
+
+#[tokio::test]
+async fn corrupt_log_entry_fails_start_with_a_clear_error() {
+    init_tracing();
+    let dir = TempDir::new().unwrap();
+    let node = RaftNode::start(config(dir.path(), UNUSED_ADDR), Arc::new(TestFsm::default()))
+        .await
+        .unwrap();
+    let written = apply_all(&node, 0..3).await;
+    node.shutdown().await;
+    drop(node);
+
+    let db = Database::create(dir.path().join("raft/raft.redb")).unwrap();
+    let txn = db.begin_write().unwrap();
+    let logs: TableDefinition<u64, &[u8]> = TableDefinition::new("logs");
+    txn.open_table(logs)
+        .unwrap()
+        .insert(written.last().unwrap().0, b"not json".as_slice())
+        .unwrap();
+    txn.commit().unwrap();
+    drop(db);
+
+    let err = RaftNode::start(config(dir.path(), UNUSED_ADDR), Arc::new(TestFsm::default()))
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(err, RaftError::Storage(_)), "{err}");
+    assert!(err.to_string().contains("decoding log entry"), "{err}");
+}
+
+#[tokio::test]
+async fn log_store_truncates_purges_and_persists() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("raft.redb");
+    let entry = |index| Entry::<TypeConfig> {
+        log_id: log_id(1, 7, index),
+        payload: EntryPayload::Normal(command(index as usize)),
+    };
+    let indexes = |entries: Vec<Entry<TypeConfig>>| entries.iter().map(|e| e.log_id.index).collect::<Vec<_>>();
+    {
+        let mut store = LogStore::open(&path).unwrap();
+        store.blocking_append((1..=10).map(entry)).await.unwrap();
+        store.truncate(log_id(1, 7, 8)).await.unwrap();
+        let state = store.get_log_state().await.unwrap();
+        assert_eq!(
+            state.last_log_id,
+            Some(log_id(1, 7, 7)),
+            "truncate removes 8.. inclusive"
+        );
+
+        store.purge(log_id(1, 7, 3)).await.unwrap();
+        store.save_vote(&Vote::new(2, 7)).await.unwrap();
+        store.save_committed(Some(log_id(1, 7, 6))).await.unwrap();
+    }
+    let mut store = LogStore::open(&path).unwrap();
+    let state = store.get_log_state().await.unwrap();
+    assert_eq!(state.last_purged_log_id, Some(log_id(1, 7, 3)));
+    assert_eq!(state.last_log_id, Some(log_id(1, 7, 7)));
+    assert_eq!(
+        indexes(store.try_get_log_entries(0..100).await.unwrap()),
+        vec![4, 5, 6, 7]
+    );
+    assert_eq!(indexes(store.try_get_log_entries(5..7).await.unwrap()), vec![5, 6]);
+    assert_eq!(store.read_vote().await.unwrap(), Some(Vote::new(2, 7)));
+    assert_eq!(store.read_committed().await.unwrap(), Some(log_id(1, 7, 6)));
+
+    // Purging past the last entry (a snapshot from the leader) leaves the pointer as the last log id.
+    store.purge(log_id(2, 7, 20)).await.unwrap();
+    let state = store.get_log_state().await.unwrap();
+    assert_eq!(
+        (state.last_purged_log_id, state.last_log_id),
+        (Some(log_id(2, 7, 20)), Some(log_id(2, 7, 20)))
+    );
+    assert!(store.try_get_log_entries(0..100).await.unwrap().is_empty());
+
+    store.save_committed(None).await.unwrap();
+    drop(store);
+    let mut store = LogStore::open(&path).expect("an unset committed pointer is valid");
+    assert_eq!(store.read_committed().await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn write_without_a_leader_fails_within_the_apply_timeout() {
+    init_tracing();
+    let dir = TempDir::new().unwrap();
+    // Expects three servers but knows of none: it never forms a cluster, so there is never a leader.
+    let cfg = RaftConfig {
+        bootstrap_expect: 3,
+        apply_timeout_ms: 300,
+        ..config(dir.path(), UNUSED_ADDR)
+    };
+    let node = RaftNode::start(cfg, Arc::new(TestFsm::default())).await.unwrap();
+
+    let started = tokio::time::Instant::now();
+    let outcome = tokio::time::timeout(DEADLINE, node.apply(command(1)))
+        .await
+        .expect("apply must not hang");
+    let err = outcome.expect_err("no leader, no write");
+    assert!(matches!(err, RaftError::NoLeader), "{err}");
+    assert_eq!(err.to_string(), "no cluster leader");
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "it waited the apply timeout for a leader"
+    );
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn refused_connection_counts_as_never_sent() {
+    // Reserve a port, then free it: nothing listens there.
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let status = PeerPool::default()
+        .client(&addr)
+        .unwrap()
+        .info(InfoRequest {})
+        .await
+        .err()
+        .unwrap();
+    assert!(never_sent(&status), "{status:?}");
+}
+
+/// One server of a test cluster, serving `Raft` on its own listener.
+struct TestServer {
+    node: RaftNode,
+    fsm: Arc<TestFsm>,
+    addr: String,
+    stop: Option<oneshot::Sender<()>>,
+    serving: JoinHandle<()>,
+    dir: TempDir,
+}
+
+impl TestServer {
+    async fn start(listener: TcpListener, configure: impl FnOnce(&mut RaftConfig)) -> TestServer {
+        let dir = TempDir::new().unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let mut cfg = config(dir.path(), &addr);
+        configure(&mut cfg);
+        let fsm = Arc::new(TestFsm::default());
+        let node = RaftNode::start(cfg, fsm.clone()).await.unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let service = node.service();
+        let serving = tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+        });
+        TestServer {
+            node,
+            fsm,
+            addr,
+            stop: Some(stop),
+            serving,
+            dir,
+        }
+    }
+
+    /// Takes the server off the network, then stops its Raft.
+    async fn stop(&mut self) {
+        let Some(stop) = self.stop.take() else { return };
+        let _ = stop.send(());
+        if tokio::time::timeout(Duration::from_secs(5), &mut self.serving)
+            .await
+            .is_err()
+        {
+            self.serving.abort();
+        }
+        self.node.shutdown().await;
+    }
+}
+
+async fn listeners(n: usize) -> Vec<TcpListener> {
+    let mut listeners = Vec::new();
+    for _ in 0..n {
+        listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
+    }
+    listeners
+}
+
+/// Starts `n` servers that bootstrap together (`bootstrap_expect = n`, each told all addresses).
+async fn start_cluster(n: usize, snapshot_logs: u64) -> Vec<TestServer> {
+    let listeners = listeners(n).await;
+    let addrs: Vec<String> = listeners.iter().map(|l| l.local_addr().unwrap().to_string()).collect();
+    let mut servers = Vec::new();
+    for listener in listeners {
+        let join = addrs.clone();
+        servers.push(
+            TestServer::start(listener, |cfg| {
+                cfg.bootstrap_expect = n;
+                cfg.join = join;
+                cfg.snapshot_logs = snapshot_logs;
+            })
+            .await,
+        );
+    }
+    servers
+}
+
+/// Waits until one of `servers` leads and all of them agree on it; returns its position.
+async fn wait_for_leader(servers: &[&TestServer]) -> usize {
+    wait_for("one leader all servers agree on", || {
+        let leaders: Vec<usize> = (0..servers.len()).filter(|&i| servers[i].node.is_leader()).collect();
+        leaders.len() == 1
+            && servers
+                .iter()
+                .all(|s| s.node.leader_addr() == Some(servers[leaders[0]].addr.clone()))
+    })
+    .await;
+    servers.iter().position(|s| s.node.is_leader()).unwrap()
+}
+
+async fn wait_for_fsms(servers: &[&TestServer], expected: &[(u64, Command)]) {
+    wait_for("every fsm to hold exactly the written commands", || {
+        servers.iter().all(|s| s.fsm.entries() == expected)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_servers_bootstrap_forward_writes_and_fail_over() {
+    init_tracing();
+    let mut servers = start_cluster(3, 8192).await;
+    let all: Vec<&TestServer> = servers.iter().collect();
+    let leader = wait_for_leader(&all).await;
+    let follower = (leader + 1) % 3;
+    let mut peers = servers[follower].node.peers();
+    peers.sort();
+    let mut addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    addrs.sort();
+    assert_eq!(peers, addrs, "all three bootstrapped as voters");
+
+    // A follower cannot commit by itself: these succeed only by being forwarded to the leader.
+    let mut written = apply_all(&servers[follower].node, 0..5).await;
+    wait_for_fsms(&all, &written).await;
+
+    let old_leader = servers[leader].addr.clone();
+    servers[leader].stop().await;
+    let survivors: Vec<&TestServer> = (0..3).filter(|&i| i != leader).map(|i| &servers[i]).collect();
+    // Written at once: apply waits out the election (refused connections to the old leader are retried).
+    written.extend(apply_all(&survivors[0].node, 5..10).await);
+    let new_leader = wait_for_leader(&survivors).await;
+    assert_ne!(survivors[new_leader].addr, old_leader);
+    written.extend(apply_all(&survivors[1].node, 10..12).await);
+    wait_for_fsms(&survivors, &written).await;
+
+    for server in &mut servers {
+        server.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_follower_reapplies_committed_entries_without_a_leader() {
+    init_tracing();
+    let mut servers = start_cluster(3, 8192).await;
+    let all: Vec<&TestServer> = servers.iter().collect();
+    let leader = wait_for_leader(&all).await;
+    let written = apply_all(&servers[leader].node, 0..5).await;
+    wait_for_fsms(&all, &written).await;
+    for server in &mut servers {
+        server.stop().await;
+    }
+
+    // With every other server down no leader can exist, so only the committed pointer the follower
+    // persisted tells it how far it may apply.
+    let follower = &servers[(leader + 1) % 3];
+    let fsm = Arc::new(TestFsm::default());
+    let node = RaftNode::start(config(follower.dir.path(), &follower.addr), fsm.clone())
+        .await
+        .unwrap();
+    assert_eq!(fsm.entries(), written);
+    assert!(!node.is_leader());
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fourth_server_joins_and_catches_up_from_a_snapshot() {
+    init_tracing();
+    let mut servers = start_cluster(3, 10).await;
+    let all: Vec<&TestServer> = servers.iter().collect();
+    let leader = wait_for_leader(&all).await;
+    let mut written = apply_all(&servers[leader].node, 0..40).await;
+    let metrics = servers[leader].node.metrics();
+    // Once the leader has purged its log, a new server can only catch up by installing a snapshot.
+    wait_for("the leader to purge its log", || metrics.borrow().purged.is_some()).await;
+
+    let follower_addr = servers[(leader + 1) % 3].addr.clone();
+    let listener = listeners(1).await.remove(0);
+    let fourth = TestServer::start(listener, |cfg| {
+        cfg.bootstrap_expect = 3;
+        cfg.join = vec![follower_addr]; // a follower: the Join is passed on to the leader
+        cfg.snapshot_logs = 10;
+    })
+    .await;
+    let fourth_id = fourth.node.node_id();
+    wait_for("the fourth server to become a voter", || {
+        metrics.borrow().membership_config.voter_ids().any(|id| id == fourth_id)
+    })
+    .await;
+    wait_for_fsms(&[&fourth], &written).await;
+    assert!(
+        fourth.fsm.restores() >= 1,
+        "it caught up by installing the leader's snapshot"
+    );
+
+    written.extend(apply_all(&fourth.node, 40..42).await);
+    let mut everyone: Vec<&TestServer> = servers.iter().collect();
+    everyone.push(&fourth);
+    wait_for_fsms(&everyone, &written).await;
+    assert_eq!(fourth.node.peers().len(), 4);
+
+    let mut fourth = fourth;
+    fourth.stop().await;
+    for server in &mut servers {
+        server.stop().await;
+    }
+}
