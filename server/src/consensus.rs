@@ -115,3 +115,98 @@ impl Consensus for LocalConsensus {
         vec![self.addr.clone()]
     }
 }
+
+/// [`Consensus`] over the Raft layer.
+///
+/// Leadership is reported only after a barrier: a server that just won an
+/// election first applies everything committed before, so leader-only
+/// subsystems never start from stale state.
+pub struct RaftConsensus {
+    raft: crate::raft::RaftNode,
+    leader: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RaftConsensus {
+    /// Wraps a started Raft node.
+    pub fn new(raft: crate::raft::RaftNode) -> Arc<RaftConsensus> {
+        let (leader, _) = watch::channel(false);
+        let tx = leader.clone();
+        let node = raft.clone();
+        let task = tokio::spawn(async move {
+            let mut changes = node.leader_changes();
+            loop {
+                let leads = *changes.borrow_and_update() == Some(node.node_id());
+                if leads {
+                    // Retry the barrier until it holds or leadership moves on.
+                    loop {
+                        match node.barrier().await {
+                            Ok(index) => {
+                                tracing::info!(index, "cluster leadership acquired");
+                                tx.send_replace(true);
+                                break;
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, "leadership barrier failed");
+                                if *changes.borrow() != Some(node.node_id()) {
+                                    break;
+                                }
+                                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                            }
+                        }
+                    }
+                } else if *tx.borrow() {
+                    tracing::info!("cluster leadership lost");
+                    tx.send_replace(false);
+                }
+                if changes.changed().await.is_err() {
+                    tx.send_replace(false);
+                    return;
+                }
+            }
+        });
+        Arc::new(RaftConsensus { raft, leader, task })
+    }
+
+    /// The Raft node.
+    pub fn raft(&self) -> &crate::raft::RaftNode {
+        &self.raft
+    }
+}
+
+impl Drop for RaftConsensus {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Consensus for RaftConsensus {
+    fn apply(&self, cmd: Command) -> BoxFuture<'_, Result<u64, ApplyError>> {
+        Box::pin(async move {
+            match self.raft.apply(cmd).await {
+                Ok((index, res)) => match res.error {
+                    None => Ok(index),
+                    Some(e) => Err(ApplyError::Refused(e)),
+                },
+                Err(crate::raft::RaftError::NoLeader) => Err(ApplyError::NoLeader),
+                Err(e) => Err(ApplyError::Raft(e.to_string())),
+            }
+        })
+    }
+
+    fn is_leader(&self) -> bool {
+        *self.leader.borrow() && self.raft.is_leader()
+    }
+
+    fn leadership(&self) -> watch::Receiver<bool> {
+        self.leader.subscribe()
+    }
+
+    fn leader_rpc_addr(&self) -> Option<String> {
+        self.raft.leader_addr()
+    }
+
+    fn peers(&self) -> Vec<String> {
+        self.raft.peers()
+    }
+}

@@ -8,5 +8,6 @@ pub mod http;
 pub mod raft;
 pub mod rpc;
 pub mod scheduler;
+pub mod server;
 pub mod state;
 pub mod testing;

@@ -1,0 +1,224 @@
+//! Assembling a server: state store, FSM, Raft, endpoints, RPC listener and
+//! the leader-only subsystems.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::consensus::{Consensus, RaftConsensus};
+use crate::endpoints::{EndpointConfig, Endpoints};
+use crate::fsm::ServerFsm;
+use crate::heartbeat::{HeartbeatConfig, Heartbeater};
+use crate::http::{AgentInfo, HttpState};
+use crate::raft::{RaftConfig, RaftNode};
+use crate::rpc::{ClientRpc, Peers};
+use crate::state::StateStore;
+
+/// Settings of the server role (`server { ... }` plus the agent's basics).
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Where Raft keeps its log and snapshots (under `raft/`).
+    pub data_dir: PathBuf,
+    /// Region.
+    pub region: String,
+    /// Datacenter.
+    pub datacenter: String,
+    /// Address other servers and clients reach the RPC listener on (`host:port`).
+    pub rpc_advertise: String,
+    /// Servers expected to form the cluster.
+    pub bootstrap_expect: usize,
+    /// Other servers' RPC addresses to form or join the cluster.
+    pub join: Vec<String>,
+    /// Heartbeat settings.
+    pub heartbeat: HeartbeatConfig,
+    /// Scheduler workers on the leader (0: one per core).
+    pub num_schedulers: usize,
+    /// Raft snapshot threshold (entries).
+    pub raft_snapshot_logs: u64,
+}
+
+impl ServerConfig {
+    /// Defaults for a single server with its data under `data_dir`.
+    pub fn new(data_dir: impl Into<PathBuf>, rpc_advertise: impl Into<String>) -> ServerConfig {
+        ServerConfig {
+            data_dir: data_dir.into(),
+            region: nomad_proto::job::DEFAULT_REGION.to_string(),
+            datacenter: "dc1".to_string(),
+            rpc_advertise: rpc_advertise.into(),
+            bootstrap_expect: 1,
+            join: Vec::new(),
+            heartbeat: HeartbeatConfig::default(),
+            num_schedulers: 0,
+            raft_snapshot_logs: 8192,
+        }
+    }
+}
+
+/// Why a server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// Raft could not start (storage, configuration).
+    #[error("starting raft: {0}")]
+    Raft(#[from] crate::raft::RaftError),
+    /// A listener failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A running server.
+pub struct Server {
+    store: Arc<StateStore>,
+    consensus: Arc<RaftConsensus>,
+    endpoints: Endpoints,
+    tasks: Vec<JoinHandle<()>>,
+    rpc_addr: std::net::SocketAddr,
+}
+
+impl Server {
+    /// Starts the server role: Raft over `data_dir`, the RPC services on
+    /// `rpc_listener`, and the leader loop.
+    pub async fn start(cfg: ServerConfig, rpc_listener: TcpListener) -> Result<Server, ServerError> {
+        let rpc_addr = rpc_listener.local_addr()?;
+        let store = Arc::new(StateStore::new());
+        let fsm = Arc::new(ServerFsm::new(store.clone()));
+        let mut raft_cfg = RaftConfig::new(cfg.data_dir.clone(), cfg.rpc_advertise.clone());
+        raft_cfg.bootstrap_expect = cfg.bootstrap_expect;
+        raft_cfg.join = cfg.join.clone();
+        raft_cfg.snapshot_logs = cfg.raft_snapshot_logs;
+        let raft = RaftNode::start(raft_cfg, fsm).await?;
+        let consensus = RaftConsensus::new(raft.clone());
+        let heartbeats = Arc::new(Heartbeater::new(cfg.heartbeat.clone()));
+        let endpoints = Endpoints::new(
+            store.clone(),
+            consensus.clone(),
+            heartbeats.clone(),
+            EndpointConfig { region: cfg.region.clone(), datacenter: cfg.datacenter.clone(), ..EndpointConfig::default() },
+        );
+        let (node_svc, alloc_svc) = ClientRpc::new(endpoints.clone(), Peers::default()).services();
+        let rpc = tokio::spawn(async move {
+            let served = tonic::transport::Server::builder()
+                .add_service(raft.service())
+                .add_service(node_svc)
+                .add_service(alloc_svc)
+                .serve_with_incoming(TcpListenerStream::new(rpc_listener))
+                .await;
+            if let Err(e) = served {
+                tracing::error!(error = %e, "rpc listener stopped");
+            }
+        });
+        let leader = tokio::spawn(leader_loop(consensus.clone(), store.clone(), heartbeats, endpoints.clone()));
+        Ok(Server { store, consensus, endpoints, tasks: vec![rpc, leader], rpc_addr })
+    }
+
+    /// The state store.
+    pub fn store(&self) -> &Arc<StateStore> {
+        &self.store
+    }
+
+    /// The endpoints.
+    pub fn endpoints(&self) -> &Endpoints {
+        &self.endpoints
+    }
+
+    /// The consensus handle.
+    pub fn consensus(&self) -> Arc<dyn Consensus> {
+        self.consensus.clone()
+    }
+
+    /// The bound RPC address.
+    pub fn rpc_addr(&self) -> std::net::SocketAddr {
+        self.rpc_addr
+    }
+
+    /// The HTTP API of this server.
+    pub fn http_router(&self, agent: AgentInfo) -> axum::Router {
+        crate::http::router(HttpState { endpoints: self.endpoints.clone(), agent: Arc::new(agent) })
+    }
+
+    /// Waits until this server leads, up to `timeout`.
+    pub async fn wait_for_leadership(&self, timeout: Duration) -> bool {
+        let mut rx = self.consensus.leadership();
+        tokio::time::timeout(timeout, rx.wait_for(|l| *l)).await.is_ok_and(|r| r.is_ok())
+    }
+
+    /// Stops the listeners, the leader loop and Raft.
+    pub async fn shutdown(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.consensus.raft().shutdown().await;
+    }
+}
+
+/// Starts leader-only subsystems when leadership is won and stops them when it is lost.
+async fn leader_loop(consensus: Arc<RaftConsensus>, store: Arc<StateStore>, heartbeats: Arc<Heartbeater>, endpoints: Endpoints) {
+    let mut leadership = consensus.leadership();
+    loop {
+        if *leadership.borrow_and_update() {
+            let nodes: Vec<String> = store
+                .snapshot()
+                .nodes()
+                .filter(|n| n.status != nomad_proto::NodeStatus::Down)
+                .map(|n| n.id.clone())
+                .collect();
+            heartbeats.arm(nodes);
+            let timers = tokio::spawn(heartbeats.clone().run(Arc::new(endpoints.clone())));
+            let _ = leadership.wait_for(|l| !*l).await;
+            timers.abort();
+            heartbeats.disarm();
+        }
+        if leadership.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::job;
+
+    async fn start(dir: &std::path::Path) -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = Server::start(ServerConfig::new(dir, addr), listener).await.unwrap();
+        assert!(server.wait_for_leadership(Duration::from_secs(20)).await, "single server becomes leader");
+        server
+    }
+
+    #[test]
+    fn a_crashed_server_restarts_with_every_acknowledged_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let (index, eval_id) = {
+            // A runtime of its own: dropping it kills every task without a graceful shutdown.
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(async {
+                let server = start(dir.path()).await;
+                let mut last = None;
+                for i in 0..5 {
+                    let r = server.endpoints().job_register(job(&format!("job-{i}"), 1), Default::default()).await.unwrap();
+                    last = Some((r.index, r.eval_id));
+                }
+                last.unwrap()
+            })
+        };
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let server = start(dir.path()).await;
+            let s = server.store().snapshot();
+            assert_eq!(s.jobs().count(), 5);
+            assert!(s.index >= index, "state index {} is behind the acknowledged {index}", s.index);
+            let eval = s.eval(&eval_id).expect("acknowledged eval survives");
+            assert_eq!(eval.job_id, "job-4");
+            assert_eq!(s.job("default", "job-4").unwrap().job_modify_index, eval.create_index);
+            // And it keeps accepting writes after the restart.
+            let r = server.endpoints().job_register(job("after", 1), Default::default()).await.unwrap();
+            assert!(r.index > index);
+            server.shutdown().await;
+        });
+    }
+}
