@@ -1,4 +1,7 @@
 //! The nomad-rs agent: the client role, the in-process server role, and the CLI.
 
+pub mod cli;
 pub mod client;
+pub mod config;
 pub mod executor;
+pub mod logging;

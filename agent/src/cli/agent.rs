@@ -1,0 +1,186 @@
+//! `nomad-rs agent`: run the server role, the client role, or both.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use nomad_server::http::AgentInfo;
+use nomad_server::server::{Server, ServerConfig};
+use tokio::net::TcpListener;
+
+use crate::config::{AgentConfig, AgentFlags};
+
+/// Flags of `nomad-rs agent`.
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// Config file or directory of `.hcl` files (repeatable; later ones win).
+    #[arg(long = "config", value_name = "PATH")]
+    pub config: Vec<PathBuf>,
+    /// Development mode: server and client in one process, temporary state, raw_exec enabled.
+    #[arg(long)]
+    pub dev: bool,
+    /// Run the server role.
+    #[arg(long)]
+    pub server: bool,
+    /// Run the client role.
+    #[arg(long)]
+    pub client: bool,
+    /// Directory for state.
+    #[arg(long = "data-dir", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Address listeners bind to.
+    #[arg(long, value_name = "ADDR")]
+    pub bind: Option<String>,
+    /// Servers a client talks to (comma-separated `host:port`).
+    #[arg(long, value_name = "ADDRS", value_delimiter = ',')]
+    pub servers: Vec<String>,
+    /// Datacenter.
+    #[arg(long, value_name = "DC")]
+    pub dc: Option<String>,
+    /// Region.
+    #[arg(long, value_name = "REGION")]
+    pub region: Option<String>,
+    /// Node (agent) name.
+    #[arg(long, value_name = "NAME")]
+    pub node: Option<String>,
+    /// Servers expected before the cluster bootstraps.
+    #[arg(long = "bootstrap-expect", value_name = "N")]
+    pub bootstrap_expect: Option<usize>,
+    /// Server RPC address to join (repeatable).
+    #[arg(long = "retry-join", visible_alias = "join", value_name = "ADDR")]
+    pub join: Vec<String>,
+    /// Log level (TRACE, DEBUG, INFO, WARN, ERROR).
+    #[arg(long = "log-level", value_name = "LEVEL")]
+    pub log_level: Option<String>,
+    /// HTTP port (overrides `ports { http }`).
+    #[arg(long = "http-port", value_name = "PORT")]
+    pub http_port: Option<u16>,
+    /// RPC port (overrides `ports { rpc }`).
+    #[arg(long = "rpc-port", value_name = "PORT")]
+    pub rpc_port: Option<u16>,
+}
+
+impl AgentArgs {
+    fn flags(&self) -> AgentFlags {
+        AgentFlags {
+            config: self.config.clone(),
+            dev: self.dev,
+            server: self.server,
+            client: self.client,
+            data_dir: self.data_dir.clone(),
+            bind: self.bind.clone(),
+            servers: self.servers.clone(),
+            dc: self.dc.clone(),
+            region: self.region.clone(),
+            node: self.node.clone(),
+            bootstrap_expect: self.bootstrap_expect,
+            join: self.join.clone(),
+            log_level: self.log_level.clone(),
+            http_port: self.http_port,
+            rpc_port: self.rpc_port,
+        }
+    }
+}
+
+/// Runs the agent until SIGINT or SIGTERM.
+pub async fn run(args: AgentArgs) -> Result<()> {
+    // Dev mode keeps its state in a temp dir removed on exit.
+    let dev_dir = if args.dev && args.data_dir.is_none() { Some(tempfile::Builder::new().prefix("nomad-rs-dev-").tempdir()?) } else { None };
+    let mut cfg = AgentConfig::resolve(&args.flags(), dev_dir.as_ref().map(|d| d.path().to_path_buf()))?;
+    crate::logging::init(&cfg.log_level);
+    if !cfg.sources.is_empty() {
+        let list: Vec<String> = cfg.sources.iter().map(|p| p.display().to_string()).collect();
+        println!("==> Loaded configuration from {}", list.join(", "));
+    }
+    println!("==> Starting nomad-rs agent...");
+    std::fs::create_dir_all(&cfg.data_dir).with_context(|| format!("creating data dir {}", cfg.data_dir.display()))?;
+
+    let mut router = axum::Router::new();
+    let mut server = None;
+    if let Some(s) = cfg.server.clone() {
+        let rpc_bind = SocketAddr::new(cfg.bind_addr, cfg.rpc_port);
+        let listener = TcpListener::bind(rpc_bind).await.with_context(|| format!("binding the RPC listener on {rpc_bind}"))?;
+        if cfg.rpc_port == 0 {
+            // An ephemeral port (tests): advertise the one the kernel picked.
+            cfg.advertise_rpc = listener.local_addr()?.to_string();
+        }
+        let mut sc = ServerConfig::new(&s.data_dir, cfg.advertise_rpc.clone());
+        sc.region = cfg.region.clone();
+        sc.datacenter = cfg.datacenter.clone();
+        sc.bootstrap_expect = s.bootstrap_expect;
+        sc.join = s.join.clone();
+        sc.heartbeat = s.heartbeat.clone();
+        sc.num_schedulers = s.num_schedulers;
+        let srv = Server::start(sc, listener).await?;
+        let info = AgentInfo {
+            name: cfg.name.clone(),
+            region: cfg.region.clone(),
+            datacenter: cfg.datacenter.clone(),
+            config: cfg.to_api_json(),
+            addr: cfg.bind_addr.to_string(),
+            port: srv.rpc_addr().port(),
+            server: true,
+        };
+        router = router.merge(srv.http_router(info));
+        server = Some(srv);
+    }
+    let http_bind = SocketAddr::new(cfg.bind_addr, cfg.http_port);
+    let http_listener = TcpListener::bind(http_bind).await.with_context(|| format!("binding the HTTP listener on {http_bind}"))?;
+    let http_addr = http_listener.local_addr()?;
+    if cfg.http_port == 0 {
+        cfg.advertise_http = http_addr.to_string();
+    }
+    let http = tokio::spawn(async move {
+        if let Err(e) = axum::serve(http_listener, router).await {
+            tracing::error!(error = %e, "http listener stopped");
+        }
+    });
+
+    print_banner(&cfg, http_addr, server.as_ref().map(|s| s.rpc_addr()));
+    if let Some(srv) = &server {
+        if !srv.wait_for_leadership(Duration::from_secs(2)).await && cfg.server.as_ref().is_some_and(|s| s.bootstrap_expect > 1) {
+            println!("    Waiting for {} servers to form a cluster...", cfg.server.as_ref().map_or(1, |s| s.bootstrap_expect));
+        }
+    }
+
+    wait_for_signal().await;
+    println!("==> Caught signal, shutting down...");
+    http.abort();
+    if let Some(srv) = server {
+        srv.shutdown().await;
+    }
+    drop(dev_dir);
+    Ok(())
+}
+
+fn print_banner(cfg: &AgentConfig, http: SocketAddr, rpc: Option<SocketAddr>) {
+    println!("==> nomad-rs agent configuration:");
+    println!();
+    let rpc_str = rpc.map(|r| r.to_string()).unwrap_or_else(|| "-".into());
+    println!("       Advertise Addrs: HTTP: {}; RPC: {}", cfg.advertise_http, cfg.advertise_rpc);
+    println!("            Bind Addrs: HTTP: [{http}]; RPC: {rpc_str}");
+    println!("                Client: {}", cfg.client.is_some());
+    println!("             Log Level: {}", cfg.log_level);
+    println!("                Region: {} (DC: {})", cfg.region, cfg.datacenter);
+    println!("                Server: {}", cfg.server.is_some());
+    println!("               Version: {} (nomad-rs {})", nomad_server::http::API_VERSION, env!("CARGO_PKG_VERSION"));
+    println!();
+    println!("==> nomad-rs agent started! Log data will stream in below:");
+    if cfg.dev {
+        println!();
+        println!("    The HTTP API is at http://{http}/v1/ (NOMAD_ADDR=http://{http}).");
+        println!("    Try a first job:  nomad-rs job run examples/hello.nomad.hcl");
+    }
+    println!();
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

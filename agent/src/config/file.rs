@@ -1,0 +1,408 @@
+//! Agent configuration files in Nomad's HCL format.
+//!
+//! Files are parsed to a JSON value, merged in order (later files win, maps
+//! merge key by key), then decoded into [`FileConfig`] with unknown keys
+//! refused. Errors name the file and the key (`server.heartbeat_grace`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+/// A problem with a configuration file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// File.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid HCL.
+    #[error("{path}: {message}")]
+    Parse {
+        /// File.
+        path: PathBuf,
+        /// Parser message with line and column.
+        message: String,
+    },
+    /// A key is unknown or its value has the wrong type.
+    #[error("{path}: {key}: {message}")]
+    Invalid {
+        /// File(s) the merged value came from.
+        path: String,
+        /// Dotted key.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// Everything an agent config file may hold, as written.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Agent (and node) name.
+    pub name: Option<String>,
+    /// Region.
+    pub region: Option<String>,
+    /// Datacenter.
+    pub datacenter: Option<String>,
+    /// Data directory.
+    pub data_dir: Option<String>,
+    /// Address every listener binds to.
+    pub bind_addr: Option<String>,
+    /// Log level (`TRACE`, `DEBUG`, `INFO`, `WARN`, `ERROR`).
+    pub log_level: Option<String>,
+    /// Listener ports.
+    pub ports: Option<Ports>,
+    /// Per-listener bind addresses.
+    pub addresses: Option<Addresses>,
+    /// Addresses advertised to others.
+    pub advertise: Option<Addresses>,
+    /// Server role.
+    pub server: Option<ServerBlock>,
+    /// Client role.
+    pub client: Option<ClientBlock>,
+    /// Driver plugins: `plugin "raw_exec" { config { enabled = true } }`.
+    pub plugin: Option<BTreeMap<String, PluginBlock>>,
+    /// Accepted for compatibility; nomad-rs has no UI.
+    pub ui: Option<Value>,
+    /// Accepted for compatibility; telemetry is not exported yet.
+    pub telemetry: Option<Value>,
+    /// Accepted for compatibility; nomad-rs does not talk to Consul's agent config.
+    pub consul: Option<Value>,
+    /// Accepted for compatibility.
+    pub leave_on_interrupt: Option<bool>,
+    /// Accepted for compatibility.
+    pub leave_on_terminate: Option<bool>,
+    /// Accepted for compatibility.
+    pub disable_update_check: Option<bool>,
+}
+
+/// `ports {}`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Ports {
+    /// HTTP API port (4646).
+    pub http: Option<u16>,
+    /// RPC port (4647).
+    pub rpc: Option<u16>,
+    /// Serf port (4648); accepted, unused (servers form clusters over RPC).
+    pub serf: Option<u16>,
+}
+
+/// `addresses {}` / `advertise {}`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Addresses {
+    /// HTTP.
+    pub http: Option<String>,
+    /// RPC.
+    pub rpc: Option<String>,
+    /// Serf (unused).
+    pub serf: Option<String>,
+}
+
+/// `server {}`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ServerBlock {
+    /// Run the server role.
+    pub enabled: Option<bool>,
+    /// Servers expected before bootstrapping.
+    pub bootstrap_expect: Option<usize>,
+    /// Extra wait past a client's TTL.
+    pub heartbeat_grace: Option<DurationValue>,
+    /// Shortest client TTL.
+    pub min_heartbeat_ttl: Option<DurationValue>,
+    /// Target heartbeat rate of the leader.
+    pub max_heartbeats_per_second: Option<f64>,
+    /// TTL given to every client after a leader election.
+    pub failover_heartbeat_ttl: Option<DurationValue>,
+    /// Scheduler workers.
+    pub num_schedulers: Option<usize>,
+    /// Server data dir (defaults to `<data_dir>/server`).
+    pub data_dir: Option<String>,
+    /// How to find other servers.
+    pub server_join: Option<ServerJoin>,
+    /// Shorthand for `server_join { retry_join }`.
+    pub retry_join: Option<Vec<String>>,
+    /// Event stream buffer (batches).
+    pub event_buffer_size: Option<usize>,
+    /// Accepted for compatibility.
+    pub encrypt: Option<String>,
+}
+
+/// `server_join {}`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ServerJoin {
+    /// Server RPC addresses to join.
+    pub retry_join: Option<Vec<String>>,
+    /// Accepted for compatibility.
+    pub retry_max: Option<i64>,
+    /// Accepted for compatibility.
+    pub retry_interval: Option<DurationValue>,
+}
+
+/// `client {}`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClientBlock {
+    /// Run the client role.
+    pub enabled: Option<bool>,
+    /// Server RPC addresses.
+    pub servers: Option<Vec<String>>,
+    /// Node class.
+    pub node_class: Option<String>,
+    /// Node pool.
+    pub node_pool: Option<String>,
+    /// Node metadata.
+    pub meta: Option<BTreeMap<String, String>>,
+    /// Client options (`driver.raw_exec.enable` and the like).
+    pub options: Option<BTreeMap<String, String>>,
+    /// Client state dir (defaults to `<data_dir>/client`).
+    pub state_dir: Option<String>,
+    /// Alloc dir (defaults to `<data_dir>/alloc`).
+    pub alloc_dir: Option<String>,
+    /// Resources held back for the OS.
+    pub reserved: Option<Reserved>,
+    /// Host volumes.
+    pub host_volume: Option<BTreeMap<String, HostVolumeBlock>>,
+    /// Network interface to fingerprint.
+    pub network_interface: Option<String>,
+    /// Override fingerprinted CPU MHz.
+    pub cpu_total_compute: Option<i64>,
+    /// Override fingerprinted memory MiB.
+    pub memory_total_mb: Option<i64>,
+    /// Lowest dynamic port.
+    pub min_dynamic_port: Option<i64>,
+    /// Highest dynamic port.
+    pub max_dynamic_port: Option<i64>,
+    /// Accepted for compatibility.
+    pub gc_interval: Option<DurationValue>,
+}
+
+/// `client { reserved {} }`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Reserved {
+    /// MHz.
+    pub cpu: Option<i64>,
+    /// MiB.
+    pub memory: Option<i64>,
+    /// MiB.
+    pub disk: Option<i64>,
+    /// Port list, e.g. `22,80,8000-8100`.
+    pub reserved_ports: Option<String>,
+}
+
+/// `client { host_volume "name" {} }`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HostVolumeBlock {
+    /// Host path.
+    pub path: String,
+    /// Read-only.
+    pub read_only: Option<bool>,
+}
+
+/// `plugin "name" {}`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PluginBlock {
+    /// The plugin's own configuration.
+    pub config: Option<BTreeMap<String, Value>>,
+    /// Accepted for compatibility.
+    pub args: Option<Vec<String>>,
+}
+
+/// A duration written as a Go duration string (`"10s"`) or a number of seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DurationValue(pub std::time::Duration);
+
+impl<'de> Deserialize<'de> for DurationValue {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Value::deserialize(d)? {
+            Value::String(s) => {
+                let ns = nomad_proto::time::parse_go_duration(&s).map_err(serde::de::Error::custom)?;
+                if ns < 0 {
+                    return Err(serde::de::Error::custom(format!("duration {s:?} must not be negative")));
+                }
+                Ok(DurationValue(std::time::Duration::from_nanos(ns as u64)))
+            }
+            Value::Number(n) if n.as_u64().is_some() => Ok(DurationValue(std::time::Duration::from_secs(n.as_u64().unwrap_or(0)))),
+            other => Err(serde::de::Error::custom(format!("invalid duration {other}: expected a string such as \"10s\""))),
+        }
+    }
+}
+
+/// Reads one HCL file into a JSON value.
+pub fn read(path: &Path) -> Result<Value, ConfigError> {
+    let src = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+    parse_str(&src, path)
+}
+
+/// Parses HCL text (named `path` in errors) into a JSON value.
+pub fn parse_str(src: &str, path: &Path) -> Result<Value, ConfigError> {
+    let value: Value = hcl::from_str(src).map_err(|e| ConfigError::Parse { path: path.to_path_buf(), message: e.to_string().trim().to_string() })?;
+    if !value.is_object() {
+        return Err(ConfigError::Parse { path: path.to_path_buf(), message: "expected attributes and blocks at the top level".into() });
+    }
+    Ok(value)
+}
+
+/// Merges `over` into `base`: objects key by key, anything else replaced.
+pub fn merge(base: &mut Value, over: Value) {
+    match (base, over) {
+        (Value::Object(b), Value::Object(o)) => {
+            for (k, v) in o {
+                match b.get_mut(&k) {
+                    Some(existing) => merge(existing, v),
+                    None => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (b, o) => *b = o,
+    }
+}
+
+/// Decodes a merged value, naming the offending key on error.
+pub fn decode(value: Value, origin: &str) -> Result<FileConfig, ConfigError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let key = e.path().to_string();
+        let message = e.inner().to_string();
+        ConfigError::Invalid { path: origin.to_string(), key: if key == "." { "(top level)".into() } else { key }, message }
+    })
+}
+
+/// Reads, merges and decodes config files in order.
+pub fn load(paths: &[PathBuf]) -> Result<FileConfig, ConfigError> {
+    let mut merged = Value::Object(Default::default());
+    let mut origins = Vec::new();
+    for p in paths {
+        let files: Vec<PathBuf> = if p.is_dir() {
+            // A directory holds `.hcl` files, read in name order, as Nomad does.
+            let mut v: Vec<PathBuf> = std::fs::read_dir(p)
+                .map_err(|source| ConfigError::Read { path: p.clone(), source })?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| f.extension().is_some_and(|x| x == "hcl"))
+                .collect();
+            v.sort();
+            v
+        } else {
+            vec![p.clone()]
+        };
+        for f in files {
+            let v = read(&f)?;
+            // Decode each file alone first so an error names the file it is in.
+            decode(v.clone(), &f.display().to_string())?;
+            merge(&mut merged, v);
+            origins.push(f.display().to_string());
+        }
+    }
+    decode(merged, &origins.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(src: &str) -> Result<FileConfig, ConfigError> {
+        decode(parse_str(src, Path::new("agent.hcl"))?, "agent.hcl")
+    }
+
+    #[test]
+    fn a_full_config_decodes() {
+        let c = parse(
+            r#"
+name       = "n1"
+datacenter = "dc2"
+data_dir   = "/var/lib/nomad-rs"
+bind_addr  = "0.0.0.0"
+log_level  = "DEBUG"
+ports {
+  http = 5646
+  rpc  = 5647
+  serf = 5648
+}
+server {
+  enabled                   = true
+  bootstrap_expect          = 3
+  heartbeat_grace           = "1s"
+  min_heartbeat_ttl         = "500ms"
+  max_heartbeats_per_second = 100.0
+  num_schedulers            = 2
+  server_join {
+    retry_join = ["10.0.0.1:4647"]
+  }
+}
+client {
+  enabled    = true
+  servers    = ["10.0.0.1:4647"]
+  node_class = "edge"
+  meta {
+    rack = "r1"
+  }
+  options = {
+    "driver.allowlist" = "raw_exec"
+  }
+}
+plugin "raw_exec" {
+  config {
+    enabled = true
+  }
+}
+"#,
+        )
+        .unwrap();
+        let s = c.server.unwrap();
+        assert_eq!(s.heartbeat_grace, Some(DurationValue(std::time::Duration::from_secs(1))));
+        assert_eq!(s.min_heartbeat_ttl, Some(DurationValue(std::time::Duration::from_millis(500))));
+        assert_eq!(s.server_join.unwrap().retry_join.unwrap(), vec!["10.0.0.1:4647"]);
+        let cl = c.client.unwrap();
+        assert_eq!(cl.meta.unwrap()["rack"], "r1");
+        assert_eq!(c.plugin.unwrap()["raw_exec"].config.as_ref().unwrap()["enabled"], Value::Bool(true));
+        assert_eq!(c.ports.unwrap().http, Some(5646));
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_name_file_and_key() {
+        let e = parse("server {\n  enabeld = true\n}\n").unwrap_err().to_string();
+        assert!(e.starts_with("agent.hcl: server.enabeld: unknown field `enabeld`"), "{e}");
+        let e = parse("server {\n  heartbeat_grace = \"soon\"\n}\n").unwrap_err().to_string();
+        assert!(e.contains("server.heartbeat_grace") && e.contains("invalid duration"), "{e}");
+        let e = parse("ports {\n  http = \"x\"\n}\n").unwrap_err().to_string();
+        assert!(e.contains("ports.http"), "{e}");
+        let e = parse("ports {\n  http = 70000\n}\n").unwrap_err().to_string();
+        assert!(e.contains("ports.http"), "{e}");
+        let e = parse("name = \n").unwrap_err().to_string();
+        assert!(e.contains("agent.hcl") && e.contains("line 1"), "{e}");
+    }
+
+    #[test]
+    fn later_files_win_and_maps_merge() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a.hcl");
+        let b = dir.path().join("b.hcl");
+        std::fs::write(&a, "name = \"a\"\nclient {\n  meta {\n    x = \"1\"\n  }\n}\n").unwrap();
+        std::fs::write(&b, "name = \"b\"\nclient {\n  meta {\n    y = \"2\"\n  }\n}\n").unwrap();
+        let c = load(&[a.clone(), b.clone()]).unwrap();
+        assert_eq!(c.name.as_deref(), Some("b"));
+        let meta = c.client.unwrap().meta.unwrap();
+        assert_eq!((meta["x"].as_str(), meta["y"].as_str()), ("1", "2"));
+        let from_dir = load(&[dir.path().to_path_buf()]).unwrap();
+        assert_eq!(from_dir.name.as_deref(), Some("b"));
+        std::fs::write(&b, "nmae = \"b\"\n").unwrap();
+        let e = load(&[a, b]).unwrap_err().to_string();
+        assert!(e.contains("b.hcl") && e.contains("nmae"), "{e}");
+        let e = load(&[dir.path().join("missing.hcl")]).unwrap_err().to_string();
+        assert!(e.contains("missing.hcl"), "{e}");
+    }
+}

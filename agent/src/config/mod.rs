@@ -1,0 +1,378 @@
+//! The agent's configuration: files, then command-line flags, then defaults.
+
+pub mod file;
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use file::FileConfig;
+use nomad_server::heartbeat::HeartbeatConfig;
+use serde_json::Value;
+
+pub use file::ConfigError;
+
+/// Flags of `nomad-rs agent` that override files.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AgentFlags {
+    /// `-config` (repeatable): files or directories.
+    pub config: Vec<PathBuf>,
+    /// `-dev`.
+    pub dev: bool,
+    /// `-server`.
+    pub server: bool,
+    /// `-client`.
+    pub client: bool,
+    /// `-data-dir`.
+    pub data_dir: Option<PathBuf>,
+    /// `-bind`.
+    pub bind: Option<String>,
+    /// `-servers` (comma-separated).
+    pub servers: Vec<String>,
+    /// `-dc`.
+    pub dc: Option<String>,
+    /// `-region`.
+    pub region: Option<String>,
+    /// `-node`.
+    pub node: Option<String>,
+    /// `-bootstrap-expect`.
+    pub bootstrap_expect: Option<usize>,
+    /// `-retry-join` / `-join` (repeatable).
+    pub join: Vec<String>,
+    /// `-log-level`.
+    pub log_level: Option<String>,
+    /// `-http-port` (nomad-rs extra, for tests and side-by-side agents).
+    pub http_port: Option<u16>,
+    /// `-rpc-port` (nomad-rs extra).
+    pub rpc_port: Option<u16>,
+}
+
+/// Server role settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerSettings {
+    /// Raft data dir.
+    pub data_dir: PathBuf,
+    /// Servers expected before bootstrapping.
+    pub bootstrap_expect: usize,
+    /// Servers to join.
+    pub join: Vec<String>,
+    /// Heartbeat settings.
+    pub heartbeat: HeartbeatConfig,
+    /// Scheduler workers (0: one per core).
+    pub num_schedulers: usize,
+    /// Event stream buffer.
+    pub event_buffer_size: usize,
+}
+
+/// Client role settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientSettings {
+    /// Servers' RPC addresses.
+    pub servers: Vec<String>,
+    /// Client state dir.
+    pub state_dir: PathBuf,
+    /// Alloc dir.
+    pub alloc_dir: PathBuf,
+    /// Node class.
+    pub node_class: String,
+    /// Node pool.
+    pub node_pool: String,
+    /// Node metadata.
+    pub meta: BTreeMap<String, String>,
+    /// Client options.
+    pub options: BTreeMap<String, String>,
+    /// Reserved resources.
+    pub reserved: file::Reserved,
+    /// Host volumes.
+    pub host_volumes: BTreeMap<String, file::HostVolumeBlock>,
+    /// Dynamic port range.
+    pub dynamic_ports: (i64, i64),
+    /// CPU override, MHz.
+    pub cpu_total_compute: Option<i64>,
+    /// Memory override, MiB.
+    pub memory_total_mb: Option<i64>,
+}
+
+/// The resolved configuration an agent runs with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentConfig {
+    /// Agent and node name.
+    pub name: String,
+    /// Region.
+    pub region: String,
+    /// Datacenter.
+    pub datacenter: String,
+    /// Data dir (a temp dir in dev mode).
+    pub data_dir: PathBuf,
+    /// Bind address of every listener.
+    pub bind_addr: IpAddr,
+    /// HTTP port.
+    pub http_port: u16,
+    /// RPC port.
+    pub rpc_port: u16,
+    /// Advertised HTTP address.
+    pub advertise_http: String,
+    /// Advertised RPC address.
+    pub advertise_rpc: String,
+    /// Log level.
+    pub log_level: String,
+    /// Dev mode (temp data dir, server + client, raw_exec on).
+    pub dev: bool,
+    /// Server role, when enabled.
+    pub server: Option<ServerSettings>,
+    /// Client role, when enabled.
+    pub client: Option<ClientSettings>,
+    /// Driver plugin configs by name.
+    pub plugins: BTreeMap<String, BTreeMap<String, Value>>,
+    /// Files the config was loaded from.
+    pub sources: Vec<PathBuf>,
+}
+
+/// Default HTTP port.
+pub const DEFAULT_HTTP_PORT: u16 = 4646;
+/// Default RPC port.
+pub const DEFAULT_RPC_PORT: u16 = 4647;
+
+impl AgentConfig {
+    /// Loads files, applies flags and defaults, and checks the result.
+    /// `dev_data_dir` is used as the data dir in dev mode when none is given.
+    pub fn resolve(flags: &AgentFlags, dev_data_dir: Option<PathBuf>) -> Result<AgentConfig, ConfigError> {
+        let file = file::load(&flags.config)?;
+        Self::from_parts(file, flags, dev_data_dir)
+    }
+
+    fn from_parts(f: FileConfig, flags: &AgentFlags, dev_data_dir: Option<PathBuf>) -> Result<AgentConfig, ConfigError> {
+        let invalid = |key: &str, message: String| ConfigError::Invalid { path: "agent configuration".into(), key: key.into(), message };
+        let dev = flags.dev;
+        let name = flags.node.clone().or(f.name).unwrap_or_else(hostname);
+        let region = flags.region.clone().or(f.region).unwrap_or_else(|| "global".into());
+        let datacenter = flags.dc.clone().or(f.datacenter).unwrap_or_else(|| "dc1".into());
+        let data_dir = match flags.data_dir.clone().or(f.data_dir.map(PathBuf::from)) {
+            Some(d) => d,
+            None if dev => dev_data_dir.ok_or_else(|| invalid("data_dir", "dev mode needs a temporary data dir".into()))?,
+            None => return Err(invalid("data_dir", "Must specify data directory (data_dir in a config file or -data-dir)".into())),
+        };
+        let default_bind = if dev { "127.0.0.1" } else { "0.0.0.0" };
+        let bind_str = flags.bind.clone().or(f.bind_addr).unwrap_or_else(|| default_bind.into());
+        let bind_addr: IpAddr = bind_str.parse().map_err(|_| invalid("bind_addr", format!("{bind_str:?} is not an IP address")))?;
+        let ports = f.ports.unwrap_or_default();
+        let http_port = flags.http_port.or(ports.http).unwrap_or(DEFAULT_HTTP_PORT);
+        let rpc_port = flags.rpc_port.or(ports.rpc).unwrap_or(DEFAULT_RPC_PORT);
+        let advertise_host = if bind_addr.is_unspecified() { local_ip().unwrap_or_else(|| "127.0.0.1".into()) } else { bind_addr.to_string() };
+        let advertise = f.advertise.unwrap_or_default();
+        let advertise_http = advertise.http.unwrap_or_else(|| format!("{advertise_host}:{http_port}"));
+        let advertise_rpc = advertise.rpc.unwrap_or_else(|| format!("{advertise_host}:{rpc_port}"));
+        let log_level = flags.log_level.clone().or(f.log_level).unwrap_or_else(|| if dev { "DEBUG".into() } else { "INFO".into() });
+        if !["TRACE", "DEBUG", "INFO", "WARN", "ERROR", "OFF"].contains(&log_level.to_uppercase().as_str()) {
+            return Err(invalid("log_level", format!("{log_level:?} is not one of TRACE, DEBUG, INFO, WARN, ERROR, OFF")));
+        }
+
+        let sb = f.server.unwrap_or_default();
+        let server_enabled = dev || flags.server || sb.enabled.unwrap_or(false);
+        let server = if server_enabled {
+            let mut heartbeat = HeartbeatConfig::default();
+            if let Some(d) = sb.heartbeat_grace {
+                heartbeat.grace = d.0;
+            }
+            if let Some(d) = sb.min_heartbeat_ttl {
+                heartbeat.min_ttl = d.0;
+            }
+            if let Some(r) = sb.max_heartbeats_per_second {
+                if r <= 0.0 {
+                    return Err(invalid("server.max_heartbeats_per_second", "must be positive".into()));
+                }
+                heartbeat.max_per_second = r;
+            }
+            if let Some(d) = sb.failover_heartbeat_ttl {
+                heartbeat.failover_ttl = d.0;
+            }
+            let mut join = flags.join.clone();
+            join.extend(sb.retry_join.unwrap_or_default());
+            join.extend(sb.server_join.and_then(|j| j.retry_join).unwrap_or_default());
+            let bootstrap_expect = flags.bootstrap_expect.or(sb.bootstrap_expect).unwrap_or(1);
+            if bootstrap_expect == 0 && join.is_empty() {
+                return Err(invalid("server.bootstrap_expect", "0 needs servers to join (server_join { retry_join })".into()));
+            }
+            Some(ServerSettings {
+                data_dir: sb.data_dir.map(PathBuf::from).unwrap_or_else(|| data_dir.join("server")),
+                bootstrap_expect,
+                join,
+                heartbeat,
+                num_schedulers: sb.num_schedulers.unwrap_or(0),
+                event_buffer_size: sb.event_buffer_size.unwrap_or(100),
+            })
+        } else {
+            None
+        };
+
+        let cb = f.client.unwrap_or_default();
+        let client_enabled = dev || flags.client || cb.enabled.unwrap_or(false);
+        let client = if client_enabled {
+            let mut servers = flags.servers.clone();
+            if servers.is_empty() {
+                servers = cb.servers.clone().unwrap_or_default();
+            }
+            if servers.is_empty() && server.is_some() {
+                servers.push(advertise_rpc.clone());
+            }
+            if servers.is_empty() {
+                return Err(invalid("client.servers", "a client needs servers to talk to (client { servers = [...] } or -servers)".into()));
+            }
+            let (min_port, max_port) = (cb.min_dynamic_port.unwrap_or(20000), cb.max_dynamic_port.unwrap_or(32000));
+            if !(1..=65535).contains(&min_port) || !(1..=65535).contains(&max_port) || min_port > max_port {
+                return Err(invalid("client.min_dynamic_port", format!("dynamic port range {min_port}-{max_port} is not valid")));
+            }
+            Some(ClientSettings {
+                servers,
+                state_dir: cb.state_dir.map(PathBuf::from).unwrap_or_else(|| data_dir.join("client")),
+                alloc_dir: cb.alloc_dir.map(PathBuf::from).unwrap_or_else(|| data_dir.join("alloc")),
+                node_class: cb.node_class.unwrap_or_default(),
+                node_pool: cb.node_pool.unwrap_or_else(|| "default".into()),
+                meta: cb.meta.unwrap_or_default(),
+                options: cb.options.unwrap_or_default(),
+                reserved: cb.reserved.unwrap_or_default(),
+                host_volumes: cb.host_volume.unwrap_or_default(),
+                dynamic_ports: (min_port, max_port),
+                cpu_total_compute: cb.cpu_total_compute,
+                memory_total_mb: cb.memory_total_mb,
+            })
+        } else {
+            None
+        };
+        if server.is_none() && client.is_none() {
+            return Err(invalid("(top level)", "Must specify either server, client or dev mode for the agent".into()));
+        }
+
+        let mut plugins: BTreeMap<String, BTreeMap<String, Value>> =
+            f.plugin.unwrap_or_default().into_iter().map(|(k, v)| (k, v.config.unwrap_or_default())).collect();
+        if dev {
+            // Dev mode runs raw_exec, as Nomad's does.
+            plugins.entry("raw_exec".into()).or_default().entry("enabled".into()).or_insert(Value::Bool(true));
+        }
+        Ok(AgentConfig {
+            name,
+            region,
+            datacenter,
+            data_dir,
+            bind_addr,
+            http_port,
+            rpc_port,
+            advertise_http,
+            advertise_rpc,
+            log_level,
+            dev,
+            server,
+            client,
+            plugins,
+            sources: flags.config.clone(),
+        })
+    }
+
+    /// Whether a driver plugin is enabled (`plugin "NAME" { config { enabled = true } }`).
+    pub fn plugin_enabled(&self, name: &str) -> bool {
+        self.plugins.get(name).and_then(|c| c.get("enabled")).is_some_and(|v| v.as_bool() == Some(true))
+    }
+
+    /// The configuration as `/v1/agent/self` shows it (Go field names).
+    pub fn to_api_json(&self) -> Value {
+        serde_json::json!({
+            "Region": self.region,
+            "Datacenter": self.datacenter,
+            "NodeName": self.name,
+            "DataDir": self.data_dir,
+            "BindAddr": self.bind_addr.to_string(),
+            "LogLevel": self.log_level,
+            "DevMode": self.dev,
+            "Ports": { "HTTP": self.http_port, "RPC": self.rpc_port, "Serf": 4648 },
+            "AdvertiseAddrs": { "HTTP": self.advertise_http, "RPC": self.advertise_rpc },
+            "Version": { "Version": nomad_server::http::API_VERSION, "VersionPrerelease": "", "VersionMetadata": format!("nomad-rs.{}", env!("CARGO_PKG_VERSION")) },
+            "Server": {
+                "Enabled": self.server.is_some(),
+                "BootstrapExpect": self.server.as_ref().map_or(0, |s| s.bootstrap_expect),
+                "NumSchedulers": self.server.as_ref().map_or(0, |s| s.num_schedulers),
+            },
+            "Client": {
+                "Enabled": self.client.is_some(),
+                "Servers": self.client.as_ref().map(|c| c.servers.clone()).unwrap_or_default(),
+                "NodeClass": self.client.as_ref().map(|c| c.node_class.clone()).unwrap_or_default(),
+                "Meta": self.client.as_ref().map(|c| c.meta.clone()).unwrap_or_default(),
+            },
+            "ACL": { "Enabled": false },
+        })
+    }
+
+    /// Heartbeat timings for the server role, or Nomad's defaults.
+    pub fn heartbeat(&self) -> HeartbeatConfig {
+        self.server.as_ref().map(|s| s.heartbeat.clone()).unwrap_or_default()
+    }
+}
+
+/// The host's name, as Nomad uses for node names.
+pub fn hostname() -> String {
+    nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).filter(|h| !h.is_empty()).unwrap_or_else(|| "localhost".into())
+}
+
+/// A non-loopback address of this host, found by asking the kernel which
+/// source address it would use to reach a public address (no packet is sent).
+pub fn local_ip() -> Option<String> {
+    let sock = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    sock.connect("192.0.2.1:9").ok()?;
+    let ip = sock.local_addr().ok()?.ip();
+    (!ip.is_unspecified()).then(|| ip.to_string())
+}
+
+/// How long a duration is in Go's notation, for banners.
+pub fn fmt_duration(d: Duration) -> String {
+    if d.subsec_millis() == 0 { format!("{}s", d.as_secs()) } else { format!("{}ms", d.as_millis()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolve(src: &str, flags: AgentFlags) -> Result<AgentConfig, ConfigError> {
+        let file = if src.is_empty() { FileConfig::default() } else { file::decode(file::parse_str(src, std::path::Path::new("a.hcl"))?, "a.hcl")? };
+        AgentConfig::from_parts(file, &flags, Some(PathBuf::from("/tmp/dev")))
+    }
+
+    #[test]
+    fn dev_mode_runs_both_roles_with_raw_exec_on_loopback() {
+        let c = resolve("", AgentFlags { dev: true, ..Default::default() }).unwrap();
+        assert!(c.server.is_some() && c.client.is_some());
+        assert!(c.plugin_enabled("raw_exec"));
+        assert_eq!(c.bind_addr.to_string(), "127.0.0.1");
+        assert_eq!(c.http_port, 4646);
+        assert_eq!(c.client.as_ref().unwrap().servers, vec!["127.0.0.1:4647"]);
+        assert_eq!(c.data_dir, PathBuf::from("/tmp/dev"));
+    }
+
+    #[test]
+    fn flags_override_files() {
+        let c = resolve(
+            "datacenter = \"dc9\"\ndata_dir = \"/a\"\nserver {\n  enabled = true\n  heartbeat_grace = \"1s\"\n}\n",
+            AgentFlags { dc: Some("dc2".into()), data_dir: Some("/b".into()), bootstrap_expect: Some(3), join: vec!["x:1".into()], ..Default::default() },
+        )
+        .unwrap();
+        assert_eq!(c.datacenter, "dc2");
+        assert_eq!(c.data_dir, PathBuf::from("/b"));
+        let s = c.server.as_ref().unwrap();
+        assert_eq!((s.bootstrap_expect, s.join.as_slice()), (3, &["x:1".to_string()][..]));
+        assert_eq!(s.heartbeat.grace, Duration::from_secs(1));
+        assert!(!c.plugin_enabled("raw_exec"), "raw_exec is off unless enabled");
+    }
+
+    #[test]
+    fn missing_roles_data_dir_and_servers_are_explained() {
+        let e = resolve("data_dir = \"/a\"\n", AgentFlags::default()).unwrap_err().to_string();
+        assert!(e.contains("Must specify either server, client or dev mode"), "{e}");
+        let e = resolve("", AgentFlags { server: true, ..Default::default() }).unwrap_err().to_string();
+        assert!(e.contains("Must specify data directory"), "{e}");
+        let e = resolve("data_dir = \"/a\"\n", AgentFlags { client: true, ..Default::default() }).unwrap_err().to_string();
+        assert!(e.contains("client.servers"), "{e}");
+        let e = resolve("data_dir = \"/a\"\nbind_addr = \"nowhere\"\n", AgentFlags { server: true, ..Default::default() }).unwrap_err().to_string();
+        assert!(e.contains("bind_addr"), "{e}");
+        let e = resolve("data_dir = \"/a\"\nlog_level = \"LOUD\"\n", AgentFlags { server: true, ..Default::default() }).unwrap_err().to_string();
+        assert!(e.contains("log_level"), "{e}");
+    }
+}
