@@ -1,0 +1,33 @@
+//! End-to-end tests against real `nomad-rs` processes (one test binary).
+
+mod python_nomad;
+mod server_restart;
+
+use std::time::Duration;
+
+use nomad_e2e::{Agent, AgentOptions};
+
+/// Generous bound for a cluster to settle on this 2-core machine.
+pub const SETTLE: Duration = Duration::from_secs(30);
+
+/// A single server (no client role) in its own temp dir.
+pub fn single_server(dir: &std::path::Path) -> Agent {
+    let a = Agent::start("server1", dir, AgentOptions { args: vec!["-server".into()], ..Default::default() }).expect("start server");
+    a.wait_for_leader(SETTLE).expect("leader");
+    a
+}
+
+/// A service job in Nomad's JSON shape.
+pub fn job_json(id: &str) -> serde_json::Value {
+    serde_json::json!({
+        "Job": {
+            "ID": id,
+            "Datacenters": ["dc1"],
+            "TaskGroups": [{
+                "Name": "web",
+                "Count": 1,
+                "Tasks": [{ "Name": "server", "Driver": "raw_exec", "Config": { "command": "/bin/sleep", "args": ["300"] } }]
+            }]
+        }
+    })
+}

@@ -1,0 +1,39 @@
+//! API compatibility with a real third-party client: python-nomad 2.1.0.
+//!
+//! The project's test script installs python-nomad into a virtualenv and
+//! points `NOMAD_RS_PYTHON` at its interpreter.
+
+use std::process::Command;
+
+use crate::single_server;
+
+fn python() -> String {
+    std::env::var("NOMAD_RS_PYTHON").unwrap_or_else(|_| {
+        panic!("NOMAD_RS_PYTHON is not set: run the tests through scripts/test, which installs python-nomad 2.1.0 into a virtualenv")
+    })
+}
+
+fn run_script(script: &str, addr: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("python").join(script);
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    let out = Command::new(python())
+        .arg(&path)
+        .env("NOMAD_HOST", host)
+        .env("NOMAD_PORT", port)
+        .output()
+        .expect("running python");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{script} failed:\nstdout:\n{stdout}\nstderr:\n{}", String::from_utf8_lossy(&out.stderr));
+    stdout
+}
+
+#[test]
+fn python_nomad_registers_lists_reads_stops_and_purges_a_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = single_server(dir.path());
+    let out = run_script("compat_jobs.py", &server.http_addr);
+    assert!(out.contains("ok: purged"), "{out}");
+    // The script's purge is visible to us too.
+    let r = server.http().request("GET", "/v1/job/py-web", None).unwrap();
+    assert_eq!(r.status, 404);
+}
