@@ -12,6 +12,7 @@ pub mod alloc;
 pub mod canonicalize;
 pub mod eval;
 pub mod job;
+pub mod jobspec;
 pub mod lenient;
 pub mod namespace;
 pub mod node;
