@@ -98,6 +98,45 @@ async fn register(s: &HttpState, q: &QueryOptions, url_id: Option<&str>, body: B
     json_response(&resp, Some(s.meta(index)), q.pretty)
 }
 
+/// Body of `PUT /v1/jobs/parse` (`api.JobsParseRequest`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+struct JobsParseRequest {
+    #[serde(rename = "JobHCL")]
+    job_hcl: String,
+    #[serde(rename = "hclv1")]
+    hcl_v1: bool,
+    /// Contents of a variables file.
+    variables: String,
+    canonicalize: bool,
+}
+
+/// `PUT|POST /v1/jobs/parse`: HCL2 to a job, with the same parser the CLI uses.
+pub async fn jobs_parse(State(_s): State<HttpState>, method: Method, uri: Uri, body: Body) -> Response {
+    super::respond(async {
+        require_method(&method, &[Method::PUT, Method::POST])?;
+        let q = QueryOptions::parse(&uri)?;
+        let bytes = read_body(body).await?;
+        let req: JobsParseRequest = decode_body(&bytes)?;
+        if req.job_hcl.trim().is_empty() {
+            return Err(HttpError::bad_request("Job spec is empty"));
+        }
+        if req.hcl_v1 {
+            return Err(HttpError::bad_request("HCLv1 job files are not supported by nomad-rs; use HCL2"));
+        }
+        let mut opts = nomad_proto::jobspec::ParseOptions { filename: "input.hcl".into(), ..Default::default() };
+        if !req.variables.trim().is_empty() {
+            opts.var_files.push(("variables.hcl".into(), req.variables.clone()));
+        }
+        let mut job = nomad_proto::jobspec::parse(&req.job_hcl, &opts).map_err(|e| HttpError::bad_request(format!("Failed to parse job: {e}")))?;
+        if req.canonicalize {
+            job.canonicalize();
+        }
+        json_response(&job, None, q.pretty)
+    })
+    .await
+}
+
 /// `/v1/job/<id>` and its sub-resources.
 pub async fn job_specific(State(s): State<HttpState>, method: Method, uri: Uri, body: Body) -> Response {
     super::respond(async {

@@ -53,6 +53,7 @@ async fn respond(f: impl Future<Output = HttpResult>) -> Response {
 pub fn router(state: HttpState) -> Router {
     Router::new()
         .route("/v1/jobs", any(jobs::jobs))
+        .route("/v1/jobs/parse", any(jobs::jobs_parse))
         .route("/v1/job/{*rest}", any(jobs::job_specific))
         .route("/v1/allocations", any(allocs::allocations))
         .route("/v1/allocation/{*rest}", any(allocs::allocation_specific))

@@ -331,3 +331,21 @@ async fn status_and_agent_routes() {
     assert_eq!(get(&ts, "/v1/agent/members").await.json()["ServerRegion"], "global");
     assert_eq!(call(&ts, Method::POST, "/v1/status/leader", "").await.status, StatusCode::METHOD_NOT_ALLOWED);
 }
+
+#[tokio::test]
+async fn jobs_parse_uses_the_hcl2_parser() {
+    let ts = TestServer::new();
+    let hcl = "job \"hello\" {\n  group \"g\" {\n    task \"t\" {\n      driver = \"raw_exec\"\n      config {\n        command = \"/bin/echo\"\n      }\n    }\n  }\n}\n";
+    let r = call(&ts, Method::POST, "/v1/jobs/parse", json!({"JobHCL": hcl, "Canonicalize": true}).to_string()).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["ID"], "hello");
+    assert_eq!(v["TaskGroups"][0]["Tasks"][0]["Config"]["command"], "/bin/echo");
+    assert_eq!(v["Namespace"], "default", "canonicalized");
+    let bad = call(&ts, Method::POST, "/v1/jobs/parse", json!({"JobHCL": "job \"x\" {\n  cout = 1\n}\n"}).to_string()).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert!(bad.text().starts_with("Failed to parse job: input.hcl:2:3"), "{}", bad.text());
+    let empty = call(&ts, Method::POST, "/v1/jobs/parse", json!({"JobHCL": " "}).to_string()).await;
+    assert_eq!((empty.status, empty.text().as_str()), (StatusCode::BAD_REQUEST, "Job spec is empty"));
+    assert_eq!(call(&ts, Method::GET, "/v1/jobs/parse", "").await.status, StatusCode::METHOD_NOT_ALLOWED);
+}
