@@ -193,14 +193,15 @@ fn supervise(spec_path: &Path) -> Result<(), String> {
         spec.log_max_files,
         spec.log_max_file_size,
     );
-    let status = pump_until_exit(task_pid, [(out_reader, &mut stdout_log), (err_reader, &mut stderr_log)]);
+    let (status, finished_at) =
+        pump_until_exit(task_pid, [(out_reader, &mut stdout_log), (err_reader, &mut stderr_log)]);
 
     let mut result = match status {
         Some(WaitStatus::Exited(_, code)) => ExitResult { exit_code: code, ..ExitResult::default() },
         Some(WaitStatus::Signaled(_, signal, _)) => ExitResult { signal: signal as i32, ..ExitResult::default() },
         _ => ExitResult::failed("the task exited but its exit status could not be collected"),
     };
-    result.finished_at = Timestamp::now();
+    result.finished_at = finished_at;
     result.oom_killed = cgroups::read_oom_kills(&spec.oom_counter_files) > 0;
     result.log_bytes_dropped = stdout_log.dropped_bytes() + stderr_log.dropped_bytes();
     write_exit(&spec.exit_file, &result);
@@ -224,12 +225,16 @@ fn detach_stdout() {
 }
 
 /// Copies both pipes into their logs until the task has exited and the pipes are drained (or
-/// the drain grace ran out); returns the task's wait status.
-fn pump_until_exit(task_pid: i32, streams: [(OwnedFd, &mut RotatingLog); 2]) -> Option<WaitStatus> {
+/// the drain grace ran out); returns the task's wait status and when it was reaped.
+fn pump_until_exit(
+    task_pid: i32,
+    streams: [(OwnedFd, &mut RotatingLog); 2],
+) -> (Option<WaitStatus>, Timestamp) {
     let pidfd = pidfd_open(task_pid).ok();
     let mut streams: Vec<(Option<OwnedFd>, &mut RotatingLog)> =
         streams.into_iter().map(|(fd, log)| (Some(fd), log)).collect();
     let mut status: Option<WaitStatus> = None;
+    let mut finished_at = Timestamp::ZERO;
     let mut task_gone = false;
     let mut drain_deadline: Option<Instant> = None;
     let mut buf = vec![0u8; 16 * 1024];
@@ -245,11 +250,12 @@ fn pump_until_exit(task_pid: i32, streams: [(OwnedFd, &mut RotatingLog); 2]) -> 
             }
         }
         if task_gone && drain_deadline.is_none() {
+            finished_at = Timestamp::now();
             drain_deadline = Some(Instant::now() + DRAIN_GRACE);
         }
         let open_pipes = streams.iter().filter(|(fd, _)| fd.is_some()).count();
         if task_gone && (open_pipes == 0 || drain_deadline.is_some_and(|d| Instant::now() >= d)) {
-            return status;
+            return (status, finished_at);
         }
 
         let mut fds: Vec<libc::pollfd> = streams
