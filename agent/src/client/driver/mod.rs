@@ -1,1 +1,299 @@
-//! Task drivers behind one trait.
+//! Task drivers behind one trait (decision 8): `raw_exec`, `exec` and `oci`.
+//!
+//! Every driver starts its task under a `nomad-rs-executor` process (see [`crate::executor`]) and
+//! hands back a serializable [`TaskHandle`]. The agent persists the handle; after a restart,
+//! [`Driver::recover`] reattaches to the same task from it, or reports how it ended meanwhile.
+
+mod error;
+pub mod exec;
+mod handle;
+mod launch;
+pub mod oci;
+mod oci_image;
+pub mod raw_exec;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use nix::sys::signal::Signal;
+use nomad_proto::DriverInfo;
+use serde::de::DeserializeOwned;
+
+pub use crate::executor::ExitResult;
+pub use crate::executor::cgroups::{CgroupVersion, TaskCgroup};
+pub use crate::executor::process::{ProcessRef, parse_signal};
+pub use error::DriverError;
+use handle::stop_with_escalation;
+pub use handle::{DriverState, Recovered, TaskHandle, TaskStatus};
+
+/// A task driver. Object-safe: the registry holds `Arc<dyn Driver>`.
+pub trait Driver: Send + Sync {
+    /// The name jobs use in `driver = "..."`.
+    fn name(&self) -> &'static str;
+
+    /// Whether the driver can run tasks here, and its node attributes.
+    fn fingerprint(&self) -> BoxFuture<'_, DriverInfo>;
+
+    /// Checks the task's driver config; the error names the offending key.
+    fn validate_config(&self, task: &TaskConfig) -> Result<(), DriverError>;
+
+    /// Starts the task under an executor and returns once it runs.
+    fn start<'a>(&'a self, task: &'a TaskConfig) -> BoxFuture<'a, Result<TaskHandle, DriverError>>;
+
+    /// Waits for the task to exit. Works from a handle the agent did not start itself.
+    fn wait<'a>(&'a self, handle: &'a TaskHandle) -> BoxFuture<'a, Result<ExitResult, DriverError>> {
+        Box::pin(async move {
+            handle.check_driver(self.name())?;
+            Ok(handle.wait_exit(None).await.unwrap_or_else(|| ExitResult::failed("wait ended early")))
+        })
+    }
+
+    /// Sends `signal`, and SIGKILL if the task is still running after `timeout`. By default
+    /// signals go to the task's process group (it leads its own session).
+    fn stop<'a>(
+        &'a self,
+        handle: &'a TaskHandle,
+        signal: Signal,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<(), DriverError>> {
+        Box::pin(async move {
+            handle.check_driver(self.name())?;
+            stop_with_escalation(handle, signal, timeout, |s| handle.signal_group_boxed(s)).await
+        })
+    }
+
+    /// Kills what is left of the task and removes what the driver created for it.
+    fn destroy<'a>(&'a self, handle: &'a TaskHandle) -> BoxFuture<'a, Result<(), DriverError>>;
+
+    /// Reattaches to a task after an agent restart: same process, no restart.
+    fn recover(&self, handle: &TaskHandle) -> Result<Recovered, DriverError> {
+        handle.check_driver(self.name())?;
+        Ok(handle.recover())
+    }
+
+    /// The task's current state.
+    fn inspect(&self, handle: &TaskHandle) -> Result<TaskStatus, DriverError> {
+        handle.check_driver(self.name())?;
+        Ok(handle.status())
+    }
+
+    /// Sends a signal to the task (by default to its process group).
+    fn signal<'a>(&'a self, handle: &'a TaskHandle, signal: Signal) -> BoxFuture<'a, Result<(), DriverError>> {
+        Box::pin(async move {
+            handle.check_driver(self.name())?;
+            handle.signal_group(signal)
+        })
+    }
+}
+
+/// What the task runner gives a driver to start one task.
+#[derive(Debug, Clone)]
+pub struct TaskConfig {
+    /// Allocation ID.
+    pub alloc_id: String,
+    /// Task name.
+    pub task_name: String,
+    /// The allocation directory: holds `alloc/` (shared) and one directory per task.
+    pub alloc_dir: PathBuf,
+    /// Agent-private directory for this task (launch spec, exit record, runtime state).
+    pub state_dir: PathBuf,
+    /// The task's `config { ... }` block, already interpolated.
+    pub driver_config: serde_json::Map<String, serde_json::Value>,
+    /// The task's complete environment.
+    pub env: BTreeMap<String, String>,
+    /// User to run as (exec and oci; raw_exec runs as the agent's user).
+    pub user: Option<String>,
+    /// Resource limits.
+    pub resources: TaskResources,
+    /// Log rotation.
+    pub logs: LogConfig,
+    /// Signal sent first on stop (`kill_signal`).
+    pub kill_signal: Signal,
+    /// Time between that signal and SIGKILL (`kill_timeout`).
+    pub kill_timeout: Duration,
+}
+
+impl TaskConfig {
+    /// `<alloc_dir>/alloc`, shared by the allocation's tasks.
+    pub fn shared_dir(&self) -> PathBuf {
+        self.alloc_dir.join("alloc")
+    }
+    /// `<alloc_dir>/alloc/logs`.
+    pub fn log_dir(&self) -> PathBuf {
+        self.shared_dir().join("logs")
+    }
+    /// `<alloc_dir>/<task>`.
+    pub fn task_dir(&self) -> PathBuf {
+        self.alloc_dir.join(&self.task_name)
+    }
+    /// `<alloc_dir>/<task>/local`.
+    pub fn local_dir(&self) -> PathBuf {
+        self.task_dir().join("local")
+    }
+    /// `<alloc_dir>/<task>/secrets`.
+    pub fn secrets_dir(&self) -> PathBuf {
+        self.task_dir().join("secrets")
+    }
+    /// `<alloc_dir>/<task>/tmp`.
+    pub fn tmp_dir(&self) -> PathBuf {
+        self.task_dir().join("tmp")
+    }
+
+    /// A name unique to this task on the host, usable as a cgroup or container name.
+    pub fn unique_name(&self) -> String {
+        format!("{}.{}", self.alloc_id, self.task_name)
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' })
+            .collect()
+    }
+
+    /// Parses the driver config into `T`; the error names the key that did not fit.
+    pub fn parse_driver_config<T: DeserializeOwned>(&self, driver: &'static str) -> Result<T, DriverError> {
+        let value = serde_json::Value::Object(self.driver_config.clone());
+        serde_path_to_error::deserialize(value).map_err(|e| {
+            let path = e.path().to_string();
+            let reason = if path == "." { e.inner().to_string() } else { format!("{path}: {}", e.inner()) };
+            DriverError::InvalidConfig { driver, reason }
+        })
+    }
+}
+
+/// A task's resources.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TaskResources {
+    /// CPU in MHz; becomes cpu shares.
+    pub cpu_mhz: u64,
+    /// Memory in MiB: the hard limit, or the reservation when `memory_max_mib` is set.
+    pub memory_mib: u64,
+    /// Hard memory limit in MiB when oversubscribing (0 = `memory_mib` is the limit).
+    pub memory_max_mib: u64,
+    /// Maximum processes (0 = unlimited).
+    pub pids_max: u64,
+}
+
+impl TaskResources {
+    /// The hard memory limit in bytes (0 = none).
+    pub fn memory_limit_bytes(&self) -> u64 {
+        let mib = if self.memory_max_mib > 0 { self.memory_max_mib } else { self.memory_mib };
+        mib * 1024 * 1024
+    }
+    /// The soft memory reservation in bytes, set only when oversubscribing.
+    pub fn memory_reservation_bytes(&self) -> u64 {
+        if self.memory_max_mib > 0 { self.memory_mib * 1024 * 1024 } else { 0 }
+    }
+}
+
+/// Log rotation settings (the job's `logs` block).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogConfig {
+    /// Files kept per stream.
+    pub max_files: u32,
+    /// Size at which a file is rotated, in bytes (the job gives MB).
+    pub max_file_size: u64,
+}
+
+impl Default for LogConfig {
+    /// Nomad's defaults: 10 files of 10 MB.
+    fn default() -> Self {
+        LogConfig { max_files: 10, max_file_size: 10 * 1024 * 1024 }
+    }
+}
+
+/// Driver settings from the agent configuration.
+#[derive(Debug, Clone)]
+pub struct DriverOptions {
+    /// The `nomad-rs-executor` binary.
+    pub executor_path: PathBuf,
+    /// raw_exec runs tasks unisolated as the agent's user, so it is off unless enabled.
+    pub raw_exec_enabled: bool,
+    /// exec settings.
+    pub exec: exec::ExecOptions,
+    /// oci settings.
+    pub oci: oci::OciOptions,
+}
+
+impl DriverOptions {
+    /// Defaults, with the executor installed beside the running binary.
+    pub fn new(raw_exec_enabled: bool) -> DriverOptions {
+        DriverOptions {
+            executor_path: default_executor_path(),
+            raw_exec_enabled,
+            exec: exec::ExecOptions::default(),
+            oci: oci::OciOptions::default(),
+        }
+    }
+}
+
+/// `nomad-rs-executor` next to the current executable.
+pub fn default_executor_path() -> PathBuf {
+    std::env::current_exe()
+        .map(|exe| exe.with_file_name("nomad-rs-executor"))
+        .unwrap_or_else(|_| PathBuf::from("nomad-rs-executor"))
+}
+
+/// Drivers by name.
+#[derive(Clone)]
+pub struct DriverRegistry {
+    drivers: BTreeMap<&'static str, Arc<dyn Driver>>,
+}
+
+impl DriverRegistry {
+    /// Every built-in driver, configured from the agent's options.
+    pub fn new(options: &DriverOptions) -> DriverRegistry {
+        let drivers: [Arc<dyn Driver>; 3] = [
+            Arc::new(raw_exec::RawExecDriver::new(options.executor_path.clone(), options.raw_exec_enabled)),
+            Arc::new(exec::ExecDriver::new(options.executor_path.clone(), options.exec.clone())),
+            Arc::new(oci::OciDriver::new(options.executor_path.clone(), options.oci.clone())),
+        ];
+        DriverRegistry { drivers: drivers.into_iter().map(|d| (d.name(), d)).collect() }
+    }
+
+    /// The driver with this name.
+    pub fn get(&self, name: &str) -> Result<Arc<dyn Driver>, DriverError> {
+        self.drivers.get(name).cloned().ok_or_else(|| DriverError::UnknownDriver(name.to_string()))
+    }
+
+    /// Names of the registered drivers.
+    pub fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.drivers.keys().copied()
+    }
+
+    /// Fingerprints every driver, for the node's `Drivers` map.
+    pub async fn fingerprint_all(&self) -> BTreeMap<String, DriverInfo> {
+        let mut infos = BTreeMap::new();
+        for (name, driver) in &self.drivers {
+            infos.insert(name.to_string(), driver.fingerprint().await);
+        }
+        infos
+    }
+}
+
+/// The signal Nomad's `kill_signal` names (`SIGTERM`, `TERM`, `15`).
+pub fn signal_named(name: &str) -> Result<Signal, DriverError> {
+    parse_signal(name).ok_or_else(|| DriverError::UnknownSignal(name.to_string()))
+}
+
+/// Resolves a command the way the task's `execve` will: a path relative to `base` when it has a
+/// slash, otherwise the first executable match in `path_var`.
+fn resolve_command(command: &str, base: &Path, path_var: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &Path| p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    if command.contains('/') {
+        let path = base.join(command);
+        return executable(&path).then_some(path);
+    }
+    path_var.split(':').filter(|d| !d.is_empty()).map(|d| Path::new(d).join(command)).find(|p| executable(p))
+}
+
+/// The PATH a task gets when its environment has none.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The task's environment with a PATH filled in.
+fn env_with_path(env: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let mut env = env.clone();
+    env.entry("PATH".to_string()).or_insert_with(|| DEFAULT_PATH.to_string());
+    env
+}

@@ -1,0 +1,82 @@
+//! Driver errors.
+
+use std::path::PathBuf;
+
+/// Why a driver operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    /// The driver is turned off in the agent configuration.
+    #[error("driver {0} is disabled on this client")]
+    Disabled(&'static str),
+    /// No driver with this name is registered.
+    #[error("unknown driver {0:?}")]
+    UnknownDriver(String),
+    /// The task's driver config has the wrong shape.
+    #[error("invalid {driver} config: {reason}")]
+    InvalidConfig {
+        /// Driver name.
+        driver: &'static str,
+        /// What was wrong, naming the key.
+        reason: String,
+    },
+    /// The task's command does not exist.
+    #[error("command {command:?} not found: {detail}")]
+    CommandNotFound {
+        /// The command as configured.
+        command: String,
+        /// Where it was looked for.
+        detail: String,
+    },
+    /// The executor could not start the task.
+    #[error("task failed to start: {0}")]
+    StartFailed(String),
+    /// The executor itself failed.
+    #[error("executor: {0}")]
+    Executor(String),
+    /// A chroot source directory is missing.
+    #[error("chroot source {0} does not exist on this host")]
+    MissingChrootSource(PathBuf),
+    /// cgroup setup or cleanup failed.
+    #[error("cgroup: {0}")]
+    Cgroup(String),
+    /// The OCI image is unusable.
+    #[error("image {path}: {reason}")]
+    Image {
+        /// The configured image path.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The OCI runtime failed.
+    #[error("oci runtime: {0}")]
+    Runtime(String),
+    /// A handle from another driver was passed in.
+    #[error("task handle belongs to driver {found:?}, not {expected}")]
+    WrongDriver {
+        /// This driver.
+        expected: &'static str,
+        /// The handle's driver.
+        found: String,
+    },
+    /// A signal name that does not exist.
+    #[error("unknown signal {0:?}")]
+    UnknownSignal(String),
+    /// Signalling the task failed.
+    #[error("signal task: {0}")]
+    Signal(nix::Error),
+    /// File-system work failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+impl DriverError {
+    /// Wraps an I/O error with what was being done.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> DriverError {
+        DriverError::Io { context: context.into(), source }
+    }
+}

@@ -1,0 +1,213 @@
+//! `exec`: the command in PID, mount, IPC and UTS namespaces, chrooted into its task dir with
+//! read-only host system directories, limited by cgroups, optionally as another user.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::PathBuf;
+
+use futures::future::BoxFuture;
+use nix::sys::signal::Signal;
+use nomad_proto::{DriverInfo, Timestamp};
+use serde::Deserialize;
+
+use super::handle::{DESTROY_WAIT, stop_with_escalation};
+use super::launch::{launch, launch_spec};
+use super::{Driver, DriverError, DriverState, TaskCgroup, TaskConfig, TaskHandle, env_with_path};
+use crate::executor::cgroups::{CgroupLimits, detect_version};
+use crate::executor::isolation::{BindMount, IsolationSpec, Symlink};
+use crate::executor::{LaunchMode, ProcessSpec};
+
+const NAME: &str = "exec";
+
+/// Host directories in the chroot by default; the second field says whether a missing one is an
+/// error (`/lib64` and `/sbin` do not exist everywhere).
+const DEFAULT_CHROOT: [(&str, bool); 6] =
+    [("/bin", true), ("/lib", true), ("/lib64", false), ("/usr", true), ("/etc", true), ("/sbin", false)];
+
+/// Device nodes bound into the chroot.
+const DEVICES: [&str; 5] = ["/dev/null", "/dev/zero", "/dev/random", "/dev/urandom", "/dev/tty"];
+
+/// exec driver settings from the agent configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOptions {
+    /// Host path → path in the chroot. `None` uses the defaults; every entry given here must exist.
+    pub chroot_env: Option<BTreeMap<PathBuf, PathBuf>>,
+    /// Where cgroup hierarchies are mounted.
+    pub cgroup_root: PathBuf,
+    /// Parent cgroup of every task's cgroup.
+    pub cgroup_parent: String,
+}
+
+impl Default for ExecOptions {
+    fn default() -> Self {
+        ExecOptions {
+            chroot_env: None,
+            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+            cgroup_parent: "nomad-rs".to_string(),
+        }
+    }
+}
+
+/// The task's `config` block.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExecConfig {
+    command: String,
+    #[serde(default)]
+    args: Vec<String>,
+}
+
+/// The exec driver.
+pub struct ExecDriver {
+    executor_path: PathBuf,
+    options: ExecOptions,
+}
+
+impl ExecDriver {
+    /// A driver that launches `executor_path`.
+    pub fn new(executor_path: PathBuf, options: ExecOptions) -> ExecDriver {
+        ExecDriver { executor_path, options }
+    }
+
+    fn config(task: &TaskConfig) -> Result<ExecConfig, DriverError> {
+        task.parse_driver_config(NAME)
+    }
+
+    /// Host paths to bind read-only, and host symlinks (e.g. merged-/usr `/bin -> usr/bin`) to copy.
+    fn chroot_entries(&self) -> Result<(Vec<BindMount>, Vec<Symlink>), DriverError> {
+        let entries: Vec<(PathBuf, PathBuf, bool)> = match &self.options.chroot_env {
+            Some(map) => map.iter().map(|(src, dst)| (src.clone(), dst.clone(), true)).collect(),
+            None => {
+                DEFAULT_CHROOT.iter().map(|(p, required)| (PathBuf::from(p), PathBuf::from(p), *required)).collect()
+            }
+        };
+        let (mut binds, mut symlinks) = (Vec::new(), Vec::new());
+        for (source, target, required) in entries {
+            match fs::symlink_metadata(&source) {
+                Err(_) if !required => continue,
+                Err(_) => return Err(DriverError::MissingChrootSource(source)),
+                Ok(meta) if meta.file_type().is_symlink() => {
+                    let link = fs::read_link(&source)
+                        .map_err(|e| DriverError::io(format!("read link {}", source.display()), e))?;
+                    symlinks.push(Symlink { path: target, target: link });
+                }
+                Ok(_) => binds.push(BindMount { source, target, read_only: true }),
+            }
+        }
+        Ok((binds, symlinks))
+    }
+
+    fn isolation(&self, task: &TaskConfig, cgroup: &TaskCgroup) -> Result<IsolationSpec, DriverError> {
+        let (mut binds, symlinks) = self.chroot_entries()?;
+        binds.push(BindMount { source: task.shared_dir(), target: PathBuf::from("/alloc"), read_only: false });
+        let hostname: String =
+            task.task_name.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(63).collect();
+        Ok(IsolationSpec {
+            root: task.task_dir(),
+            binds,
+            symlinks,
+            devices: DEVICES.iter().map(PathBuf::from).collect(),
+            hostname,
+            cgroup_procs: cgroup.procs_files(),
+            cwd: PathBuf::from("/"),
+            user: task.user.clone(),
+        })
+    }
+
+    async fn destroy_cgroup(cgroup: TaskCgroup) -> Result<(), DriverError> {
+        tokio::task::spawn_blocking(move || cgroup.destroy(DESTROY_WAIT))
+            .await
+            .map_err(|e| DriverError::Cgroup(format!("cleanup task panicked: {e}")))?
+            .map_err(|e| DriverError::Cgroup(format!("remove: {e}")))
+    }
+}
+
+fn cgroup_of(handle: &TaskHandle) -> Option<&TaskCgroup> {
+    match &handle.driver_state {
+        DriverState::Exec { cgroup } => Some(cgroup),
+        _ => None,
+    }
+}
+
+impl Driver for ExecDriver {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn fingerprint(&self) -> BoxFuture<'_, DriverInfo> {
+        Box::pin(async move {
+            let mut info = DriverInfo { update_time: Timestamp::now(), ..DriverInfo::default() };
+            let root = &self.options.cgroup_root;
+            if !nix::unistd::geteuid().is_root() {
+                info.health_description = "exec driver must run as root".to_string();
+            } else if !root.join("cgroup.controllers").exists() && !root.join("memory").is_dir() {
+                info.health_description = format!("no cgroup memory controller under {}", root.display());
+            } else {
+                info.detected = true;
+                info.healthy = true;
+                info.health_description = "Healthy".to_string();
+                info.attributes.insert("driver.exec".to_string(), "1".to_string());
+                let version = match detect_version(root) {
+                    super::CgroupVersion::V1 => "v1",
+                    super::CgroupVersion::V2 => "v2",
+                };
+                info.attributes.insert("driver.exec.cgroups".to_string(), version.to_string());
+            }
+            info
+        })
+    }
+
+    fn validate_config(&self, task: &TaskConfig) -> Result<(), DriverError> {
+        Self::config(task).map(drop)
+    }
+
+    fn start<'a>(&'a self, task: &'a TaskConfig) -> BoxFuture<'a, Result<TaskHandle, DriverError>> {
+        Box::pin(async move {
+            let config = Self::config(task)?;
+            // Fail on a missing chroot source before creating anything.
+            self.chroot_entries()?;
+            let limits = CgroupLimits {
+                memory_max: task.resources.memory_limit_bytes(),
+                memory_soft: task.resources.memory_reservation_bytes(),
+                cpu_shares: task.resources.cpu_mhz,
+                pids_max: task.resources.pids_max,
+            };
+            let cgroup = TaskCgroup::create(
+                &self.options.cgroup_root,
+                &self.options.cgroup_parent,
+                &task.unique_name(),
+                &limits,
+            )
+            .map_err(|e| DriverError::Cgroup(format!("create: {e}")))?;
+            let started = async {
+                let mode = LaunchMode::Process(ProcessSpec {
+                    command: config.command,
+                    args: config.args,
+                    env: env_with_path(&task.env),
+                    cwd: PathBuf::from("/"),
+                    isolation: Some(self.isolation(task, &cgroup)?),
+                });
+                let spec = launch_spec(task, mode, cgroup.oom_counter_files());
+                launch(&self.executor_path, NAME, task, &spec, DriverState::Exec { cgroup: cgroup.clone() }).await
+            }
+            .await;
+            if started.is_err() {
+                let _ = Self::destroy_cgroup(cgroup).await;
+            }
+            started
+        })
+    }
+
+    fn destroy<'a>(&'a self, handle: &'a TaskHandle) -> BoxFuture<'a, Result<(), DriverError>> {
+        Box::pin(async move {
+            handle.check_driver(NAME)?;
+            // Killing PID 1 of the namespace takes every process in it along.
+            stop_with_escalation(handle, Signal::SIGKILL, DESTROY_WAIT, |s| handle.signal_group_boxed(s)).await?;
+            // The chroot's mounts lived in the task's own mount namespace and are gone with it.
+            match cgroup_of(handle) {
+                Some(cgroup) => Self::destroy_cgroup(cgroup.clone()).await,
+                None => Ok(()),
+            }
+        })
+    }
+}

@@ -1,0 +1,176 @@
+//! Identifying, watching and signalling a process we are not necessarily the parent of.
+//!
+//! A PID alone is not an identity: after a process exits its PID can be handed to a stranger.
+//! [`ProcessRef`] pairs the PID with the process's start time (field 22 of `/proc/<pid>/stat`,
+//! in clock ticks since boot), which two processes sharing a PID can never both have.
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+
+/// A process, identified by PID and start time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessRef {
+    /// PID in the host's PID namespace.
+    pub pid: i32,
+    /// `/proc/<pid>/stat` field 22 (clock ticks after boot).
+    pub start_time: u64,
+}
+
+/// The fields of `/proc/<pid>/stat` we use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    /// One-letter state: R, S, D, Z (zombie), X (dead), ...
+    pub state: char,
+    /// Start time in clock ticks after boot.
+    pub start_time: u64,
+}
+
+/// Reads `/proc/<pid>/stat`.
+pub fn read_stat(pid: i32) -> io::Result<ProcStat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    parse_stat(&text).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("unparsable /proc/{pid}/stat")))
+}
+
+fn parse_stat(text: &str) -> Option<ProcStat> {
+    // The command name (field 2) is in parentheses and may itself contain spaces or ')'.
+    let after_comm = &text[text.rfind(')')? + 1..];
+    let mut fields = after_comm.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    // `state` is field 3, so field 22 is 19 further on.
+    let start_time = fields.nth(18)?.parse().ok()?;
+    Some(ProcStat { state, start_time })
+}
+
+impl ProcessRef {
+    /// Captures the identity of a live (or zombie) process.
+    pub fn of(pid: i32) -> io::Result<ProcessRef> {
+        Ok(ProcessRef { pid, start_time: read_stat(pid)?.start_time })
+    }
+
+    /// True while this very process exists and has not exited (a zombie counts as exited).
+    pub fn is_alive(&self) -> bool {
+        match read_stat(self.pid) {
+            Ok(stat) => stat.start_time == self.start_time && !matches!(stat.state, 'Z' | 'X'),
+            Err(_) => false,
+        }
+    }
+
+    /// Sends `signal` to this process if it is still the one we mean.
+    pub fn signal(&self, signal: Signal) -> nix::Result<()> {
+        if !self.is_alive() {
+            return Err(Errno::ESRCH);
+        }
+        kill(Pid::from_raw(self.pid), signal)
+    }
+
+    /// Sends `signal` to the process group this process leads (tasks run in their own session).
+    pub fn signal_group(&self, signal: Signal) -> nix::Result<()> {
+        if !self.is_alive() {
+            return Err(Errno::ESRCH);
+        }
+        killpg(Pid::from_raw(self.pid), signal)
+    }
+
+    /// Waits until the process exits or `timeout` passes; returns true when it has exited.
+    ///
+    /// Works without being the parent: a pidfd becomes readable when the process exits. Where
+    /// pidfds are unavailable, polls `/proc` instead.
+    pub async fn wait_exit(&self, timeout: Option<Duration>) -> bool {
+        let wait = self.wait_exit_forever();
+        match timeout {
+            Some(t) => tokio::time::timeout(t, wait).await.is_ok(),
+            None => {
+                wait.await;
+                true
+            }
+        }
+    }
+
+    async fn wait_exit_forever(&self) {
+        let pidfd = match pidfd_open(self.pid) {
+            Ok(fd) => fd,
+            Err(Errno::ESRCH) => return,
+            Err(_) => return self.poll_until_exit().await,
+        };
+        // The PID may have been reused between our caller's check and the pidfd_open.
+        if !self.is_alive() {
+            return;
+        }
+        // SAFETY: the AsyncFd owns this OwnedFd, so the fd stays open and unchanged while registered.
+        let registered =
+            unsafe { tokio::io::unix::AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) };
+        match registered {
+            Ok(fd) => {
+                // Readable means exited; the guard is dropped without clearing on purpose.
+                let _ = fd.readable().await;
+            }
+            Err(_) => self.poll_until_exit().await,
+        }
+    }
+
+    async fn poll_until_exit(&self) {
+        while self.is_alive() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Opens a pidfd (Linux 5.3+): a file descriptor that becomes readable when the process exits.
+pub fn pidfd_open(pid: i32) -> Result<OwnedFd, Errno> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: the kernel just gave us this fd and nobody else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Reaps `pid` if it is our exited child (a fresh agent is not the parent; then this is a no-op).
+pub fn reap_if_child(pid: i32) {
+    let _ = nix::sys::wait::waitpid(Pid::from_raw(pid), Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+}
+
+/// Parses a signal name as Nomad spells them (`SIGTERM`, `TERM`, `sigint`) or a number.
+pub fn parse_signal(name: &str) -> Option<Signal> {
+    let trimmed = name.trim();
+    if let Ok(n) = trimmed.parse::<i32>() {
+        return Signal::try_from(n).ok();
+    }
+    let upper = trimmed.to_ascii_uppercase();
+    let full = if upper.starts_with("SIG") { upper } else { format!("SIG{upper}") };
+    full.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_stat_with_awkward_command_names() {
+        let line = "1234 (a) b (c) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 200";
+        assert_eq!(parse_stat(line), Some(ProcStat { state: 'S', start_time: 987654 }));
+    }
+
+    #[test]
+    fn own_process_is_alive_and_a_wrong_start_time_is_not() {
+        let me = ProcessRef::of(std::process::id() as i32).unwrap();
+        assert!(me.is_alive());
+        let impostor = ProcessRef { start_time: me.start_time + 1, ..me };
+        assert!(!impostor.is_alive());
+    }
+
+    #[test]
+    fn signal_names_parse_in_every_spelling() {
+        assert_eq!(parse_signal("SIGTERM"), Some(Signal::SIGTERM));
+        assert_eq!(parse_signal("int"), Some(Signal::SIGINT));
+        assert_eq!(parse_signal("9"), Some(Signal::SIGKILL));
+        assert_eq!(parse_signal("SIGNOPE"), None);
+    }
+}
