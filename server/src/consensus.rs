@@ -56,9 +56,18 @@ pub struct LocalConsensus {
 impl LocalConsensus {
     /// Applies to `store`, starting after its current index.
     pub fn new(store: Arc<StateStore>) -> LocalConsensus {
-        let start = store.snapshot().index;
+        Self::from_fsm(ServerFsm::new(store))
+    }
+
+    /// Applies to `store` and publishes events to `broker`.
+    pub fn with_events(store: Arc<StateStore>, broker: Arc<crate::events::EventBroker>) -> LocalConsensus {
+        Self::from_fsm(ServerFsm::with_events(store, broker))
+    }
+
+    fn from_fsm(fsm: ServerFsm) -> LocalConsensus {
+        let start = fsm.store().snapshot().index;
         LocalConsensus {
-            fsm: ServerFsm::new(store),
+            fsm,
             next_index: tokio::sync::Mutex::new(start + 1),
             leader: watch::channel(true).0,
             addr: "127.0.0.1:4647".to_string(),

@@ -2,6 +2,7 @@
 
 pub mod consensus;
 pub mod endpoints;
+pub mod events;
 pub mod fsm;
 pub mod heartbeat;
 pub mod http;

@@ -11,6 +11,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::consensus::{Consensus, RaftConsensus};
 use crate::endpoints::{EndpointConfig, Endpoints};
+use crate::events::EventBroker;
 use crate::fsm::ServerFsm;
 use crate::heartbeat::{HeartbeatConfig, Heartbeater};
 use crate::http::{AgentInfo, HttpState};
@@ -39,6 +40,8 @@ pub struct ServerConfig {
     pub num_schedulers: usize,
     /// Raft snapshot threshold (entries).
     pub raft_snapshot_logs: u64,
+    /// Event batches kept for `/v1/event/stream` resumption.
+    pub event_buffer_size: usize,
 }
 
 impl ServerConfig {
@@ -54,6 +57,7 @@ impl ServerConfig {
             heartbeat: HeartbeatConfig::default(),
             num_schedulers: 0,
             raft_snapshot_logs: 8192,
+            event_buffer_size: 100,
         }
     }
 }
@@ -84,7 +88,8 @@ impl Server {
     pub async fn start(cfg: ServerConfig, rpc_listener: TcpListener) -> Result<Server, ServerError> {
         let rpc_addr = rpc_listener.local_addr()?;
         let store = Arc::new(StateStore::new());
-        let fsm = Arc::new(ServerFsm::new(store.clone()));
+        let events = Arc::new(EventBroker::new(cfg.event_buffer_size));
+        let fsm = Arc::new(ServerFsm::with_events(store.clone(), events.clone()));
         let mut raft_cfg = RaftConfig::new(cfg.data_dir.clone(), cfg.rpc_advertise.clone());
         raft_cfg.bootstrap_expect = cfg.bootstrap_expect;
         raft_cfg.join = cfg.join.clone();
@@ -97,7 +102,8 @@ impl Server {
             consensus.clone(),
             heartbeats.clone(),
             EndpointConfig { region: cfg.region.clone(), datacenter: cfg.datacenter.clone(), ..EndpointConfig::default() },
-        );
+        )
+        .with_events(events);
         let (node_svc, alloc_svc) = ClientRpc::new(endpoints.clone(), Peers::default()).services();
         let rpc = tokio::spawn(async move {
             let served = tonic::transport::Server::builder()
@@ -185,7 +191,10 @@ mod tests {
     async fn start(dir: &std::path::Path) -> Server {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let server = Server::start(ServerConfig::new(dir, addr), listener).await.unwrap();
+        let mut cfg = ServerConfig::new(dir, addr);
+        // Snapshot often, so restarts go through snapshot restore plus log replay.
+        cfg.raft_snapshot_logs = 4;
+        let server = Server::start(cfg, listener).await.unwrap();
         assert!(server.wait_for_leadership(Duration::from_secs(20)).await, "single server becomes leader");
         server
     }
@@ -199,7 +208,7 @@ mod tests {
             rt.block_on(async {
                 let server = start(dir.path()).await;
                 let mut last = None;
-                for i in 0..5 {
+                for i in 0..12 {
                     let r = server.endpoints().job_register(job(&format!("job-{i}"), 1), Default::default()).await.unwrap();
                     last = Some((r.index, r.eval_id));
                 }
@@ -210,11 +219,12 @@ mod tests {
         rt.block_on(async {
             let server = start(dir.path()).await;
             let s = server.store().snapshot();
-            assert_eq!(s.jobs().count(), 5);
+            assert_eq!(s.jobs().count(), 12);
             assert!(s.index >= index, "state index {} is behind the acknowledged {index}", s.index);
             let eval = s.eval(&eval_id).expect("acknowledged eval survives");
-            assert_eq!(eval.job_id, "job-4");
-            assert_eq!(s.job("default", "job-4").unwrap().job_modify_index, eval.create_index);
+            assert_eq!(eval.job_id, "job-11");
+            assert_eq!(s.job("default", "job-11").unwrap().job_modify_index, eval.create_index);
+            assert!(dir.path().join("raft/snapshots/current.snap").exists(), "a snapshot was taken");
             // And it keeps accepting writes after the restart.
             let r = server.endpoints().job_register(job("after", 1), Default::default()).await.unwrap();
             assert!(r.index > index);

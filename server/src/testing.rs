@@ -26,10 +26,11 @@ impl TestServer {
     /// A fresh server whose heartbeat timers are armed.
     pub fn new() -> TestServer {
         let store = Arc::new(StateStore::new());
-        let consensus = Arc::new(LocalConsensus::new(store.clone()));
+        let events = Arc::new(crate::events::EventBroker::new(100));
+        let consensus = Arc::new(LocalConsensus::with_events(store.clone(), events.clone()));
         let heartbeats = Arc::new(Heartbeater::new(HeartbeatConfig::default()));
         heartbeats.arm(Vec::<String>::new());
-        let endpoints = Endpoints::new(store.clone(), consensus.clone(), heartbeats, EndpointConfig::default());
+        let endpoints = Endpoints::new(store.clone(), consensus.clone(), heartbeats, EndpointConfig::default()).with_events(events);
         TestServer { store, consensus, endpoints }
     }
 

@@ -113,6 +113,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         sc.join = s.join.clone();
         sc.heartbeat = s.heartbeat.clone();
         sc.num_schedulers = s.num_schedulers;
+        sc.event_buffer_size = s.event_buffer_size;
         let srv = Server::start(sc, listener).await?;
         let info = AgentInfo {
             name: cfg.name.clone(),

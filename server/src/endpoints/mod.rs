@@ -52,12 +52,24 @@ pub struct Endpoints {
     consensus: Arc<dyn Consensus>,
     heartbeats: Arc<Heartbeater>,
     config: EndpointConfig,
+    events: Option<Arc<crate::events::EventBroker>>,
 }
 
 impl Endpoints {
     /// Endpoints over a store, writing through `consensus`.
     pub fn new(store: Arc<StateStore>, consensus: Arc<dyn Consensus>, heartbeats: Arc<Heartbeater>, config: EndpointConfig) -> Endpoints {
-        Endpoints { store, consensus, heartbeats, config }
+        Endpoints { store, consensus, heartbeats, config, events: None }
+    }
+
+    /// Serves the event stream from `broker`.
+    pub fn with_events(mut self, broker: Arc<crate::events::EventBroker>) -> Endpoints {
+        self.events = Some(broker);
+        self
+    }
+
+    /// The event broker, when this server streams events.
+    pub fn events(&self) -> Option<&Arc<crate::events::EventBroker>> {
+        self.events.as_ref()
     }
 
     /// The state store.

@@ -6,18 +6,26 @@ use std::sync::Arc;
 use nomad_proto::{Job, NamespacedId};
 
 use super::{ApplyResult, Command, Fsm, PlanApply};
+use crate::events::EventBroker;
 use crate::state::{State, StateStore, Txn, TxnError};
 
-/// The server's state machine: applies commands to a [`StateStore`].
+/// The server's state machine: applies commands to a [`StateStore`] and
+/// publishes what each one changed to the event broker.
 #[derive(Debug, Clone)]
 pub struct ServerFsm {
     store: Arc<StateStore>,
+    events: Option<Arc<EventBroker>>,
 }
 
 impl ServerFsm {
-    /// A state machine over `store`.
+    /// A state machine over `store`, without an event stream.
     pub fn new(store: Arc<StateStore>) -> ServerFsm {
-        ServerFsm { store }
+        ServerFsm { store, events: None }
+    }
+
+    /// A state machine over `store` publishing to `events`.
+    pub fn with_events(store: Arc<StateStore>, events: Arc<EventBroker>) -> ServerFsm {
+        ServerFsm { store, events: Some(events) }
     }
 
     /// The store it writes to.
@@ -28,8 +36,15 @@ impl ServerFsm {
 
 impl Fsm for ServerFsm {
     fn apply(&self, index: u64, cmd: &Command) -> ApplyResult {
-        match self.store.write(index, |txn| apply_command(txn, cmd)) {
-            Ok(()) => ApplyResult::ok(),
+        match self.store.write_with_changes(index, |txn| apply_command(txn, cmd)) {
+            Ok(((), changes)) => {
+                if let Some(broker) = &self.events {
+                    if let Some(batch) = crate::events::batch_for(index, cmd, &changes) {
+                        broker.publish(batch);
+                    }
+                }
+                ApplyResult::ok()
+            }
             Err(TxnError(msg)) => {
                 // Still record that this index was applied, so replays line up.
                 let _ = self.store.write(index, |_| Ok(()));
@@ -39,11 +54,11 @@ impl Fsm for ServerFsm {
     }
 
     fn snapshot(&self) -> Result<Vec<u8>, String> {
-        serde_json::to_vec(&self.store.snapshot()).map_err(|e| format!("encoding state snapshot: {e}"))
+        self.store.snapshot().to_bytes()
     }
 
     fn restore(&self, data: &[u8]) -> Result<(), String> {
-        let state: State = serde_json::from_slice(data).map_err(|e| format!("decoding state snapshot: {e}"))?;
+        let state = State::from_bytes(data)?;
         self.store.restore(state);
         Ok(())
     }

@@ -23,3 +23,6 @@ pub trait Fsm: Send + Sync + 'static {
     /// Replaces the whole state with a snapshot produced by [`Fsm::snapshot`].
     fn restore(&self, data: &[u8]) -> Result<(), String>;
 }
+
+#[cfg(test)]
+mod tests;

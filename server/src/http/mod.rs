@@ -9,6 +9,7 @@
 mod agent;
 mod allocs;
 mod evals;
+mod events;
 mod jobs;
 mod namespaces;
 mod nodes;
@@ -68,6 +69,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/v1/status/leader", any(agent::status_leader))
         .route("/v1/status/peers", any(agent::status_peers))
         .route("/v1/regions", any(agent::regions))
+        .route("/v1/event/stream", any(events::stream))
         .fallback(|| async { StatusCode::NOT_FOUND })
         .with_state(state)
 }

@@ -349,3 +349,143 @@ async fn jobs_parse_uses_the_hcl2_parser() {
     assert_eq!((empty.status, empty.text().as_str()), (StatusCode::BAD_REQUEST, "Job spec is empty"));
     assert_eq!(call(&ts, Method::GET, "/v1/jobs/parse", "").await.status, StatusCode::METHOD_NOT_ALLOWED);
 }
+
+mod event_stream {
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    /// Reads NDJSON lines from a streaming body until `n` non-heartbeat batches arrived.
+    async fn read_batches(body: &mut Body, n: usize) -> (usize, Vec<Value>) {
+        let mut buf = Vec::new();
+        let mut heartbeats = 0;
+        let mut batches = Vec::new();
+        while batches.len() < n {
+            let frame = tokio::time::timeout(std::time::Duration::from_secs(10), body.frame()).await.expect("a frame in time");
+            let frame = frame.expect("stream still open").unwrap();
+            if let Ok(data) = frame.into_data() {
+                buf.extend_from_slice(&data);
+            }
+            while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=pos).collect();
+                let v: Value = serde_json::from_slice(&line).unwrap();
+                if v == json!({}) {
+                    heartbeats += 1;
+                } else {
+                    batches.push(v);
+                }
+            }
+        }
+        (heartbeats, batches)
+    }
+
+    async fn open(ts: &TestServer, query: &str) -> Body {
+        let req = Request::get(format!("/v1/event/stream{query}")).body(Body::empty()).unwrap();
+        let resp = ts.router().oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.headers()["content-type"], "application/json");
+        resp.into_body()
+    }
+
+    #[tokio::test]
+    async fn heartbeat_first_then_batches_in_index_order_exactly_once() {
+        let ts = TestServer::new();
+        let mut body = open(&ts, "").await;
+        // The heartbeat comes at once, before anything happens.
+        let frame = tokio::time::timeout(std::time::Duration::from_secs(5), body.frame()).await.unwrap().unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), "{}\n");
+        let mut indexes = Vec::new();
+        for id in ["a", "b", "c"] {
+            let r = call(&ts, Method::PUT, "/v1/jobs", job_body(id)).await;
+            indexes.push(r.index());
+        }
+        call(&ts, Method::DELETE, "/v1/job/a", Body::empty()).await;
+        let (_, batches) = read_batches(&mut body, 4).await;
+        let got: Vec<u64> = batches.iter().map(|b| b["Index"].as_u64().unwrap()).collect();
+        assert!(got.windows(2).all(|w| w[0] < w[1]), "strictly increasing: {got:?}");
+        assert_eq!(&got[..3], &indexes[..]);
+        let first = &batches[0]["Events"];
+        let kinds: Vec<(String, String)> = first
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["Topic"].as_str().unwrap().to_string(), e["Type"].as_str().unwrap().to_string()))
+            .collect();
+        assert!(kinds.contains(&("Job".into(), "JobRegistered".into())), "{kinds:?}");
+        assert!(kinds.contains(&("Evaluation".into(), "JobRegistered".into())), "{kinds:?}");
+        assert!(first.as_array().unwrap().iter().all(|e| e["Index"] == batches[0]["Index"]));
+        assert_eq!(batches[3]["Events"][0]["Type"], "JobDeregistered");
+    }
+
+    #[tokio::test]
+    async fn topic_key_and_namespace_filters() {
+        let ts = TestServer::new();
+        ts.store
+            .write(100, |tx| {
+                tx.upsert_namespace(nomad_proto::Namespace { name: "prod".into(), ..Default::default() });
+                Ok(())
+            })
+            .unwrap();
+        let mut evals_of_b = open(&ts, "?topic=Evaluation:b").await;
+        let mut prod_jobs = open(&ts, "?topic=Job&namespace=prod").await;
+        let mut everything = open(&ts, "?topic=*&namespace=*").await;
+        call(&ts, Method::PUT, "/v1/jobs", job_body("a")).await;
+        call(&ts, Method::PUT, "/v1/jobs", job_body("b")).await;
+        call(&ts, Method::PUT, "/v1/jobs?namespace=prod", job_body("c")).await;
+        let (_, b) = read_batches(&mut evals_of_b, 1).await;
+        let ev = &b[0]["Events"];
+        assert_eq!(ev.as_array().unwrap().len(), 1);
+        assert_eq!((ev[0]["Topic"].as_str(), ev[0]["Payload"]["Evaluation"]["JobID"].as_str()), (Some("Evaluation"), Some("b")));
+        let (_, p) = read_batches(&mut prod_jobs, 1).await;
+        assert_eq!(p[0]["Events"][0]["Payload"]["Job"]["ID"], "c");
+        assert_eq!(p[0]["Events"].as_array().unwrap().len(), 1);
+        let (_, all) = read_batches(&mut everything, 3).await;
+        assert_eq!(all.len(), 3);
+    }
+
+    #[tokio::test]
+    async fn resuming_from_an_index_skips_what_was_seen() {
+        let ts = TestServer::new();
+        let mut idx = Vec::new();
+        for id in ["a", "b", "c"] {
+            idx.push(call(&ts, Method::PUT, "/v1/jobs", job_body(id)).await.index());
+        }
+        let mut from_second = open(&ts, &format!("?index={}", idx[1])).await;
+        let (_, b) = read_batches(&mut from_second, 2).await;
+        assert_eq!(b[0]["Index"], idx[1]);
+        assert_eq!(b[1]["Index"], idx[2]);
+    }
+
+    #[tokio::test]
+    async fn node_events_never_carry_the_secret() {
+        let ts = TestServer::new();
+        let mut body = open(&ts, "?topic=Node").await;
+        let n = ts.register_node(node("n1")).await;
+        ts.endpoints
+            .node_update_status(nomad_proto::rpc::NodeUpdateStatusRequest {
+                node_id: "n1".into(),
+                status: nomad_proto::NodeStatus::Ready,
+                secret_id: n.secret_id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let (_, batches) = read_batches(&mut body, 2).await;
+        let text = serde_json::to_string(&batches).unwrap();
+        assert!(!text.contains(&n.secret_id), "secret leaked into events");
+        assert_eq!(batches[0]["Events"][0]["Type"], "NodeRegistration");
+        assert_eq!(batches[1]["Events"][0]["Type"], "NodeStreamEvent");
+        assert_eq!(batches[0]["Events"][0]["Payload"]["Node"]["SecretID"], "");
+        assert_eq!(batches[0]["Events"][0]["Namespace"], "");
+    }
+
+    #[tokio::test]
+    async fn bad_stream_queries_are_400s() {
+        let ts = TestServer::new();
+        let r = get(&ts, "/v1/event/stream?topic=Job:a:b").await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST);
+        assert!(r.text().starts_with("Invalid topic query"), "{}", r.text());
+        assert_eq!(get(&ts, "/v1/event/stream?index=x").await.status, StatusCode::BAD_REQUEST);
+        assert_eq!(call(&ts, Method::POST, "/v1/event/stream", "").await.status, StatusCode::METHOD_NOT_ALLOWED);
+    }
+}

@@ -79,8 +79,10 @@ impl Txn<'_> {
         }
         self.state.allocs_by_node.entry(alloc.node_id.clone()).or_default().insert(alloc.id.clone());
         self.state.allocs_by_job.entry(key).or_default().insert(alloc.id.clone());
-        self.state.allocs.insert(alloc.id.clone(), Arc::new(alloc));
+        let alloc = Arc::new(alloc);
+        self.state.allocs.insert(alloc.id.clone(), alloc.clone());
         self.touch(Table::Allocs);
+        self.record(super::Change::Alloc(alloc));
     }
 
     /// Upserts allocs decided by the scheduler (plan apply). For known allocs

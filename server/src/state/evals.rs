@@ -52,7 +52,9 @@ impl Txn<'_> {
                 });
             }
             self.state.evals_by_job.entry(key.clone()).or_default().insert(e.id.clone());
-            self.state.evals.insert(e.id.clone(), Arc::new(e));
+            let e = Arc::new(e);
+            self.state.evals.insert(e.id.clone(), e.clone());
+            self.record(super::Change::Eval(e));
             jobs.insert(key);
         }
         if !jobs.is_empty() {

@@ -92,6 +92,7 @@ impl Txn<'_> {
         let job = Arc::new(job);
         self.state.jobs.insert(key.clone(), job.clone());
         self.touch(Table::Jobs);
+        self.record(super::Change::Job(job.clone()));
         self.ensure_summary(&job);
         Ok(job)
     }
@@ -149,8 +150,10 @@ impl Txn<'_> {
             let mut j = (**job).clone();
             j.status = status;
             j.modify_index = self.index;
-            self.state.jobs.insert(key.clone(), Arc::new(j));
+            let j = Arc::new(j);
+            self.state.jobs.insert(key.clone(), j.clone());
             self.touch(Table::Jobs);
+            self.record(super::Change::Job(j));
         }
     }
 }

@@ -19,6 +19,7 @@ mod evals;
 mod jobs;
 mod namespaces;
 mod nodes;
+mod persist;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, RwLock};
@@ -58,7 +59,7 @@ impl Table {
 }
 
 /// The whole cluster state at one Raft index. Cloning is O(1).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default)]
 pub struct State {
     /// Raft index of the last applied command.
     pub index: u64,
@@ -108,11 +109,39 @@ impl State {
     }
 }
 
+/// An object a transaction wrote, for the event stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// A job was inserted or updated.
+    Job(Arc<Job>),
+    /// A node was inserted or updated.
+    Node(Arc<Node>),
+    /// A node was removed.
+    NodeDeleted(Arc<Node>),
+    /// An eval was inserted or updated.
+    Eval(Arc<Evaluation>),
+    /// An alloc was inserted or updated.
+    Alloc(Arc<Allocation>),
+}
+
+impl Change {
+    fn key(&self) -> (u8, String) {
+        match self {
+            Change::Job(j) => (0, format!("{}/{}", j.namespace, j.id)),
+            Change::Node(n) | Change::NodeDeleted(n) => (1, n.id.clone()),
+            Change::Eval(e) => (2, e.id.clone()),
+            Change::Alloc(a) => (3, a.id.clone()),
+        }
+    }
+}
+
 /// A write in progress: the FSM's view of the state during one command.
 pub struct Txn<'a> {
     state: &'a mut State,
     index: u64,
     touched: BTreeSet<Table>,
+    changes: Vec<Change>,
+    change_pos: std::collections::HashMap<(u8, String), usize>,
 }
 
 impl Txn<'_> {
@@ -128,6 +157,18 @@ impl Txn<'_> {
 
     fn touch(&mut self, t: Table) {
         self.touched.insert(t);
+    }
+
+    /// Records a written object; a later write of the same object replaces the record.
+    fn record(&mut self, c: Change) {
+        let key = c.key();
+        match self.change_pos.get(&key) {
+            Some(&i) => self.changes[i] = c,
+            None => {
+                self.change_pos.insert(key, self.changes.len());
+                self.changes.push(c);
+            }
+        }
     }
 }
 
@@ -168,11 +209,21 @@ impl StateStore {
     /// Applies `f` as one transaction at `index`: either everything it did
     /// is kept and watchers of the touched tables are woken, or nothing is.
     pub fn write<T>(&self, index: u64, f: impl FnOnce(&mut Txn<'_>) -> Result<T, TxnError>) -> Result<T, TxnError> {
+        self.write_with_changes(index, f).map(|(out, _)| out)
+    }
+
+    /// Like [`StateStore::write`], also returning the objects written, in order.
+    pub fn write_with_changes<T>(
+        &self,
+        index: u64,
+        f: impl FnOnce(&mut Txn<'_>) -> Result<T, TxnError>,
+    ) -> Result<(T, Vec<Change>), TxnError> {
         let mut guard = self.current.write().unwrap_or_else(|e| e.into_inner());
         let mut next = guard.clone();
-        let mut txn = Txn { state: &mut next, index, touched: BTreeSet::new() };
+        let mut txn = Txn { state: &mut next, index, touched: BTreeSet::new(), changes: Vec::new(), change_pos: Default::default() };
         let out = f(&mut txn)?;
         let touched = std::mem::take(&mut txn.touched);
+        let changes = std::mem::take(&mut txn.changes);
         for t in &touched {
             next.table_index[t.slot()] = index;
         }
@@ -182,7 +233,7 @@ impl StateStore {
         for t in touched {
             self.watchers[t.slot()].send_replace(index);
         }
-        Ok(out)
+        Ok((out, changes))
     }
 
     /// Replaces the whole state (snapshot restore) and wakes every watcher.

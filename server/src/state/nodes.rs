@@ -63,6 +63,7 @@ impl Txn<'_> {
         let node = Arc::new(node);
         self.state.nodes.insert(node.id.clone(), node.clone());
         self.touch(Table::Nodes);
+        self.record(super::Change::Node(node.clone()));
         node
     }
 
@@ -94,6 +95,7 @@ impl Txn<'_> {
         let node = Arc::new(node);
         self.state.nodes.insert(node.id.clone(), node.clone());
         self.touch(Table::Nodes);
+        self.record(super::Change::Node(node.clone()));
         Ok(node)
     }
 
@@ -119,6 +121,7 @@ impl Txn<'_> {
         let node = Arc::new(node);
         self.state.nodes.insert(node.id.clone(), node.clone());
         self.touch(Table::Nodes);
+        self.record(super::Change::Node(node.clone()));
         Ok(node)
     }
 
@@ -167,15 +170,17 @@ impl Txn<'_> {
         let node = Arc::new(node);
         self.state.nodes.insert(node.id.clone(), node.clone());
         self.touch(Table::Nodes);
+        self.record(super::Change::Node(node.clone()));
         Ok(node)
     }
 
     /// Removes a node.
     pub fn delete_node(&mut self, node_id: &str) -> Result<(), TxnError> {
-        if self.state.nodes.remove(node_id).is_none() {
+        let Some(node) = self.state.nodes.remove(node_id) else {
             return Err(TxnError(format!("node not found: {node_id}")));
-        }
+        };
         self.touch(Table::Nodes);
+        self.record(super::Change::NodeDeleted(node));
         Ok(())
     }
 

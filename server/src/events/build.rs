@@ -1,0 +1,62 @@
+//! Building a batch from what a command wrote.
+
+use nomad_proto::ApiNode;
+
+use super::{Event, EventBatch, topic};
+use crate::fsm::Command;
+use crate::state::Change;
+
+/// The event type Nomad gives every change of a command.
+fn event_type(cmd: &Command) -> Option<&'static str> {
+    Some(match cmd {
+        Command::NodeRegister { .. } => "NodeRegistration",
+        Command::NodeUpdateStatus { .. } => "NodeStreamEvent",
+        Command::NodeDeregister { .. } => "NodeDeregistration",
+        Command::NodeUpdateEligibility { .. } | Command::NodeUpdateDrain { .. } => "NodeDrain",
+        Command::JobRegister { .. } => "JobRegistered",
+        Command::JobDeregister { .. } => "JobDeregistered",
+        Command::EvalUpsert { .. } => "EvaluationUpdated",
+        Command::AllocClientUpdate { .. } => "AllocationUpdated",
+        Command::AllocDesiredTransition { .. } => "AllocationUpdateDesiredStatus",
+        Command::PlanApply(_) => "PlanResult",
+        // Garbage collection emits nothing, as in Nomad.
+        Command::EvalDelete { .. } => return None,
+    })
+}
+
+/// The batch for one applied command, or `None` when it emits nothing.
+pub fn batch_for(index: u64, cmd: &Command, changes: &[Change]) -> Option<EventBatch> {
+    let ty = event_type(cmd)?;
+    let events: Vec<Event> = changes
+        .iter()
+        .map(|c| {
+            let (topic, key, namespace, filter_keys, payload) = match c {
+                Change::Job(j) => (topic::JOB, j.id.clone(), j.namespace.clone(), vec![], serde_json::json!({ "Job": j })),
+                Change::Eval(e) => (
+                    topic::EVALUATION,
+                    e.id.clone(),
+                    e.namespace.clone(),
+                    vec![e.job_id.clone(), e.deployment_id.clone()],
+                    serde_json::json!({ "Evaluation": e }),
+                ),
+                Change::Alloc(a) => {
+                    // Nomad leaves the job out of alloc payloads.
+                    let mut slim = (**a).clone();
+                    slim.job = None;
+                    (
+                        topic::ALLOCATION,
+                        a.id.clone(),
+                        a.namespace.clone(),
+                        vec![a.job_id.clone(), a.deployment_id.clone()],
+                        serde_json::json!({ "Allocation": slim }),
+                    )
+                }
+                Change::Node(n) | Change::NodeDeleted(n) => {
+                    (topic::NODE, n.id.clone(), String::new(), vec![], serde_json::json!({ "Node": ApiNode::from(&**n) }))
+                }
+            };
+            Event { topic: topic.to_string(), event_type: ty.to_string(), key, namespace, filter_keys, index, payload }
+        })
+        .collect();
+    (!events.is_empty()).then_some(EventBatch { index, events })
+}

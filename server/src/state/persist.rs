@@ -1,0 +1,115 @@
+//! The on-disk form of a [`State`] for Raft snapshots.
+//!
+//! Tables are written as lists (JSON maps need string keys) and secondary
+//! indexes are rebuilt on load. Allocs do not each carry their job: the
+//! distinct job versions they run are written once and shared again on load,
+//! as they are in memory.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use nomad_proto::{Allocation, Evaluation, Job, JobSummary, NamespacedId, Namespace, Node};
+use serde::{Deserialize, Serialize};
+
+use super::State;
+
+#[derive(Serialize, Deserialize)]
+struct Persisted {
+    version: u32,
+    index: u64,
+    table_index: [u64; 6],
+    namespaces: Vec<Arc<Namespace>>,
+    jobs: Vec<Arc<Job>>,
+    job_summaries: Vec<Arc<JobSummary>>,
+    nodes: Vec<Arc<Node>>,
+    evals: Vec<Arc<Evaluation>>,
+    /// Job versions referenced by allocs.
+    alloc_jobs: Vec<Arc<Job>>,
+    /// Allocs without their job, and which `alloc_jobs` entry they run.
+    allocs: Vec<(Allocation, Option<usize>)>,
+    alloc_removed: Vec<(String, u64)>,
+}
+
+const FORMAT_VERSION: u32 = 1;
+
+type JobVersionKey = (String, String, u64, u64, u64);
+
+fn job_key(j: &Job) -> JobVersionKey {
+    (j.namespace.clone(), j.id.clone(), j.version, j.job_modify_index, j.create_index)
+}
+
+impl State {
+    /// Serializes the whole state.
+    pub fn to_bytes(&self) -> Result<Vec<u8>, String> {
+        let mut alloc_jobs: Vec<Arc<Job>> = Vec::new();
+        let mut seen: HashMap<JobVersionKey, usize> = HashMap::new();
+        let allocs = self
+            .allocs
+            .values()
+            .map(|a| {
+                let job_ref = a.job.as_ref().map(|j| {
+                    *seen.entry(job_key(j)).or_insert_with(|| {
+                        alloc_jobs.push(j.clone());
+                        alloc_jobs.len() - 1
+                    })
+                });
+                let mut slim = (**a).clone();
+                slim.job = None;
+                (slim, job_ref)
+            })
+            .collect();
+        let p = Persisted {
+            version: FORMAT_VERSION,
+            index: self.index,
+            table_index: self.table_index,
+            namespaces: self.namespaces.values().cloned().collect(),
+            jobs: self.jobs.values().cloned().collect(),
+            job_summaries: self.job_summaries.values().cloned().collect(),
+            nodes: self.nodes.values().cloned().collect(),
+            evals: self.evals.values().cloned().collect(),
+            alloc_jobs,
+            allocs,
+            alloc_removed: self.alloc_removed.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+        };
+        serde_json::to_vec(&p).map_err(|e| format!("encoding state snapshot: {e}"))
+    }
+
+    /// Rebuilds a state from [`State::to_bytes`] output.
+    pub fn from_bytes(bytes: &[u8]) -> Result<State, String> {
+        let p: Persisted = serde_json::from_slice(bytes).map_err(|e| format!("decoding state snapshot: {e}"))?;
+        if p.version != FORMAT_VERSION {
+            return Err(format!("decoding state snapshot: unsupported format version {}", p.version));
+        }
+        let mut s = State { index: p.index, table_index: p.table_index, ..State::default() };
+        for ns in p.namespaces {
+            s.namespaces.insert(ns.name.clone(), ns);
+        }
+        for j in p.jobs {
+            s.jobs.insert(j.namespaced_id(), j);
+        }
+        for js in p.job_summaries {
+            s.job_summaries.insert(NamespacedId::new(&js.namespace, &js.job_id), js);
+        }
+        for n in p.nodes {
+            s.nodes.insert(n.id.clone(), n);
+        }
+        for e in p.evals {
+            let key = e.namespaced_job_id();
+            s.evals_by_job.entry(key).or_default().insert(e.id.clone());
+            s.evals.insert(e.id.clone(), e);
+        }
+        for (mut a, job_ref) in p.allocs {
+            if let Some(i) = job_ref {
+                let job = p.alloc_jobs.get(i).ok_or_else(|| format!("decoding state snapshot: alloc {} refers to missing job version {i}", a.id))?;
+                a.job = Some(job.clone());
+            }
+            s.allocs_by_node.entry(a.node_id.clone()).or_default().insert(a.id.clone());
+            s.allocs_by_job.entry(NamespacedId::new(&a.namespace, &a.job_id)).or_default().insert(a.id.clone());
+            s.allocs.insert(a.id.clone(), Arc::new(a));
+        }
+        for (node, idx) in p.alloc_removed {
+            s.alloc_removed.insert(node, idx);
+        }
+        Ok(s)
+    }
+}
