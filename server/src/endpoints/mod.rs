@@ -6,9 +6,11 @@
 //! [`Consensus`]. Endpoints never mutate state themselves.
 
 mod alloc;
+mod drain;
 mod error;
 mod eligibility;
 mod job;
+mod namespace;
 mod node;
 mod node_evals;
 
@@ -16,6 +18,7 @@ use std::sync::Arc;
 
 pub use error::EndpointError;
 pub use alloc::AllocStopResponse;
+pub use drain::{DrainRequest, DrainSpec, NodeWriteResponse};
 pub use eligibility::NodeEligibilityUpdateResponse;
 pub use job::{JobDeregisterResponse, JobRegisterOptions, JobRegisterResponse};
 pub use node_evals::{create_node_evals, should_create_node_eval};

@@ -19,8 +19,8 @@ fn event_type(cmd: &Command) -> Option<&'static str> {
         Command::AllocClientUpdate { .. } => "AllocationUpdated",
         Command::AllocDesiredTransition { .. } => "AllocationUpdateDesiredStatus",
         Command::PlanApply(_) => "PlanResult",
-        // Garbage collection emits nothing, as in Nomad.
-        Command::EvalDelete { .. } => return None,
+        // Garbage collection and namespace changes emit nothing, as in Nomad.
+        Command::EvalDelete { .. } | Command::NamespaceUpsert { .. } | Command::NamespaceDelete { .. } => return None,
     })
 }
 

@@ -132,6 +132,16 @@ fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnError> {
             jobs.extend(txn.upsert_evals(evals.clone()));
         }
         Command::PlanApply(plan) => apply_plan(txn, plan, &mut jobs)?,
+        Command::NamespaceUpsert { namespaces } => {
+            for ns in namespaces {
+                txn.upsert_namespace(ns.clone());
+            }
+        }
+        Command::NamespaceDelete { names } => {
+            for n in names {
+                txn.delete_namespace(n)?;
+            }
+        }
     }
     for key in &jobs {
         txn.refresh_job_status(key);

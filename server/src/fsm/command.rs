@@ -124,6 +124,16 @@ pub enum Command {
     },
     /// Commit the accepted part of a plan.
     PlanApply(PlanApply),
+    /// Create or update namespaces.
+    NamespaceUpsert {
+        /// Namespaces.
+        namespaces: Vec<nomad_proto::Namespace>,
+    },
+    /// Delete namespaces (refused if one holds jobs).
+    NamespaceDelete {
+        /// Names.
+        names: Vec<String>,
+    },
 }
 
 /// The part of a plan the applier accepted.

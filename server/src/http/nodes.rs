@@ -77,6 +77,29 @@ pub async fn node_specific(State(s): State<HttpState>, method: Method, uri: Uri,
                 let index = resp.index;
                 json_response(&resp, Some(s.meta(index)), q.pretty)
             }
+            [id, "drain"] => {
+                require_method(&method, &[Method::PUT, Method::POST])?;
+                let bytes = read_body(body).await?;
+                let req: crate::endpoints::DrainRequest = decode_body(&bytes)?;
+                if !req.node_id.is_empty() && req.node_id != *id {
+                    return Err(HttpError::bad_request("NodeID in the body does not match the URL"));
+                }
+                let resp = s.endpoints.node_update_drain(id, req).await?;
+                let index = resp.index;
+                json_response(&resp, Some(s.meta(index)), q.pretty)
+            }
+            [id, "purge"] => {
+                require_method(&method, &[Method::PUT, Method::POST])?;
+                let resp = s.endpoints.node_deregister(id).await?;
+                let index = resp.index;
+                json_response(&resp, Some(s.meta(index)), q.pretty)
+            }
+            [id, "evaluate"] => {
+                require_method(&method, &[Method::PUT, Method::POST])?;
+                let resp = s.endpoints.node_evaluate(id).await?;
+                let index = resp.index;
+                json_response(&resp, Some(s.meta(index)), q.pretty)
+            }
             [_, other] => Err(HttpError::not_found(format!("node action {other:?} is not supported by nomad-rs yet"))),
             _ => Err(HttpError::not_found("resource not found")),
         }

@@ -181,6 +181,19 @@ async fn namespaces_scope_job_lists() {
     assert!(r.text().contains("nonexistent namespace"));
     let nss = get(&ts, "/v1/namespaces").await.json();
     assert_eq!(nss.as_array().unwrap().len(), 2);
+    // Namespace writes: create, refuse bad names and deleting a non-empty one.
+    let made = call(&ts, Method::PUT, "/v1/namespace/dev", r#"{"Description":"for devs"}"#).await;
+    assert_eq!(made.status, StatusCode::OK, "{}", made.text());
+    assert_eq!(get(&ts, "/v1/namespace/dev").await.json()["Description"], "for devs");
+    assert_eq!(call(&ts, Method::PUT, "/v1/namespace/bad%20name", "{}").await.status, StatusCode::BAD_REQUEST);
+    assert_eq!(call(&ts, Method::PUT, "/v1/namespace/x", r#"{"Name":"y"}"#).await.status, StatusCode::BAD_REQUEST);
+    let busy = call(&ts, Method::DELETE, "/v1/namespace/prod", "").await;
+    assert_eq!(busy.status, StatusCode::BAD_REQUEST);
+    assert!(busy.text().contains("non-terminal jobs"));
+    assert_eq!(call(&ts, Method::DELETE, "/v1/namespace/default", "").await.status, StatusCode::BAD_REQUEST);
+    assert_eq!(call(&ts, Method::DELETE, "/v1/namespace/dev", "").await.status, StatusCode::OK);
+    assert_eq!(get(&ts, "/v1/namespace/dev").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(call(&ts, Method::DELETE, "/v1/namespace/dev", "").await.status, StatusCode::NOT_FOUND);
     assert_eq!(get(&ts, "/v1/namespace/prod").await.json()["Name"], "prod");
     assert_eq!(get(&ts, "/v1/namespace/ghost").await.status, StatusCode::NOT_FOUND);
 }
@@ -488,4 +501,49 @@ mod event_stream {
         assert_eq!(get(&ts, "/v1/event/stream?index=x").await.status, StatusCode::BAD_REQUEST);
         assert_eq!(call(&ts, Method::POST, "/v1/event/stream", "").await.status, StatusCode::METHOD_NOT_ALLOWED);
     }
+}
+
+#[tokio::test]
+async fn drain_sets_and_cancels_with_events_and_eligibility() {
+    let ts = TestServer::new();
+    ts.register_node(node("n1")).await;
+    let r = call(&ts, Method::PUT, "/v1/node/n1/drain", r#"{"DrainSpec":{"Deadline":3600000000000,"IgnoreSystemJobs":true},"Meta":{"why":"kernel"}}"#).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let n = get(&ts, "/v1/node/n1").await.json();
+    assert_eq!(n["Drain"], true);
+    assert_eq!(n["SchedulingEligibility"], "ineligible");
+    assert_eq!(n["DrainStrategy"]["IgnoreSystemJobs"], true);
+    assert_eq!(n["LastDrain"]["Status"], "draining");
+    assert_eq!(n["Events"].as_array().unwrap().last().unwrap()["Message"], "Node drain strategy set");
+    let stub = &get(&ts, "/v1/nodes").await.json()[0];
+    assert_eq!(stub["Drain"], true);
+    // Cancel and mark eligible.
+    let r = call(&ts, Method::PUT, "/v1/node/n1/drain", r#"{"DrainSpec":null,"MarkEligible":true}"#).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let n = get(&ts, "/v1/node/n1").await.json();
+    assert_eq!((n["Drain"].as_bool(), n["SchedulingEligibility"].as_str()), (Some(false), Some("eligible")));
+    assert_eq!(n["LastDrain"]["Status"], "canceled");
+    assert_eq!(n["Events"].as_array().unwrap().last().unwrap()["Message"], "Node drain disabled");
+    // Nothing to change writes nothing.
+    let before = ts.store.snapshot().index;
+    call(&ts, Method::PUT, "/v1/node/n1/drain", r#"{"DrainSpec":null}"#).await;
+    assert_eq!(ts.store.snapshot().index, before);
+    // Bad input.
+    assert_eq!(call(&ts, Method::PUT, "/v1/node/n1/drain", "").await.status, StatusCode::BAD_REQUEST);
+    assert_eq!(call(&ts, Method::PUT, "/v1/node/ghost/drain", r#"{"DrainSpec":null}"#).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(call(&ts, Method::PUT, "/v1/node/n1/drain", r#"{"NodeID":"other"}"#).await.status, StatusCode::BAD_REQUEST);
+    assert_eq!(call(&ts, Method::PUT, "/v1/node/n1/drain", r#"{"DrainSpec":{"Deadline":"soon"}}"#).await.status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn purge_removes_a_node_and_evaluate_makes_node_evals() {
+    let ts = TestServer::new();
+    ts.register_node(node("n1")).await;
+    let r = call(&ts, Method::POST, "/v1/node/n1/evaluate", "").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json()["EvalIDs"], json!([]), "no jobs, no evals");
+    let r = call(&ts, Method::POST, "/v1/node/n1/purge", "").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(get(&ts, "/v1/node/n1").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(call(&ts, Method::POST, "/v1/node/n1/purge", "").await.status, StatusCode::NOT_FOUND);
 }
