@@ -29,5 +29,12 @@ fn main() {
         .comment("Alloc reads for client nodes.")
         .method(unary("get_allocs", "GetAllocs", "AllocsGetRequest", "AllocsGetResponse"))
         .build();
-    Builder::new().compile(&[node, alloc]);
+    let services = Service::builder()
+        .name("ServiceRegistration")
+        .package("nomad")
+        .comment("Nomad-native service registrations, written by the client running the alloc.")
+        .method(unary("upsert", "Upsert", "ServiceRegistrationUpsertRequest", "GenericResponse"))
+        .method(unary("delete_by_alloc", "DeleteByAlloc", "ServiceRegistrationDeleteRequest", "GenericResponse"))
+        .build();
+    Builder::new().compile(&[node, alloc, services]);
 }

@@ -20,6 +20,7 @@ pub mod plan;
 pub mod resources;
 pub mod rpc;
 pub mod service;
+pub mod service_registration;
 pub mod summary;
 pub mod time;
 pub mod validate;
@@ -33,6 +34,7 @@ pub use node::{ApiNode, DriverInfo, Node, NodeEvent, NodeListStub, NodeStatus, N
 pub use plan::{Plan, PlanResult};
 pub use resources::{AllocatedResources, NetworkResource, NodeResources, Port, Resources};
 pub use service::Service;
+pub use service_registration::ServiceRegistration;
 pub use summary::{JobListStub, JobSummary, TaskGroupSummary};
 pub use time::Timestamp;
 pub use validate::ValidationErrors;

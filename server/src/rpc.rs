@@ -12,7 +12,8 @@ use nomad_proto::rpc::codec::MAX_MESSAGE_BYTES;
 use nomad_proto::rpc::{
     AllocClient, AllocRpc, AllocServer, AllocUpdateRequest, AllocsGetRequest, AllocsGetResponse, GenericResponse, NodeClient,
     NodeClientAllocsResponse, NodeRegisterRequest, NodeRpc, NodeServer, NodeSpecificRequest, NodeUpdateResponse,
-    NodeUpdateStatusRequest,
+    NodeUpdateStatusRequest, ServiceRegistrationClient, ServiceRegistrationDeleteRequest, ServiceRegistrationRpc,
+    ServiceRegistrationServer, ServiceRegistrationUpsertRequest,
 };
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
@@ -63,6 +64,11 @@ impl ClientRpc {
             NodeServer::new(self.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES),
             AllocServer::new(self.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES),
         )
+    }
+
+    /// The `ServiceRegistration` service.
+    pub fn service_registration(&self) -> ServiceRegistrationServer<ClientRpc> {
+        ServiceRegistrationServer::new(self.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     /// Where to forward: `None` when this server should answer itself.
@@ -127,6 +133,23 @@ impl AllocRpc for ClientRpc {
             return client.clone().get_allocs(forwarded(req.into_inner())).await;
         }
         Ok(Response::new(self.endpoints.alloc_get_allocs(req.into_inner()).await?))
+    }
+}
+
+#[tonic::async_trait]
+impl ServiceRegistrationRpc for ClientRpc {
+    async fn upsert(&self, req: Request<ServiceRegistrationUpsertRequest>) -> Result<Response<GenericResponse>, Status> {
+        if let Some(ch) = self.forward_target(&req)? {
+            return ServiceRegistrationClient::new(ch).upsert(forwarded(req.into_inner())).await;
+        }
+        Ok(Response::new(self.endpoints.service_upsert(req.into_inner()).await?))
+    }
+
+    async fn delete_by_alloc(&self, req: Request<ServiceRegistrationDeleteRequest>) -> Result<Response<GenericResponse>, Status> {
+        if let Some(ch) = self.forward_target(&req)? {
+            return ServiceRegistrationClient::new(ch).delete_by_alloc(forwarded(req.into_inner())).await;
+        }
+        Ok(Response::new(self.endpoints.service_delete_by_alloc(req.into_inner()).await?))
     }
 }
 

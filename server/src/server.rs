@@ -104,12 +104,15 @@ impl Server {
             EndpointConfig { region: cfg.region.clone(), datacenter: cfg.datacenter.clone(), ..EndpointConfig::default() },
         )
         .with_events(events);
-        let (node_svc, alloc_svc) = ClientRpc::new(endpoints.clone(), Peers::default()).services();
+        let client_rpc = ClientRpc::new(endpoints.clone(), Peers::default());
+        let (node_svc, alloc_svc) = client_rpc.services();
+        let service_svc = client_rpc.service_registration();
         let rpc = tokio::spawn(async move {
             let served = tonic::transport::Server::builder()
                 .add_service(raft.service())
                 .add_service(node_svc)
                 .add_service(alloc_svc)
+                .add_service(service_svc)
                 .serve_with_incoming(TcpListenerStream::new(rpc_listener))
                 .await;
             if let Err(e) = served {

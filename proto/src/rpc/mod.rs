@@ -18,12 +18,15 @@ use crate::node::{Node, NodeEvent, NodeStatus};
 mod generated {
     include!(concat!(env!("OUT_DIR"), "/nomad.Node.rs"));
     include!(concat!(env!("OUT_DIR"), "/nomad.Alloc.rs"));
+    include!(concat!(env!("OUT_DIR"), "/nomad.ServiceRegistration.rs"));
 }
 
 pub use generated::alloc_client::AllocClient;
 pub use generated::alloc_server::{Alloc as AllocRpc, AllocServer};
 pub use generated::node_client::NodeClient;
 pub use generated::node_server::{Node as NodeRpc, NodeServer};
+pub use generated::service_registration_client::ServiceRegistrationClient;
+pub use generated::service_registration_server::{ServiceRegistration as ServiceRegistrationRpc, ServiceRegistrationServer};
 
 /// `Node.Register`: upsert the whole node.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -167,4 +170,33 @@ pub struct AllocsGetResponse {
     pub allocs: Vec<Allocation>,
     /// Index of the result.
     pub index: u64,
+}
+
+/// `ServiceRegistration.Upsert`: a client registers its allocs' services.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct ServiceRegistrationUpsertRequest {
+    /// Registrations; every one must be on the calling node.
+    pub services: Vec<crate::ServiceRegistration>,
+    /// Calling node.
+    #[serde(rename = "NodeID")]
+    pub node_id: String,
+    /// The node's secret.
+    #[serde(rename = "SecretID")]
+    pub secret_id: String,
+}
+
+/// `ServiceRegistration.DeleteByAlloc`: a client removes an alloc's services.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct ServiceRegistrationDeleteRequest {
+    /// Allocs whose registrations go.
+    #[serde(rename = "AllocIDs")]
+    pub alloc_ids: Vec<String>,
+    /// Calling node.
+    #[serde(rename = "NodeID")]
+    pub node_id: String,
+    /// The node's secret.
+    #[serde(rename = "SecretID")]
+    pub secret_id: String,
 }

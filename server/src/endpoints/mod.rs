@@ -13,6 +13,7 @@ mod job;
 mod namespace;
 mod node;
 mod node_evals;
+mod services;
 
 use std::sync::Arc;
 

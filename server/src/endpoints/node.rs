@@ -27,7 +27,7 @@ use crate::heartbeat::HeartbeatExpiry;
 use crate::state::{State, Table};
 
 impl Endpoints {
-    fn authenticate_node<'s>(&self, state: &'s State, node_id: &str, secret: &str) -> Result<&'s std::sync::Arc<Node>, EndpointError> {
+    pub(super) fn authenticate_node<'s>(&self, state: &'s State, node_id: &str, secret: &str) -> Result<&'s std::sync::Arc<Node>, EndpointError> {
         if node_id.is_empty() {
             return Err(EndpointError::BadRequest("missing node ID".into()));
         }

@@ -260,3 +260,88 @@ async fn get_client_allocs_blocks_until_the_nodes_allocs_change() {
     assert_eq!(got.allocs.get(&a.id), Some(&ts.store.snapshot().alloc(&a.id).unwrap().alloc_modify_index));
     assert!(got.index > first.index);
 }
+
+mod services {
+    use nomad_proto::ServiceRegistration;
+    use nomad_proto::rpc::{ServiceRegistrationDeleteRequest, ServiceRegistrationUpsertRequest};
+
+    use super::*;
+
+    fn reg(a: &Allocation, name: &str) -> ServiceRegistration {
+        ServiceRegistration {
+            id: format!("_nomad-task-{}-{name}", a.id),
+            service_name: name.into(),
+            namespace: a.namespace.clone(),
+            node_id: a.node_id.clone(),
+            datacenter: "dc1".into(),
+            job_id: a.job_id.clone(),
+            alloc_id: a.id.clone(),
+            tags: vec!["v1".into()],
+            address: "127.0.0.1".into(),
+            port: 8080,
+            ..Default::default()
+        }
+    }
+
+    async fn register(ts: &TestServer, n: &nomad_proto::Node, regs: Vec<ServiceRegistration>) -> Result<u64, EndpointError> {
+        ts.endpoints
+            .service_upsert(ServiceRegistrationUpsertRequest { services: regs, node_id: n.id.clone(), secret_id: n.secret_id.clone() })
+            .await
+            .map(|r| r.index)
+    }
+
+    #[tokio::test]
+    async fn a_node_registers_only_its_own_allocs_services() {
+        let ts = TestServer::new();
+        let n1 = ready_node(&ts, "n1").await;
+        let n2 = ready_node(&ts, "n2").await;
+        let a = place_alloc(&ts, "n1", None, ClientStatus::Running).await;
+        register(&ts, &n1, vec![reg(&a, "web")]).await.unwrap();
+        assert_eq!(ts.store.snapshot().service_registrations_by_name(Some("default"), "web").count(), 1);
+        let e = register(&ts, &n2, vec![reg(&a, "web")]).await.unwrap_err();
+        assert!(matches!(e, EndpointError::PermissionDenied(_)), "{e:?}");
+        let mut wrong_secret = n1.clone();
+        wrong_secret.secret_id = "x".into();
+        assert!(matches!(register(&ts, &wrong_secret, vec![reg(&a, "api")]).await, Err(EndpointError::PermissionDenied(_))));
+        assert!(matches!(register(&ts, &n1, vec![]).await, Err(EndpointError::BadRequest(_))));
+        ts.endpoints
+            .service_delete_by_alloc(ServiceRegistrationDeleteRequest { alloc_ids: vec![a.id.clone()], node_id: "n1".into(), secret_id: n1.secret_id.clone() })
+            .await
+            .unwrap();
+        assert_eq!(ts.store.snapshot().service_registrations().count(), 0);
+    }
+
+    #[tokio::test]
+    async fn registrations_go_when_the_node_goes_down_but_not_when_disconnected() {
+        let ts = TestServer::new();
+        let n1 = ready_node(&ts, "n1").await;
+        let a = place_alloc(&ts, "n1", Some(3_600_000_000_000), ClientStatus::Running).await;
+        register(&ts, &n1, vec![reg(&a, "web")]).await.unwrap();
+        assert_eq!(ts.endpoints.node_heartbeat_missed("n1").await.unwrap(), NodeStatus::Disconnected);
+        assert_eq!(ts.store.snapshot().service_registrations().count(), 1, "kept while disconnected");
+        // Expire the window so the next check finds nothing that qualifies.
+        let idx = ts.store.snapshot().index + 1;
+        ts.store
+            .write(idx, |tx| {
+                let mut stopped = (**tx.state().alloc(&a.id).unwrap()).clone();
+                stopped.desired_status = nomad_proto::DesiredStatus::Stop;
+                tx.upsert_allocs_from_plan(vec![stopped]);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(ts.endpoints.node_heartbeat_missed("n1").await.unwrap(), NodeStatus::Down);
+        assert_eq!(ts.store.snapshot().service_registrations().count(), 0, "removed when down");
+    }
+
+    #[tokio::test]
+    async fn a_finished_alloc_loses_its_registrations() {
+        let ts = TestServer::new();
+        let n1 = ready_node(&ts, "n1").await;
+        let a = place_alloc(&ts, "n1", None, ClientStatus::Running).await;
+        register(&ts, &n1, vec![reg(&a, "web")]).await.unwrap();
+        let mut done = a.clone();
+        done.client_status = ClientStatus::Complete;
+        ts.endpoints.node_update_alloc(AllocUpdateRequest { alloc: vec![done], secret_id: n1.secret_id.clone(), ..Default::default() }).await.unwrap();
+        assert_eq!(ts.store.snapshot().service_registrations().count(), 0);
+    }
+}

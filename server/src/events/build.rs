@@ -19,6 +19,8 @@ fn event_type(cmd: &Command) -> Option<&'static str> {
         Command::AllocClientUpdate { .. } => "AllocationUpdated",
         Command::AllocDesiredTransition { .. } => "AllocationUpdateDesiredStatus",
         Command::PlanApply(_) => "PlanResult",
+        Command::ServiceRegistrationUpsert { .. } => "ServiceRegistration",
+        Command::ServiceRegistrationDeleteByAlloc { .. } => "ServiceDeregistration",
         // Garbage collection and namespace changes emit nothing, as in Nomad.
         Command::EvalDelete { .. } | Command::NamespaceUpsert { .. } | Command::NamespaceDelete { .. } => return None,
     })
@@ -54,6 +56,19 @@ pub fn batch_for(index: u64, cmd: &Command, changes: &[Change]) -> Option<EventB
                 Change::Node(n) | Change::NodeDeleted(n) => {
                     (topic::NODE, n.id.clone(), String::new(), vec![], serde_json::json!({ "Node": ApiNode::from(&**n) }))
                 }
+                Change::Service(r) | Change::ServiceDeleted(r) => (
+                    topic::SERVICE,
+                    r.id.clone(),
+                    r.namespace.clone(),
+                    vec![r.job_id.clone(), r.service_name.clone()],
+                    serde_json::json!({ "Service": r }),
+                ),
+            };
+            // Service changes keep their own type whatever command made them (node down, alloc finished).
+            let ty = match c {
+                Change::Service(_) => "ServiceRegistration",
+                Change::ServiceDeleted(_) => "ServiceDeregistration",
+                _ => ty,
             };
             Event { topic: topic.to_string(), event_type: ty.to_string(), key, namespace, filter_keys, index, payload }
         })

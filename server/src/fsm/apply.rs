@@ -73,6 +73,10 @@ fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnError> {
         }
         Command::NodeUpdateStatus { node_id, status, event, updated_at, evals } => {
             txn.update_node_status(node_id, *status, event.clone(), *updated_at)?;
+            if *status == nomad_proto::NodeStatus::Down {
+                // A down node's services are gone with it (not while merely disconnected).
+                txn.delete_service_registrations(|r| r.node_id == *node_id);
+            }
             jobs.extend(txn.upsert_evals(evals.clone()));
         }
         Command::NodeDeregister { node_ids, evals } => {
@@ -125,6 +129,11 @@ fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnError> {
         }
         Command::AllocClientUpdate { allocs, evals, now } => {
             jobs.extend(txn.update_allocs_from_client(allocs, now.unix_nanos()));
+            let finished: std::collections::BTreeSet<&str> =
+                allocs.iter().filter(|a| a.client_status.is_terminal()).map(|a| a.id.as_str()).collect();
+            if !finished.is_empty() {
+                txn.delete_service_registrations(|r| finished.contains(r.alloc_id.as_str()));
+            }
             jobs.extend(txn.upsert_evals(evals.clone()));
         }
         Command::AllocDesiredTransition { transitions, evals } => {
@@ -132,6 +141,10 @@ fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnError> {
             jobs.extend(txn.upsert_evals(evals.clone()));
         }
         Command::PlanApply(plan) => apply_plan(txn, plan, &mut jobs)?,
+        Command::ServiceRegistrationUpsert { services } => txn.upsert_service_registrations(services),
+        Command::ServiceRegistrationDeleteByAlloc { alloc_ids } => {
+            txn.delete_service_registrations(|r| alloc_ids.contains(&r.alloc_id));
+        }
         Command::NamespaceUpsert { namespaces } => {
             for ns in namespaces {
                 txn.upsert_namespace(ns.clone());

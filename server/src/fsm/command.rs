@@ -124,6 +124,16 @@ pub enum Command {
     },
     /// Commit the accepted part of a plan.
     PlanApply(PlanApply),
+    /// Register Nomad-native service instances.
+    ServiceRegistrationUpsert {
+        /// Registrations.
+        services: Vec<nomad_proto::ServiceRegistration>,
+    },
+    /// Remove the service registrations of allocs.
+    ServiceRegistrationDeleteByAlloc {
+        /// Allocs.
+        alloc_ids: Vec<String>,
+    },
     /// Create or update namespaces.
     NamespaceUpsert {
         /// Namespaces.

@@ -13,6 +13,7 @@ mod events;
 mod jobs;
 mod namespaces;
 mod nodes;
+mod services;
 pub mod util;
 
 use std::future::Future;
@@ -70,6 +71,8 @@ pub fn router(state: HttpState) -> Router {
         .route("/v1/status/peers", any(agent::status_peers))
         .route("/v1/regions", any(agent::regions))
         .route("/v1/event/stream", any(events::stream))
+        .route("/v1/services", any(services::services))
+        .route("/v1/service/{*rest}", any(services::service_specific))
         .fallback(|| async { StatusCode::NOT_FOUND })
         .with_state(state)
 }

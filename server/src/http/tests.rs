@@ -547,3 +547,34 @@ async fn purge_removes_a_node_and_evaluate_makes_node_evals() {
     assert_eq!(get(&ts, "/v1/node/n1").await.status, StatusCode::NOT_FOUND);
     assert_eq!(call(&ts, Method::POST, "/v1/node/n1/purge", "").await.status, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn service_routes_list_and_read_registrations() {
+    let ts = TestServer::new();
+    let reg = |id: &str, ns: &str, name: &str, tag: &str| nomad_proto::ServiceRegistration {
+        id: id.into(),
+        service_name: name.into(),
+        namespace: ns.into(),
+        node_id: "n1".into(),
+        alloc_id: "a1".into(),
+        job_id: "web".into(),
+        tags: vec![tag.into()],
+        port: 1,
+        ..Default::default()
+    };
+    ts.store
+        .write(10, |tx| {
+            tx.upsert_service_registrations(&[reg("s1", "default", "web", "a"), reg("s2", "default", "web", "b"), reg("s3", "prod", "db", "c")]);
+            Ok(())
+        })
+        .unwrap();
+    let list = get(&ts, "/v1/services").await.json();
+    assert_eq!(list, json!([{"Namespace": "default", "Services": [{"ServiceName": "web", "Tags": ["a", "b"]}]}]));
+    assert_eq!(get(&ts, "/v1/services?namespace=*").await.json().as_array().unwrap().len(), 2);
+    let web = get(&ts, "/v1/service/web").await;
+    assert_eq!(web.json().as_array().unwrap().len(), 2);
+    assert_eq!(web.index(), 10);
+    assert_eq!(get(&ts, "/v1/service/nope").await.json(), json!([]));
+    assert_eq!(get(&ts, "/v1/service/a/b/c").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(call(&ts, Method::PUT, "/v1/services", "").await.status, StatusCode::METHOD_NOT_ALLOWED);
+}

@@ -20,6 +20,7 @@ mod jobs;
 mod namespaces;
 mod nodes;
 mod persist;
+mod services;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, RwLock};
@@ -47,11 +48,17 @@ pub enum Table {
     Evals,
     /// Namespaces.
     Namespaces,
+    /// Nomad-native service registrations.
+    Services,
 }
+
+/// Number of tables.
+const TABLES: usize = 7;
 
 impl Table {
     /// Every table.
-    pub const ALL: [Table; 6] = [Table::Jobs, Table::JobSummary, Table::Nodes, Table::Allocs, Table::Evals, Table::Namespaces];
+    pub const ALL: [Table; TABLES] =
+        [Table::Jobs, Table::JobSummary, Table::Nodes, Table::Allocs, Table::Evals, Table::Namespaces, Table::Services];
 
     fn slot(self) -> usize {
         self as usize
@@ -63,7 +70,7 @@ impl Table {
 pub struct State {
     /// Raft index of the last applied command.
     pub index: u64,
-    table_index: [u64; 6],
+    table_index: [u64; TABLES],
     jobs: OrdMap<NamespacedId, Arc<Job>>,
     job_summaries: OrdMap<NamespacedId, Arc<JobSummary>>,
     nodes: OrdMap<String, Arc<Node>>,
@@ -75,6 +82,7 @@ pub struct State {
     /// Per node, the index at which one of its allocs was last removed (so alloc watches notice GC).
     alloc_removed: OrdMap<String, u64>,
     namespaces: OrdMap<String, Arc<Namespace>>,
+    services: OrdMap<String, Arc<nomad_proto::ServiceRegistration>>,
 }
 
 impl State {
@@ -122,6 +130,10 @@ pub enum Change {
     Eval(Arc<Evaluation>),
     /// An alloc was inserted or updated.
     Alloc(Arc<Allocation>),
+    /// A service registration was inserted or updated.
+    Service(Arc<nomad_proto::ServiceRegistration>),
+    /// A service registration was removed.
+    ServiceDeleted(Arc<nomad_proto::ServiceRegistration>),
 }
 
 impl Change {
@@ -131,6 +143,7 @@ impl Change {
             Change::Node(n) | Change::NodeDeleted(n) => (1, n.id.clone()),
             Change::Eval(e) => (2, e.id.clone()),
             Change::Alloc(a) => (3, a.id.clone()),
+            Change::Service(r) | Change::ServiceDeleted(r) => (4, r.id.clone()),
         }
     }
 }
@@ -180,7 +193,7 @@ pub struct TxnError(pub String);
 /// The state store: the current [`State`] plus change notification.
 pub struct StateStore {
     current: RwLock<State>,
-    watchers: [watch::Sender<u64>; 6],
+    watchers: [watch::Sender<u64>; TABLES],
 }
 
 impl Default for StateStore {

@@ -17,7 +17,9 @@ use super::State;
 struct Persisted {
     version: u32,
     index: u64,
-    table_index: [u64; 6],
+    table_index: [u64; super::TABLES],
+    #[serde(default)]
+    services: Vec<Arc<nomad_proto::ServiceRegistration>>,
     namespaces: Vec<Arc<Namespace>>,
     jobs: Vec<Arc<Job>>,
     job_summaries: Vec<Arc<JobSummary>>,
@@ -70,6 +72,7 @@ impl State {
             alloc_jobs,
             allocs,
             alloc_removed: self.alloc_removed.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            services: self.services.values().cloned().collect(),
         };
         serde_json::to_vec(&p).map_err(|e| format!("encoding state snapshot: {e}"))
     }
@@ -106,6 +109,9 @@ impl State {
             s.allocs_by_node.entry(a.node_id.clone()).or_default().insert(a.id.clone());
             s.allocs_by_job.entry(NamespacedId::new(&a.namespace, &a.job_id)).or_default().insert(a.id.clone());
             s.allocs.insert(a.id.clone(), Arc::new(a));
+        }
+        for r in p.services {
+            s.services.insert(r.id.clone(), r);
         }
         for (node, idx) in p.alloc_removed {
             s.alloc_removed.insert(node, idx);
