@@ -5,7 +5,9 @@
 //! fails, and processes are killed when their handle drops, so a panicking
 //! test leaves nothing behind.
 
+pub mod cluster;
 pub mod http;
+pub mod proxy;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -15,7 +17,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 
+pub use cluster::{Cluster, ClusterOptions};
 pub use http::HttpClient;
+pub use proxy::{FaultProxy, Mode};
 
 /// The `nomad-rs` binary under test: `$NOMAD_RS_BIN`, else the workspace's debug build.
 pub fn binary() -> PathBuf {

@@ -1,6 +1,7 @@
 //! End-to-end tests against real `nomad-rs` processes (one test binary).
 
 mod python_nomad;
+mod servers;
 mod server_restart;
 
 use std::time::Duration;
