@@ -37,3 +37,11 @@ fn python_nomad_registers_lists_reads_stops_and_purges_a_job() {
     let r = server.http().request("GET", "/v1/job/py-web", None).unwrap();
     assert_eq!(r.status, 404);
 }
+
+#[test]
+fn python_nomads_event_stream_reader_reads_our_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = single_server(dir.path());
+    let out = run_script("compat_events.py", &server.http_addr);
+    assert!(out.contains("ok: events"), "{out}");
+}
