@@ -100,6 +100,27 @@ impl HttpClient {
         Ok(Reply { status, headers, body })
     }
 
+    /// Opens a streaming GET (chunked NDJSON) and returns its lines as they arrive.
+    pub fn stream_lines(&self, path: &str, read_timeout: Duration) -> Result<LineStream> {
+        let mut s = TcpStream::connect(&self.addr).with_context(|| format!("connecting to {}", self.addr))?;
+        s.set_read_timeout(Some(read_timeout))?;
+        write!(s, "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", self.addr)?;
+        let mut r = BufReader::new(s);
+        let mut line = String::new();
+        r.read_line(&mut line)?;
+        if !line.contains(" 200 ") {
+            bail!("GET {path}: {}", line.trim());
+        }
+        loop {
+            line.clear();
+            r.read_line(&mut line)?;
+            if line.trim_end().is_empty() {
+                break;
+            }
+        }
+        Ok(LineStream { r, pending: String::new() })
+    }
+
     /// GET, expecting 200.
     pub fn get(&self, path: &str) -> Result<Reply> {
         let r = self.request("GET", path, None)?;
@@ -130,5 +151,44 @@ impl HttpClient {
             bail!("DELETE {path}: {} {}", r.status, r.text());
         }
         r.json()
+    }
+}
+
+/// Lines of a chunked streaming body.
+pub struct LineStream {
+    r: BufReader<TcpStream>,
+    pending: String,
+}
+
+impl LineStream {
+    /// The next complete line (without the newline); errors on timeout or end of stream.
+    pub fn next_line(&mut self) -> Result<String> {
+        loop {
+            if let Some(pos) = self.pending.find('\n') {
+                let line: String = self.pending.drain(..=pos).collect();
+                return Ok(line.trim_end().to_string());
+            }
+            let mut size_line = String::new();
+            if self.r.read_line(&mut size_line)? == 0 {
+                bail!("stream ended");
+            }
+            let size = usize::from_str_radix(size_line.trim(), 16).with_context(|| format!("bad chunk size {size_line:?}"))?;
+            if size == 0 {
+                bail!("stream ended");
+            }
+            let mut chunk = vec![0; size + 2];
+            self.r.read_exact(&mut chunk)?;
+            self.pending.push_str(&String::from_utf8_lossy(&chunk[..size]));
+        }
+    }
+
+    /// The next line that is not a `{}` heartbeat, parsed as JSON.
+    pub fn next_batch(&mut self) -> Result<Value> {
+        loop {
+            let line = self.next_line()?;
+            if line != "{}" {
+                return serde_json::from_str(&line).with_context(|| format!("bad event line {line:?}"));
+            }
+        }
     }
 }
