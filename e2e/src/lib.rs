@@ -7,6 +7,7 @@
 
 pub mod cluster;
 pub mod http;
+pub mod netns;
 pub mod proxy;
 
 use std::io::{BufRead, BufReader};
@@ -58,6 +59,8 @@ pub struct AgentOptions {
     pub config: Option<String>,
     /// Fixed ports (used when restarting an agent on the same addresses).
     pub ports: Option<(u16, u16)>,
+    /// Run inside this network-namespace host, bound to its address.
+    pub host: Option<netns::Host>,
 }
 
 /// A running `nomad-rs agent` process.
@@ -94,12 +97,20 @@ impl Agent {
 
     fn spawn(&mut self) -> Result<()> {
         let (http_port, rpc_port) = self.opts.ports.unwrap_or((0, 0));
-        let mut cmd = Command::new(binary());
+        let (mut cmd, bind) = match &self.opts.host {
+            Some(h) => {
+                let prefix = h.exec_prefix();
+                let mut c = Command::new(&prefix[0]);
+                c.args(&prefix[1..]).arg(binary());
+                (c, h.ip.clone())
+            }
+            None => (Command::new(binary()), "127.0.0.1".to_string()),
+        };
         cmd.arg("agent")
             .arg("-data-dir")
             .arg(self.data_dir())
             .arg("-bind")
-            .arg("127.0.0.1")
+            .arg(bind)
             .arg("-http-port")
             .arg(http_port.to_string())
             .arg("-rpc-port")
