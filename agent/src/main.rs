@@ -1,8 +1,10 @@
-use clap::Parser;
-use nomad_agent::cli::{Cli, Command, normalize_args};
+use nomad_agent::cli::{Command, parse};
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse_from(normalize_args(std::env::args_os()));
+    let cli = match parse(std::env::args_os()) {
+        Ok(cli) => cli,
+        Err(code) => return std::process::ExitCode::from(code),
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -10,20 +12,24 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(async {
+    let code = runtime.block_on(async {
         match cli.command {
-            Command::Agent(args) => nomad_agent::cli::agent::run(args).await,
+            Command::Agent(args) => match nomad_agent::cli::agent::run(args).await {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("Error: {e:#}");
+                    1
+                }
+            },
             Command::Version => {
                 println!("nomad-rs v{} (Nomad API {})", env!("CARGO_PKG_VERSION"), nomad_server::http::API_VERSION);
-                Ok(())
+                0
             }
+            // API commands print their own errors and choose their exit code.
+            other => nomad_agent::cli::run(other).await,
         }
     });
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("Error: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    // Blocking reads still in flight (a Ctrl-C'd monitor) must not hold the process open.
+    runtime.shutdown_background();
+    std::process::ExitCode::from(code)
 }

@@ -588,8 +588,9 @@ impl Default for AllocStubFields {
 }
 
 /// An entry of `/v1/allocations`; field order follows Nomad's.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "PascalCase")]
+// `default`: clients decode these lists, and Go servers send `null` (or nothing) for empty fields.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
 pub struct AllocListStub {
     /// ID.
     #[serde(rename = "ID")]

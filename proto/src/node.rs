@@ -422,8 +422,9 @@ pub struct NodeStubFields {
 }
 
 /// An entry of `/v1/nodes`; field order follows Nomad's.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "PascalCase")]
+// `default`: clients decode these lists, and Go servers send `null` (or nothing) for empty fields.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
 pub struct NodeListStub {
     /// Host part of the HTTP address.
     pub address: String,

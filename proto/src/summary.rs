@@ -72,8 +72,9 @@ pub struct JobChildrenSummary {
 }
 
 /// An entry of `/v1/jobs` (`structs.JobListStub`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "PascalCase")]
+// `default`: clients decode these lists, and Go servers send `null` (or nothing) for empty fields.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
 pub struct JobListStub {
     /// ID.
     #[serde(rename = "ID")]

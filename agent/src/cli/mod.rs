@@ -3,12 +3,34 @@
 //! Nomad's commands take Go-style single-dash long flags (`-config`,
 //! `-dev`); [`normalize_args`] turns them into clap's double-dash form, so
 //! both spellings work.
+//!
+//! Every command but `agent` and `version` is a client of the HTTP API
+//! ([`api`]). Commands print their output and return an exit code; a failure
+//! carries the message for stderr. Exit codes: 0 success, 1 error, 2 when
+//! `job run` (or another monitored write) could not place or run its
+//! allocations; `job plan` keeps Nomad's own codes (0 no changes, 1 changes,
+//! 255 error).
 
 pub mod agent;
+pub mod alloc;
+pub mod api;
+pub mod eval;
+pub mod format;
+pub mod job;
+pub mod monitor;
+pub mod node;
+pub mod prefix;
+pub mod server;
+pub mod status;
+pub mod tables;
 
 use std::ffi::OsString;
+use std::io::{BufRead, IsTerminal, Write};
 
 use clap::{Parser, Subcommand};
+
+use api::{ApiConfig, ApiFlags, Client};
+use format::Style;
 
 /// nomad-rs: a workload orchestrator that speaks Nomad's API.
 #[derive(Debug, Parser)]
@@ -24,8 +46,143 @@ pub struct Cli {
 pub enum Command {
     /// Run an agent (server, client, or both with -dev).
     Agent(agent::AgentArgs),
+    /// Submit, inspect and stop jobs.
+    Job(job::JobArgs),
+    /// Show and manage client nodes.
+    Node(node::NodeArgs),
+    /// Show and manage allocations.
+    Alloc(alloc::AllocArgs),
+    /// Show evaluations.
+    Eval(eval::EvalArgs),
+    /// Show the servers.
+    Server(server::ServerArgs),
+    /// Show the status of jobs, or of any object by ID prefix.
+    Status(status::StatusArgs),
     /// Print the version.
     Version,
+}
+
+/// Exit codes.
+pub mod exit {
+    /// Success.
+    pub const OK: u8 = 0;
+    /// An error.
+    pub const ERROR: u8 = 1;
+    /// Allocations could not be placed, or failed (`job run`, `job stop`, `alloc stop`).
+    pub const PLACEMENT: u8 = 2;
+    /// `job plan`: allocations would be created or destroyed (Nomad's code).
+    pub const PLAN_CHANGES: u8 = 1;
+    /// `job plan`: the plan could not be made (Nomad's code).
+    pub const PLAN_ERROR: u8 = 255;
+    /// Monitoring interrupted with Ctrl-C (the work carries on).
+    pub const INTERRUPTED: u8 = 130;
+}
+
+/// A command that did not succeed: the message for stderr and the exit code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// Exit code.
+    pub code: u8,
+    /// Message (may be several lines).
+    pub message: String,
+}
+
+impl Failure {
+    /// A failure with exit code 1.
+    pub fn new(message: impl Into<String>) -> Failure {
+        Failure { code: exit::ERROR, message: message.into() }
+    }
+
+    /// The same failure with another exit code.
+    pub fn code(mut self, code: u8) -> Failure {
+        self.code = code;
+        self
+    }
+}
+
+/// What a command returns: its exit code, or a failure.
+pub type CmdResult = Result<u8, Failure>;
+
+/// What API commands share: the client and the output style.
+#[derive(Debug, Clone)]
+pub struct Ctx {
+    /// The API client.
+    pub client: Client,
+    /// Colors (off unless stdout is a terminal).
+    pub style: Style,
+}
+
+impl Ctx {
+    /// A context for these flags and the process environment.
+    pub fn new(flags: &ApiFlags) -> Result<Ctx, Failure> {
+        let client = Client::new(ApiConfig::from_env(flags)).map_err(|e| Failure::new(format!("Error initializing client: {e}")))?;
+        Ok(Ctx { client, style: Style::detect(flags.no_color) })
+    }
+
+    /// How many characters of an ID to show.
+    pub fn id_len(&self, verbose: bool) -> usize {
+        format::id_len(verbose)
+    }
+}
+
+/// Runs an API command and returns the process exit code, printing a failure to stderr.
+pub async fn run(command: Command) -> u8 {
+    let result = match command {
+        Command::Job(a) => job::run(a).await,
+        Command::Node(a) => node::run(a).await,
+        Command::Alloc(a) => alloc::run(a).await,
+        Command::Eval(a) => eval::run(a).await,
+        Command::Server(a) => server::run(a).await,
+        Command::Status(a) => status::run(a).await,
+        Command::Agent(_) | Command::Version => Err(Failure::new("agent and version are not API commands")),
+    };
+    match result {
+        Ok(code) => code,
+        Err(f) => {
+            if !f.message.is_empty() {
+                eprintln!("{}", f.message);
+            }
+            f.code
+        }
+    }
+}
+
+/// Resolves on Ctrl-C (SIGINT). The handler is installed when this is called, not when the
+/// future is first polled, so an interrupt right after a command prints its first line is caught.
+pub fn interrupted() -> impl std::future::Future<Output = ()> {
+    let sig = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt());
+    async move {
+        match sig {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    }
+}
+
+/// Asks `question` on a terminal; `None` when stdin is not one (nobody to ask).
+pub fn confirm(question: &str) -> Result<Option<bool>, Failure> {
+    if !std::io::stdin().is_terminal() {
+        return Ok(None);
+    }
+    print!("{question} [y/N] ");
+    let _ = std::io::stdout().flush();
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer).map_err(|e| Failure::new(format!("Failed to read answer: {e}")))?;
+    Ok(Some(matches!(answer.trim().to_lowercase().as_str(), "y" | "yes")))
+}
+
+/// Parses the command line. Help and `--version` print and exit 0; usage errors print and
+/// exit 1 (clap's own code 2 would read as "placement failed" to scripts).
+pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Cli, u8> {
+    match Cli::try_parse_from(normalize_args(args)) {
+        Ok(cli) => Ok(cli),
+        Err(e) => {
+            let _ = e.print();
+            Err(if e.use_stderr() { exit::ERROR } else { exit::OK })
+        }
+    }
 }
 
 /// Rewrites `-flag` and `-flag=value` to `--flag`/`--flag=value`. Single
@@ -70,6 +227,106 @@ mod tests {
             "nomad-rs", "agent", "--dev", "--config=a.hcl", "--bind", "x", "-h", "-1", "-"
         ]);
         assert_eq!(norm(&["job", "run", "--", "-not-a-flag"]), vec!["job", "run", "--", "-not-a-flag"]);
+    }
+
+    fn cli(v: &[&str]) -> Cli {
+        match parse(v.iter().map(OsString::from)) {
+            Ok(c) => c,
+            Err(code) => panic!("{v:?} did not parse (exit {code})"),
+        }
+    }
+
+    #[test]
+    fn api_commands_parse_the_same_in_both_spellings() {
+        let pairs: &[(&[&str], &[&str])] = &[
+            (
+                &[
+                    "nomad-rs",
+                    "job",
+                    "run",
+                    "-detach",
+                    "-var",
+                    "a=1",
+                    "-var=b=2",
+                    "-var-file",
+                    "v.hcl",
+                    "-check-index",
+                    "5",
+                    "-address",
+                    "http://x:1",
+                    "-timeout=30s",
+                    "f.hcl",
+                ],
+                &[
+                    "nomad-rs",
+                    "job",
+                    "run",
+                    "--detach",
+                    "--var",
+                    "a=1",
+                    "--var",
+                    "b=2",
+                    "--var-file",
+                    "v.hcl",
+                    "--check-index",
+                    "5",
+                    "--address",
+                    "http://x:1",
+                    "--timeout",
+                    "30s",
+                    "f.hcl",
+                ],
+            ),
+            (
+                &["nomad-rs", "job", "-namespace", "prod", "status", "-verbose", "web"],
+                &["nomad-rs", "job", "status", "--namespace=prod", "--verbose", "web"],
+            ),
+            (
+                &["nomad-rs", "job", "stop", "-purge", "-yes", "-detach", "web"],
+                &["nomad-rs", "job", "stop", "--purge", "-y", "--detach", "web"],
+            ),
+            (&["nomad-rs", "job", "plan", "-diff=false", "f.hcl"], &["nomad-rs", "job", "plan", "--diff=false", "f.hcl"]),
+            (
+                &["nomad-rs", "node", "drain", "-enable", "-deadline", "10m", "-ignore-system", "-yes", "-detach", "n1"],
+                &["nomad-rs", "node", "drain", "--enable", "--deadline=10m", "--ignore-system", "--yes", "--detach", "n1"],
+            ),
+            (&["nomad-rs", "node", "eligibility", "-disable", "-self"], &["nomad-rs", "node", "eligibility", "--disable", "--self"]),
+            (
+                &["nomad-rs", "alloc", "logs", "-stderr", "-f", "-tail", "-n", "5", "ab12", "web"],
+                &["nomad-rs", "alloc", "logs", "--stderr", "--follow", "--tail", "-n=5", "ab12", "web"],
+            ),
+            (&["nomad-rs", "alloc", "restart", "-task", "web", "ab12"], &["nomad-rs", "alloc", "restart", "--task=web", "ab12"]),
+            (&["nomad-rs", "eval", "status", "-json", "ab12"], &["nomad-rs", "eval", "status", "--json", "ab12"]),
+            (&["nomad-rs", "server", "members", "-token", "t"], &["nomad-rs", "server", "members", "--token", "t"]),
+            (&["nomad-rs", "status", "-region", "eu", "ab"], &["nomad-rs", "status", "--region", "eu", "ab"]),
+        ];
+        for (single, double) in pairs {
+            assert_eq!(format!("{:?}", cli(single)), format!("{:?}", cli(double)), "{single:?}");
+        }
+        let Command::Job(j) = cli(&["nomad-rs", "job", "-address", "http://a:1", "run", "-var", "x=1", "f.hcl"]).command else { panic!() };
+        assert_eq!(j.api.address.as_deref(), Some("http://a:1"), "general options work before the subcommand too");
+        let job::JobCommand::Run(r) = j.command else { panic!() };
+        assert_eq!(r.file.vars, vec!["x=1"]);
+        assert_eq!(r.timeout, std::time::Duration::from_secs(300), "monitoring gives up after 5m by default");
+    }
+
+    #[test]
+    fn usage_errors_exit_1_and_help_exits_0() {
+        let code = |v: &[&str]| parse(v.iter().map(OsString::from)).err();
+        assert_eq!(code(&["nomad-rs", "job", "run"]), Some(exit::ERROR), "a missing file");
+        assert_eq!(code(&["nomad-rs", "job", "status", "-bogus"]), Some(exit::ERROR));
+        assert_eq!(code(&["nomad-rs", "node", "eligibility", "n1"]), Some(exit::ERROR), "-enable or -disable is required");
+        assert_eq!(code(&["nomad-rs", "node", "drain", "-enable", "-force", "-no-deadline", "n1"]), Some(exit::ERROR));
+        assert_eq!(code(&["nomad-rs", "job", "-h"]), Some(exit::OK));
+        assert_eq!(code(&["nomad-rs", "--version"]), Some(exit::OK));
+        assert_ne!(exit::ERROR, exit::PLACEMENT, "scripts tell a failed placement from an error");
+    }
+
+    #[test]
+    fn failures_carry_their_exit_code() {
+        let f = Failure::new("boom");
+        assert_eq!((f.code, f.message.as_str()), (1, "boom"));
+        assert_eq!(f.code(exit::PLAN_ERROR).code, 255);
     }
 
     #[test]

@@ -1,0 +1,194 @@
+//! `nomad-rs alloc status [-json] [-verbose] [-short] <id prefix>`.
+
+use clap::Args;
+use nomad_proto::{Allocation, TaskState};
+
+use crate::cli::api::{ApiFlags, Query, encode_path};
+use crate::cli::format::{Style, format_time, kv, limit, mib, now_nanos, or_none, relative_time, table_with_header};
+use crate::cli::{CmdResult, Ctx, Failure, exit, prefix, tables};
+
+/// Flags of `alloc status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Print the API's JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Full IDs and every task event.
+    #[arg(long)]
+    pub verbose: bool,
+    /// Only the allocation's details and task states.
+    #[arg(long)]
+    pub short: bool,
+    /// Allocation ID or prefix.
+    #[arg(value_name = "ALLOC")]
+    pub alloc: String,
+}
+
+/// Runs `alloc status`.
+pub async fn run(api: &ApiFlags, args: StatusArgs) -> CmdResult {
+    let ctx = Ctx::new(api)?;
+    show(&ctx, &args.alloc, args.verbose, args.json, args.short).await
+}
+
+/// Shows one allocation (also `nomad-rs status <alloc prefix>`).
+pub async fn show(ctx: &Ctx, id_prefix: &str, verbose: bool, json: bool, short: bool) -> CmdResult {
+    let stub = prefix::alloc(ctx, id_prefix).await?;
+    let path = format!("/v1/allocation/{}", encode_path(&stub.id));
+    if json {
+        let v = ctx.client.get_json(&path, &Query::new()).await.map_err(|e| Failure::new(format!("Error querying allocation: {e}")))?;
+        println!("{}", serde_json::to_string_pretty(&v.value).unwrap_or_default());
+        return Ok(exit::OK);
+    }
+    let alloc = ctx
+        .client
+        .get::<Allocation>(&path, &Query::new())
+        .await
+        .map_err(|e| Failure::new(format!("Error querying allocation: {e}")))?
+        .value;
+    println!("{}", render(&alloc, verbose, short, now_nanos(), &ctx.style));
+    Ok(exit::OK)
+}
+
+/// The whole `alloc status` output.
+pub fn render(a: &Allocation, verbose: bool, short: bool, now: i64, style: &Style) -> String {
+    let len = if verbose { usize::MAX } else { 8 };
+    let mut out = vec![details(a, len, verbose, now)];
+    if let Some(m) = a.metrics.as_ref().filter(|m| verbose && m.nodes_evaluated > 0) {
+        out.push(style.section("Placement Metrics"));
+        let mut lines =
+            vec![format!("Nodes evaluated: {}, filtered: {}, exhausted: {}", m.nodes_evaluated, m.nodes_filtered, m.nodes_exhausted)];
+        lines.extend(tables::alloc_metrics(m, "  "));
+        out.push(lines.join("\n"));
+    }
+    let states = a.task_states.clone().unwrap_or_default();
+    let mut names = super::task_names(a);
+    for n in states.keys() {
+        if !names.contains(n) {
+            names.push(n.clone());
+        }
+    }
+    for name in names {
+        let state = states.get(&name).cloned().unwrap_or_default();
+        let shown = if state.state.is_empty() { "pending" } else { state.state.as_str() };
+        out.push(style.section(&format!("Task {name:?} is {shown:?}")));
+        out.push(task_block(a, &name, &state, verbose, short));
+    }
+    out.join("\n")
+}
+
+fn details(a: &Allocation, len: usize, verbose: bool, now: i64) -> String {
+    let time = |ns: i64| if verbose { format_time(ns) } else { relative_time(ns, now) };
+    let mut pairs = vec![
+        ("ID", limit(&a.id, len).to_string()),
+        ("Eval ID", limit(&a.eval_id, len).to_string()),
+        ("Name", a.name.clone()),
+        ("Node ID", limit(&a.node_id, len).to_string()),
+        ("Node Name", a.node_name.clone()),
+        ("Job ID", a.job_id.clone()),
+        ("Job Version", a.job.as_ref().map(|j| j.version).unwrap_or_default().to_string()),
+        ("Client Status", a.client_status.as_str().to_string()),
+        ("Client Description", or_none(&a.client_description)),
+        ("Desired Status", a.desired_status.as_str().to_string()),
+        ("Desired Description", or_none(&a.desired_description)),
+        ("Created", time(a.create_time)),
+        ("Modified", time(a.modify_time)),
+    ];
+    if !a.deployment_id.is_empty() {
+        pairs.push(("Deployment ID", limit(&a.deployment_id, len).to_string()));
+    }
+    if !a.previous_allocation.is_empty() {
+        pairs.push(("Replacement Alloc ID", limit(&a.previous_allocation, len).to_string()));
+    }
+    if !a.next_allocation.is_empty() {
+        pairs.push(("Replaced By Alloc ID", limit(&a.next_allocation, len).to_string()));
+    }
+    if !a.followup_eval_id.is_empty() {
+        pairs.push(("Reschedule Eval", limit(&a.followup_eval_id, len).to_string()));
+    }
+    kv(&pairs)
+}
+
+fn task_block(a: &Allocation, task: &str, state: &TaskState, verbose: bool, short: bool) -> String {
+    let mut out = Vec::new();
+    if !short {
+        out.push("Task Resources:".to_string());
+        out.push(task_resources(a, task));
+        out.push(String::new());
+    }
+    out.push("Task Events:".to_string());
+    let restart = if state.last_restart.is_zero() { "N/A".to_string() } else { format_time(state.last_restart.unix_nanos()) };
+    out.push(kv(&[
+        ("Started At", format_time(state.started_at.unix_nanos())),
+        ("Finished At", format_time(state.finished_at.unix_nanos())),
+        ("Total Restarts", state.restarts.to_string()),
+        ("Last Restart", restart),
+    ]));
+    out.push(String::new());
+    out.push("Recent Events:".to_string());
+    let rows = tables::event_rows(&state.events, if verbose { usize::MAX } else { 10 });
+    out.push(table_with_header(&["Time", "Type", "Description"], rows));
+    out.join("\n")
+}
+
+fn task_resources(a: &Allocation, task: &str) -> String {
+    let res = a.allocated_resources.as_ref();
+    let t = res.and_then(|r| r.tasks.get(task));
+    let cpu = t.map(|t| t.cpu.cpu_shares).unwrap_or_default();
+    let mem = t.map(|t| t.memory.memory_mb).unwrap_or_default();
+    let disk = res.map(|r| r.shared.disk_mb).unwrap_or_default();
+    let mut addrs: Vec<String> =
+        res.map(|r| r.shared.ports.iter().map(|p| format!("{}: {}:{}", p.label, p.host_ip, p.value)).collect()).unwrap_or_default();
+    if addrs.is_empty() {
+        for n in res.into_iter().flat_map(|r| r.shared.networks.iter()).chain(t.into_iter().flat_map(|t| t.networks.iter())) {
+            for p in n.reserved_ports.iter().chain(n.dynamic_ports.iter()) {
+                addrs.push(format!("{}: {}:{}", p.label, n.ip, p.value));
+            }
+        }
+    }
+    let addrs = if addrs.is_empty() { "<none>".to_string() } else { addrs.join(", ") };
+    table_with_header(&["CPU", "Memory", "Disk", "Addresses"], vec![vec![format!("{cpu} MHz"), mib(mem), mib(disk), addrs]])
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use nomad_proto::TaskEvent;
+    use nomad_proto::resources::{AllocatedPortMapping, AllocatedResources, AllocatedTaskResources};
+
+    use super::*;
+
+    #[test]
+    fn tasks_show_resources_addresses_and_events() {
+        let mut task = AllocatedTaskResources::default();
+        task.cpu.cpu_shares = 100;
+        task.memory.memory_mb = 300;
+        let mut res = AllocatedResources { tasks: BTreeMap::from([("web".to_string(), task)]), ..AllocatedResources::default() };
+        res.shared.disk_mb = 300;
+        res.shared.ports.push(AllocatedPortMapping { label: "http".into(), value: 23456, to: 0, host_ip: "127.0.0.1".into() });
+        let state = TaskState {
+            state: "running".into(),
+            events: vec![
+                TaskEvent { event_type: "Received".into(), time: 1_000_000_000, ..TaskEvent::default() },
+                TaskEvent { event_type: "Started".into(), time: 2_000_000_000, ..TaskEvent::default() },
+            ],
+            ..TaskState::default()
+        };
+        let a = Allocation {
+            id: "0af996ed-aff4-8ddb-a566-e55ebf8969c9".into(),
+            name: "web.web[0]".into(),
+            client_status: nomad_proto::ClientStatus::Running,
+            allocated_resources: Some(res),
+            task_states: Some(BTreeMap::from([("web".to_string(), state)])),
+            create_time: 1_000_000_000,
+            ..Allocation::default()
+        };
+        let out = render(&a, false, false, 64_000_000_000, &Style::plain());
+        assert!(out.starts_with("ID                  = 0af996ed\n"), "{out}");
+        assert!(out.contains("Created             = 1m3s ago"), "{out}");
+        assert!(out.contains("\nTask \"web\" is \"running\"\nTask Resources:\nCPU      Memory   Disk     Addresses\n100 MHz  300 MiB  300 MiB  http: 127.0.0.1:23456"), "{out}");
+        let started = out.find("Task started by client").unwrap();
+        let received = out.find("Task received by client").unwrap();
+        assert!(started < received, "newest event first:\n{out}");
+    }
+}

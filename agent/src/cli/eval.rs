@@ -1,0 +1,153 @@
+//! `nomad-rs eval status [-json] [-verbose] <id prefix>`.
+
+use clap::{Args, Subcommand};
+use nomad_proto::{AllocListStub, Evaluation};
+
+use super::api::{ApiFlags, Query, encode_path};
+use super::format::{Style, go_duration, kv, limit, now_nanos, relative_time};
+use super::{CmdResult, Ctx, Failure, exit, prefix, tables};
+
+/// `nomad-rs eval`.
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// General options.
+    #[command(flatten)]
+    pub api: ApiFlags,
+    /// The eval command.
+    #[command(subcommand)]
+    pub command: EvalCommand,
+}
+
+/// Eval commands.
+#[derive(Debug, Subcommand)]
+pub enum EvalCommand {
+    /// Show an evaluation: status, placement failures, placed allocations.
+    Status(StatusArgs),
+}
+
+/// Flags of `eval status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Print the API's JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Full IDs.
+    #[arg(long)]
+    pub verbose: bool,
+    /// Evaluation ID or prefix.
+    #[arg(value_name = "EVAL")]
+    pub eval: String,
+}
+
+/// Runs an eval command.
+pub async fn run(a: EvalArgs) -> CmdResult {
+    match a.command {
+        EvalCommand::Status(s) => {
+            let ctx = Ctx::new(&a.api)?;
+            show(&ctx, &s.eval, s.verbose, s.json).await
+        }
+    }
+}
+
+/// Shows one evaluation (also `nomad-rs status <eval prefix>`).
+pub async fn show(ctx: &Ctx, id_prefix: &str, verbose: bool, json: bool) -> CmdResult {
+    let eval = prefix::eval(ctx, id_prefix).await?;
+    let path = format!("/v1/evaluation/{}", encode_path(&eval.id));
+    if json {
+        let v = ctx.client.get_json(&path, &Query::new()).await.map_err(|e| Failure::new(format!("Error querying evaluation: {e}")))?;
+        println!("{}", serde_json::to_string_pretty(&v.value).unwrap_or_default());
+        return Ok(exit::OK);
+    }
+    let allocs = ctx
+        .client
+        .get::<Vec<AllocListStub>>(&format!("{path}/allocations"), &Query::new())
+        .await
+        .map_err(|e| Failure::new(format!("Error querying eval allocations: {e}")))?
+        .value;
+    println!("{}", render(&eval, &allocs, verbose, now_nanos(), &ctx.style));
+    Ok(exit::OK)
+}
+
+/// The whole `eval status` output.
+pub fn render(e: &Evaluation, allocs: &[AllocListStub], verbose: bool, now: i64, style: &Style) -> String {
+    let len = if verbose { usize::MAX } else { 8 };
+    let opt = |s: &str| if s.is_empty() { "<none>".to_string() } else { limit(s, len).to_string() };
+    let mut pairs = vec![
+        ("ID", limit(&e.id, len).to_string()),
+        ("Create Time", relative_time(e.create_time, now)),
+        ("Modify Time", relative_time(e.modify_time, now)),
+        ("Status", e.status.as_str().to_string()),
+        ("Status Description", if e.status_description.is_empty() { e.status.as_str().to_string() } else { e.status_description.clone() }),
+        ("Type", e.eval_type.as_str().to_string()),
+        ("TriggeredBy", e.triggered_by.clone()),
+    ];
+    if !e.job_id.is_empty() {
+        pairs.push(("Job ID", e.job_id.clone()));
+    }
+    if !e.node_id.is_empty() {
+        pairs.push(("Node ID", limit(&e.node_id, len).to_string()));
+    }
+    if !e.deployment_id.is_empty() {
+        pairs.push(("Deployment ID", limit(&e.deployment_id, len).to_string()));
+    }
+    pairs.extend([
+        ("Namespace", e.namespace.clone()),
+        ("Priority", e.priority.to_string()),
+        ("Placement Failures", tables::eval_failures(e)),
+        ("Previous Eval", opt(&e.previous_eval)),
+        ("Next Eval", opt(&e.next_eval)),
+        ("Blocked Eval", opt(&e.blocked_eval)),
+    ]);
+    if e.wait > 0 {
+        pairs.push(("Wait", go_duration(e.wait)));
+    }
+    let mut out = vec![kv(&pairs)];
+    if !e.failed_tg_allocs.is_empty() {
+        out.push(style.section("Failed Placements"));
+        let mut lines = Vec::new();
+        for (group, m) in &e.failed_tg_allocs {
+            lines.extend(tables::failed_group(group, m, ""));
+        }
+        if !e.blocked_eval.is_empty() {
+            lines.push(format!("\nEvaluation {:?} waiting for additional capacity to place remainder", limit(&e.blocked_eval, len)));
+        }
+        out.push(lines.join("\n"));
+    }
+    if !allocs.is_empty() {
+        out.push(style.section("Placed Allocations"));
+        out.push(tables::allocs(allocs, len, verbose, now));
+    }
+    out.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use nomad_proto::{AllocMetric, EvalStatus};
+
+    use super::*;
+
+    #[test]
+    fn failures_are_listed_under_the_eval() {
+        let mut e = Evaluation {
+            id: "e1e1e1e1-2222".into(),
+            job_id: "web".into(),
+            status: EvalStatus::Complete,
+            blocked_eval: "b1b1b1b1-3".into(),
+            ..Evaluation::default()
+        };
+        let mut m = AllocMetric { nodes_evaluated: 1, ..AllocMetric::default() };
+        m.dimension_exhausted.insert("memory".into(), 1);
+        e.failed_tg_allocs.insert("g".into(), m);
+        let out = render(&e, &[], false, 0, &Style::plain());
+        assert!(out.starts_with("ID                 = e1e1e1e1\n"), "{out}");
+        assert!(out.contains("Placement Failures = true"));
+        assert!(out.contains("Blocked Eval       = b1b1b1b1"));
+        assert!(
+            out.contains(
+                "\nFailed Placements\nTask Group \"g\" (failed to place 1 allocation):\n  * Dimension \"memory\" exhausted on 1 nodes"
+            ),
+            "{out}"
+        );
+        assert!(!out.contains("Placed Allocations"));
+    }
+}

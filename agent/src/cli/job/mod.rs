@@ -1,0 +1,163 @@
+//! `nomad-rs job ...`: run, status, stop, plan, inspect, validate.
+
+pub mod inspect;
+pub mod plan;
+pub mod run;
+pub mod status;
+pub mod stop;
+pub mod validate;
+
+use std::collections::BTreeMap;
+use std::io::Read;
+
+use clap::{Args, Subcommand};
+use nomad_proto::Job;
+use nomad_proto::jobspec::{ParseOptions, parse};
+
+use super::api::ApiFlags;
+use super::{CmdResult, Failure};
+
+/// `nomad-rs job`.
+#[derive(Debug, Args)]
+pub struct JobArgs {
+    /// General options.
+    #[command(flatten)]
+    pub api: ApiFlags,
+    /// The job command.
+    #[command(subcommand)]
+    pub command: JobCommand,
+}
+
+/// Job commands.
+#[derive(Debug, Subcommand)]
+pub enum JobCommand {
+    /// Submit a job file and follow its evaluation and allocations.
+    Run(run::RunArgs),
+    /// List jobs, or show one job's summary and allocations.
+    Status(status::StatusArgs),
+    /// Stop a running job.
+    Stop(stop::StopArgs),
+    /// Dry-run a job file: show what the scheduler would do.
+    Plan(plan::PlanArgs),
+    /// Print a registered job as JSON.
+    Inspect(inspect::InspectArgs),
+    /// Check a job file without submitting it.
+    Validate(validate::ValidateArgs),
+}
+
+/// Runs a job command.
+pub async fn run(a: JobArgs) -> CmdResult {
+    match a.command {
+        JobCommand::Run(r) => run::run(&a.api, r).await,
+        JobCommand::Status(s) => status::run(&a.api, s).await,
+        JobCommand::Stop(s) => stop::run(&a.api, s).await,
+        JobCommand::Plan(p) => plan::run(&a.api, p).await,
+        JobCommand::Inspect(i) => inspect::run(&a.api, i).await,
+        JobCommand::Validate(v) => validate::run(v),
+    }
+}
+
+/// Flags that say how to read a job file.
+#[derive(Debug, Clone, Default, Args, PartialEq, Eq)]
+pub struct JobFileArgs {
+    /// Set an HCL2 variable (`-var 'name=value'`, repeatable).
+    #[arg(long = "var", value_name = "KEY=VALUE")]
+    pub vars: Vec<String>,
+    /// A file of HCL2 variable values (repeatable).
+    #[arg(long = "var-file", value_name = "PATH")]
+    pub var_files: Vec<String>,
+    /// The job file, or `-` for stdin.
+    #[arg(value_name = "FILE")]
+    pub file: String,
+}
+
+/// A job read from a file, with what is needed to describe its submission.
+#[derive(Debug, Clone)]
+pub struct LoadedJob {
+    /// The parsed job.
+    pub job: Job,
+    /// The file's text.
+    pub source: String,
+    /// The `-var` values as given.
+    pub variable_flags: BTreeMap<String, String>,
+    /// The variable files' contents, concatenated.
+    pub variables: String,
+}
+
+/// Parses `-var` values; `NOMAD_VAR_<name>` environment variables come first and flags win.
+pub fn collect_vars(flags: &[String], env: impl IntoIterator<Item = (String, String)>) -> Result<BTreeMap<String, String>, Failure> {
+    let mut vars = BTreeMap::new();
+    for (k, v) in env {
+        if let Some(name) = k.strip_prefix("NOMAD_VAR_")
+            && !name.is_empty()
+        {
+            vars.insert(name.to_string(), v);
+        }
+    }
+    for f in flags {
+        let Some((k, v)) = f.split_once('=') else {
+            return Err(Failure::new(format!("Error parsing -var {f:?}: expected KEY=VALUE")));
+        };
+        if k.trim().is_empty() {
+            return Err(Failure::new(format!("Error parsing -var {f:?}: the name is empty")));
+        }
+        vars.insert(k.trim().to_string(), v.to_string());
+    }
+    Ok(vars)
+}
+
+/// Reads the job file (or stdin for `-`) and parses it. Errors say `file:line:col: message`.
+pub fn load(args: &JobFileArgs) -> Result<LoadedJob, Failure> {
+    let (name, source) = if args.file == "-" {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s).map_err(|e| Failure::new(format!("Error reading job file from stdin: {e}")))?;
+        ("<stdin>".to_string(), s)
+    } else {
+        let s = std::fs::read_to_string(&args.file).map_err(|e| Failure::new(format!("Error reading job file {}: {e}", args.file)))?;
+        (args.file.clone(), s)
+    };
+    let mut var_files = Vec::new();
+    for f in &args.var_files {
+        let text = std::fs::read_to_string(f).map_err(|e| Failure::new(format!("Error reading variable file {f}: {e}")))?;
+        var_files.push((f.clone(), text));
+    }
+    let flag_vars = collect_vars(&args.vars, std::iter::empty())?;
+    let variables = collect_vars(&args.vars, std::env::vars())?;
+    let opts = ParseOptions { variables, var_files: var_files.clone(), filename: name };
+    let job = parse(&source, &opts).map_err(|e| Failure::new(format!("Error parsing job file: {e}")))?;
+    Ok(LoadedJob {
+        job,
+        source,
+        variable_flags: flag_vars,
+        variables: var_files.into_iter().map(|(_, t)| t).collect::<Vec<_>>().join("\n"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn var_flags_win_over_the_environment() {
+        let env = vec![("NOMAD_VAR_image".to_string(), "env".to_string()), ("PATH".to_string(), "/bin".to_string())];
+        let v = collect_vars(&["image=flag".into(), "count=3".into(), "eq=a=b".into()], env.clone()).unwrap();
+        assert_eq!(v["image"], "flag");
+        assert_eq!(v["count"], "3");
+        assert_eq!(v["eq"], "a=b", "only the first = splits");
+        assert!(!v.contains_key("PATH"));
+        let only_env = collect_vars(&[], env).unwrap();
+        assert_eq!(only_env["image"], "env");
+        assert!(collect_vars(&["novalue".into()], std::iter::empty()).unwrap_err().message.contains("expected KEY=VALUE"));
+    }
+
+    #[test]
+    fn a_bad_job_file_reports_file_line_and_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.nomad.hcl");
+        std::fs::write(&path, "job \"x\" {\n  group \"g\" {\n    bogus = 1\n  }\n}\n").unwrap();
+        let args = JobFileArgs { file: path.display().to_string(), ..JobFileArgs::default() };
+        let e = load(&args).unwrap_err();
+        assert!(e.message.starts_with(&format!("Error parsing job file: {}:3:5:", path.display())), "{}", e.message);
+        assert_eq!(e.code, 1);
+    }
+}

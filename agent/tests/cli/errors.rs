@@ -1,0 +1,67 @@
+//! What goes wrong: no agent, bad files, bad flags; and where settings come from.
+
+use crate::support::{Api, closed_port, example, nomad, nomad_with};
+
+#[tokio::test]
+async fn a_refused_connection_says_what_to_check_and_exits_1() {
+    let addr = format!("http://127.0.0.1:{}", closed_port());
+    let run = nomad(&["job", "status", "-address", &addr]).await;
+    run.expect_code(1);
+    assert_eq!(
+        run.stderr.trim_end(),
+        format!(
+            "Error querying jobs: Get \"{addr}/v1/jobs\": connection refused — is `nomad-rs agent` running? Set NOMAD_ADDR or -address"
+        )
+    );
+    nomad_with(&["node", "status"], &[("NOMAD_ADDR", &addr)], "").await.expect_code(1).stderr_has("Error querying node status: Get \"");
+}
+
+#[tokio::test]
+async fn a_bad_job_file_exits_1_with_file_line_and_column_before_any_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.nomad.hcl");
+    std::fs::write(&path, "job \"x\" {\n  group \"g\" {\n    count = \"many\"\n  }\n}\n").unwrap();
+    // No server at this address: parsing fails first, so it is never contacted.
+    let addr = format!("http://127.0.0.1:{}", closed_port());
+    let run = nomad(&["job", "run", "-address", &addr, path.to_str().unwrap()]).await;
+    run.expect_code(1).stderr_has(&format!("Error parsing job file: {}:3:", path.display()));
+    assert!(!run.stderr.contains("connection refused"), "{}", run.stderr);
+    nomad(&["job", "validate", path.to_str().unwrap()]).await.expect_code(1).stderr_has(&format!("{}:3:", path.display()));
+    nomad(&["job", "run", "/no/such/file.hcl"]).await.expect_code(1).stderr_has("Error reading job file /no/such/file.hcl");
+}
+
+#[tokio::test]
+async fn the_job_file_can_come_from_stdin_with_variables() {
+    let api = Api::start().await;
+    let src = "variable \"n\" {\n  type = number\n}\njob \"from-stdin\" {\n  datacenters = [\"dc1\"]\n  group \"g\" {\n    count = var.n\n    task \"t\" {\n      driver = \"raw_exec\"\n      config {\n        command = \"/bin/true\"\n      }\n    }\n  }\n}\n";
+    let run = nomad_with(&["job", "run", "-detach", "-var", "n=3", "-address", &api.addr, "-"], &[], src).await;
+    run.expect_code(0);
+    let job = api.server.store.snapshot().job("default", "from-stdin").cloned().expect("registered");
+    assert_eq!(job.task_groups[0].count, 3);
+    // NOMAD_VAR_ works too, and -var wins over it.
+    let env = [("NOMAD_VAR_n", "5")];
+    nomad_with(&["job", "run", "-detach", "-address", &api.addr, "-"], &env, src).await.expect_code(0);
+    assert_eq!(api.server.store.snapshot().job("default", "from-stdin").unwrap().task_groups[0].count, 5);
+    // An unset variable is a parse error.
+    nomad_with(&["job", "validate", "-"], &[], src).await.expect_code(1).stderr_has("Error parsing job file:");
+}
+
+#[tokio::test]
+async fn nomad_addr_is_used_and_the_flag_beats_it() {
+    let api = Api::start().await;
+    nomad_with(&["job", "status"], &[("NOMAD_ADDR", &api.addr)], "").await.expect_code(0).stdout_has("No running jobs");
+    let dead = format!("http://127.0.0.1:{}", closed_port());
+    nomad_with(&["job", "status", "-address", &api.addr], &[("NOMAD_ADDR", &dead)], "").await.expect_code(0);
+    nomad_with(&["job", "status", "--address", &api.addr], &[("NOMAD_ADDR", &dead)], "").await.expect_code(0);
+}
+
+#[tokio::test]
+async fn usage_errors_exit_1_and_help_exits_0() {
+    nomad(&["job", "run"]).await.expect_code(1).stderr_has("<FILE>");
+    nomad(&["job", "status", "-bogus"]).await.expect_code(1).stderr_has("unexpected argument '--bogus'");
+    nomad(&["job", "-h"]).await.expect_code(0).stdout_has("Usage: nomad-rs job");
+    nomad(&["job", "run", "-address", "https://x:1", &example("hello.nomad.hcl")])
+        .await
+        .expect_code(1)
+        .stderr_has("https is not supported");
+}

@@ -1,0 +1,172 @@
+//! Job commands against an in-process server (no scheduler: evals stay pending).
+
+use nomad_proto::EvalStatus;
+
+use crate::support::{Api, example};
+
+fn eval_id_from(stdout: &str) -> String {
+    let line = stdout.lines().find(|l| l.starts_with("Evaluation ID: ")).unwrap_or_else(|| panic!("no eval ID in:\n{stdout}"));
+    line.trim_start_matches("Evaluation ID: ").trim().to_string()
+}
+
+#[tokio::test]
+async fn job_run_detach_registers_the_job_and_prints_the_eval_id() {
+    let api = Api::start().await;
+    let run = api.nomad(&["job", "run", "-detach", &example("hello.nomad.hcl")]).await;
+    run.expect_code(0).stdout_has("Job registration successful");
+    let eval_id = eval_id_from(&run.stdout);
+    let snap = api.server.store.snapshot();
+    let job = snap.job("default", "hello").expect("the job is registered");
+    assert_eq!(job.task_groups[0].name, "greeter");
+    let eval = snap.eval(&eval_id).expect("the printed eval exists");
+    assert_eq!(eval.job_id, "hello");
+    assert_eq!(eval.triggered_by, "job-register");
+    assert_eq!(eval.status, EvalStatus::Pending);
+}
+
+#[tokio::test]
+async fn check_index_0_submits_only_a_new_job() {
+    let api = Api::start().await;
+    let file = example("hello.nomad.hcl");
+    api.nomad(&["job", "run", "-detach", "-check-index", "0", &file]).await.expect_code(0);
+    api.nomad(&["job", "run", "-detach", "-check-index", "0", &file]).await.expect_code(1).stderr_has("Enforcing job modify index 0");
+}
+
+#[tokio::test]
+async fn job_run_gives_up_monitoring_after_the_timeout_and_leaves_the_job() {
+    let api = Api::start().await;
+    let run = api.nomad(&["job", "run", "-timeout", "1s", &example("hello.nomad.hcl")]).await;
+    run.expect_code(1).stdout_has("Monitoring evaluation").stdout_has("Timed out after 1s waiting for job \"hello\"; it stays submitted");
+    assert!(api.server.store.snapshot().job("default", "hello").is_some());
+}
+
+#[tokio::test]
+async fn job_status_lists_jobs_and_shows_one_with_its_allocations() {
+    let api = Api::start().await;
+    api.nomad(&["job", "status"]).await.expect_code(0).stdout_has("No running jobs");
+    api.nomad(&["job", "run", "-detach", &example("hello.nomad.hcl")]).await.expect_code(0);
+    api.nomad(&["job", "status"])
+        .await
+        .expect_code(0)
+        .stdout_has("ID     Type     Priority  Status   Submit Date")
+        .stdout_has("hello  service  50        pending");
+    api.nomad(&["job", "status", "hel"])
+        .await
+        .expect_code(0)
+        .stdout_has("ID            = hello")
+        .stdout_has("Type          = service")
+        .stdout_has("Datacenters   = dc1")
+        .stdout_has("Summary\nTask Group  Queued  Starting  Running  Failed  Complete  Lost  Unknown\ngreeter")
+        .stdout_has("Allocations\nNo allocations placed");
+
+    let node = api.server.register_node(nomad_server::testing::node("n1")).await;
+    let alloc = api.place("hello", &node.id, 0).await;
+    let run = api.nomad(&["job", "status", "-verbose", "hello"]).await;
+    run.expect_code(0)
+        .stdout_has("Evaluations\nID")
+        .stdout_has("ID                                    Eval ID                               Node ID  Task Group  Version  Desired  Status   Created")
+        .stdout_has(&format!("{}  {}  n1       greeter     0        run      running", alloc.id, alloc.eval_id));
+    let json = api.nomad(&["job", "status", "-json"]).await;
+    json.expect_code(0);
+    let list: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(list[0]["ID"], "hello");
+}
+
+#[tokio::test]
+async fn job_inspect_prints_the_job_wrapped_in_a_job_key() {
+    let api = Api::start().await;
+    api.nomad(&["job", "run", "-detach", &example("hello.nomad.hcl")]).await.expect_code(0);
+    let run = api.nomad(&["job", "inspect", "-json", "hello"]).await;
+    run.expect_code(0);
+    let v: serde_json::Value = serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("{e}: {}", run.stdout));
+    assert_eq!(v["Job"]["ID"], "hello");
+    assert_eq!(v["Job"]["TaskGroups"][0]["Tasks"][0]["Name"], "hello");
+    assert_eq!(v["Job"]["Namespace"], "default");
+}
+
+#[tokio::test]
+async fn job_stop_purge_removes_the_job_and_prints_the_eval() {
+    let api = Api::start().await;
+    api.nomad(&["job", "run", "-detach", &example("hello.nomad.hcl")]).await.expect_code(0);
+    let run = api.nomad(&["job", "stop", "-purge", "-detach", "hello"]).await;
+    run.expect_code(0);
+    let eval_id = run.stdout.trim();
+    assert_eq!(eval_id.len(), 36, "an eval ID: {eval_id:?}");
+    let snap = api.server.store.snapshot();
+    assert!(snap.job("default", "hello").is_none(), "purged");
+    assert_eq!(snap.eval(eval_id).expect("the deregister eval").triggered_by, "job-deregister");
+    api.nomad(&["job", "status", "hello"]).await.expect_code(1).stderr_has("No job(s) with prefix or id \"hello\" found");
+}
+
+#[tokio::test]
+async fn job_stop_by_prefix_needs_confirmation() {
+    let api = Api::start().await;
+    api.nomad(&["job", "run", "-detach", &example("hello.nomad.hcl")]).await.expect_code(0);
+    api.nomad(&["job", "stop", "-detach", "hel"])
+        .await
+        .expect_code(1)
+        .stderr_has("\"hel\" is only a prefix of its ID; give the full ID or pass -yes");
+    assert!(!api.server.store.snapshot().job("default", "hello").unwrap().stop, "not stopped without confirmation");
+    api.nomad(&["job", "stop", "-detach", "-yes", "hel"]).await.expect_code(0);
+    assert!(api.server.store.snapshot().job("default", "hello").unwrap().stop);
+}
+
+#[tokio::test]
+async fn an_ambiguous_job_prefix_lists_the_candidates() {
+    let api = Api::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    for id in ["web-a", "web-b"] {
+        let path = dir.path().join(format!("{id}.hcl"));
+        let text = std::fs::read_to_string(example("hello.nomad.hcl")).unwrap().replace("job \"hello\"", &format!("job \"{id}\""));
+        std::fs::write(&path, text).unwrap();
+        api.nomad(&["job", "run", "-detach", path.to_str().unwrap()]).await.expect_code(0);
+    }
+    let run = api.nomad(&["job", "status", "web"]).await;
+    run.expect_code(1)
+        .stderr_has("Prefix matched multiple jobs\n\nID     Type     Priority  Status   Submit Date\nweb-a")
+        .stderr_has("\nweb-b ");
+    api.nomad(&["job", "inspect", "web"]).await.expect_code(1).stderr_has("Prefix matched multiple jobs");
+}
+
+#[tokio::test]
+async fn job_plan_against_a_server_without_plans_exits_255_with_a_clear_message() {
+    let api = Api::start().await;
+    api.nomad(&["job", "plan", &example("hello.nomad.hcl")])
+        .await
+        .expect_code(255)
+        .stderr_has("Error during plan: this server does not support job plans yet");
+}
+
+#[tokio::test]
+async fn ctrl_c_stops_monitoring_but_leaves_the_job_submitted() {
+    use tokio::io::AsyncBufReadExt;
+
+    let api = Api::start().await;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_nomad-rs"))
+        .args(["job", "run", "-address", &api.addr, &example("hello.nomad.hcl")])
+        .env_remove("NOMAD_ADDR")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    // The handler is in place before the first monitoring line is printed.
+    loop {
+        let line = lines.next_line().await.unwrap().expect("the monitor prints before exiting");
+        if line.contains("Monitoring evaluation") {
+            break;
+        }
+    }
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id().unwrap() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+    let mut rest = String::new();
+    while let Some(l) = lines.next_line().await.unwrap() {
+        rest.push_str(&l);
+        rest.push('\n');
+    }
+    let status = child.wait().await.unwrap();
+    assert_eq!(status.code(), Some(130), "{rest}");
+    assert!(rest.contains("Monitoring interrupted; job \"hello\" stays submitted"), "{rest}");
+    let job = api.server.store.snapshot().job("default", "hello").cloned().expect("still registered");
+    assert!(!job.stop, "an interrupted monitor does not stop the job");
+}

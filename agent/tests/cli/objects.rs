@@ -1,0 +1,183 @@
+//! Node, allocation, evaluation, server and prefix-search commands against in-process servers.
+
+use std::time::Duration;
+
+use nomad_server::http::AgentInfo;
+use nomad_server::server::{Server, ServerConfig};
+use nomad_server::testing;
+
+use crate::support::{Api, example, nomad, serve};
+
+/// A server with node `n1` and a running alloc of `hello` on it.
+async fn cluster() -> (Api, nomad_proto::Allocation) {
+    let api = Api::start().await;
+    api.server.register_node(testing::node("4e0d0001-aaaa-bbbb-cccc-000000000001")).await;
+    api.nomad(&["job", "run", "-detach", &example("hello.nomad.hcl")]).await.expect_code(0);
+    let alloc = api.place("hello", "4e0d0001-aaaa-bbbb-cccc-000000000001", 0).await;
+    (api, alloc)
+}
+
+#[tokio::test]
+async fn node_status_lists_nodes_and_shows_one_by_prefix() {
+    let (api, alloc) = cluster().await;
+    api.nomad(&["node", "status"])
+        .await
+        .expect_code(0)
+        .stdout_has("ID        Node Pool  DC   Name                                  Class   Drain  Eligibility  Status")
+        .stdout_has("4e0d0001  default    dc1  4e0d0001-aaaa-bbbb-cccc-000000000001  <none>  false  eligible     initializing");
+    api.nomad(&["node", "status", "4e0d"])
+        .await
+        .expect_code(0)
+        .stdout_has("ID            = 4e0d0001-aaaa-bbbb-cccc-000000000001")
+        .stdout_has("Eligibility   = eligible")
+        .stdout_has("Driver Status = raw_exec")
+        .stdout_has("Allocated Resources\nCPU")
+        .stdout_has(&format!(
+            "Allocations\nID        Node ID   Task Group  Version  Desired  Status   Created  Modified\n{}",
+            &alloc.id[..8]
+        ));
+    let json = api.nomad(&["node", "status", "-json", "4e0d"]).await;
+    json.expect_code(0);
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(v["ID"], "4e0d0001-aaaa-bbbb-cccc-000000000001");
+    assert_eq!(v["SecretID"], "", "no secret leaves the server");
+    api.nomad(&["node", "status", "ffff"]).await.expect_code(1).stderr_has("No node(s) with prefix \"ffff\" found");
+    api.nomad(&["node", "status", "4"]).await.expect_code(1).stderr_has("Identifier must contain at least two characters.");
+}
+
+#[tokio::test]
+async fn node_eligibility_toggles_and_drain_on_an_older_server_explains() {
+    let (api, _) = cluster().await;
+    api.nomad(&["node", "eligibility", "-disable", "4e0d"])
+        .await
+        .expect_code(0)
+        .stdout_has("Node \"4e0d0001-aaaa-bbbb-cccc-000000000001\" scheduling eligibility set: ineligible for scheduling");
+    api.nomad(&["node", "status", "4e0d"]).await.expect_code(0).stdout_has("Eligibility   = ineligible");
+    api.nomad(&["node", "eligibility", "4e0d"]).await.expect_code(1).stderr_has("--enable");
+    // This tree's server has no drain route yet: the command says so instead of a bare 404.
+    api.nomad(&["node", "drain", "-enable", "-yes", "4e0d"]).await.expect_code(1).stderr_has("this server does not support node drain yet");
+}
+
+#[tokio::test]
+async fn eval_status_shows_the_eval_and_its_placed_allocations() {
+    let (api, alloc) = cluster().await;
+    api.nomad(&["eval", "status", &alloc.eval_id[..6]])
+        .await
+        .expect_code(0)
+        .stdout_has(&format!("ID                 = {}", &alloc.eval_id[..8]))
+        .stdout_has("Status             = complete")
+        .stdout_has("TriggeredBy        = job-register")
+        .stdout_has("Job ID             = hello")
+        .stdout_has("Placement Failures = false")
+        .stdout_has(&format!(
+            "Placed Allocations\nID        Node ID   Task Group  Version  Desired  Status   Created  Modified\n{}",
+            &alloc.id[..8]
+        ));
+    let json = api.nomad(&["eval", "status", "-json", &alloc.eval_id]).await;
+    json.expect_code(0);
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(v["ID"], alloc.eval_id.as_str());
+}
+
+#[tokio::test]
+async fn alloc_status_shows_tasks_and_events() {
+    let (api, alloc) = cluster().await;
+    api.nomad(&["alloc", "status", &alloc.id[..5]])
+        .await
+        .expect_code(0)
+        .stdout_has(&format!("ID                  = {}", &alloc.id[..8]))
+        .stdout_has("Name                = hello.greeter[0]")
+        .stdout_has("Client Status       = running")
+        .stdout_has("Task \"hello\" is \"running\"")
+        .stdout_has("Recent Events:\nTime")
+        .stdout_has("Started   Task started by client")
+        .stdout_has("Received  Task received by client");
+    api.nomad(&["alloc", "status", "-verbose", &alloc.id]).await.expect_code(0).stdout_has(&format!("ID                  = {}", alloc.id));
+}
+
+#[tokio::test]
+async fn alloc_commands_on_routes_this_server_lacks_explain_themselves() {
+    let (api, alloc) = cluster().await;
+    api.nomad(&["alloc", "logs", &alloc.id[..8]]).await.expect_code(1).stderr_has("this agent does not serve task logs yet");
+    api.nomad(&["alloc", "restart", &alloc.id[..8]]).await.expect_code(1).stderr_has("this agent does not serve allocation restarts yet");
+}
+
+#[tokio::test]
+async fn alloc_stop_detach_prints_the_eval_it_created() {
+    let (api, alloc) = cluster().await;
+    let run = api.nomad(&["alloc", "stop", "-detach", &alloc.id[..8]]).await;
+    run.expect_code(0);
+    let eval_id = run.stdout.trim();
+    let snap = api.server.store.snapshot();
+    let eval = snap.eval(eval_id).unwrap_or_else(|| panic!("no eval {eval_id:?}"));
+    assert_eq!(eval.job_id, "hello");
+    assert_eq!(eval.triggered_by, "alloc-stop");
+}
+
+#[tokio::test]
+async fn ambiguous_prefixes_list_the_candidates() {
+    let (api, first) = cluster().await;
+    let node = "4e0d0001-aaaa-bbbb-cccc-000000000001";
+    api.place_as("hello", node, 1, "abab0001-0000-0000-0000-000000000001").await;
+    api.place_as("hello", node, 2, "abab0002-0000-0000-0000-000000000002").await;
+    api.nomad(&["alloc", "status", "abab"])
+        .await
+        .expect_code(1)
+        .stderr_has("Prefix matched multiple allocations\n\nID")
+        .stderr_has("abab0001-0000-0000-0000-000000000001")
+        .stderr_has("abab0002-0000-0000-0000-000000000002");
+    // Across kinds: a job named after the start of an eval ID.
+    let eval = &first.eval_id[..4];
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("j.hcl");
+    let text = std::fs::read_to_string(example("hello.nomad.hcl")).unwrap().replace("job \"hello\"", &format!("job \"{eval}-job\""));
+    std::fs::write(&path, text).unwrap();
+    api.nomad(&["job", "run", "-detach", path.to_str().unwrap()]).await.expect_code(0);
+    api.nomad(&["status", eval])
+        .await
+        .expect_code(1)
+        .stderr_has(&format!("Prefix \"{eval}\" matched objects of several kinds:"))
+        .stderr_has(&format!("Jobs\n  {eval}-job"))
+        .stderr_has(&format!("{}  (job hello)", &first.eval_id[..8]));
+}
+
+#[tokio::test]
+async fn status_shows_whatever_kind_the_prefix_names() {
+    let (api, alloc) = cluster().await;
+    api.nomad(&["status"]).await.expect_code(0).stdout_has("hello  service  50");
+    api.nomad(&["status", "hello"]).await.expect_code(0).stdout_has("ID            = hello");
+    api.nomad(&["status", "4e0d0001"]).await.expect_code(0).stdout_has("ID            = 4e0d0001-aaaa-bbbb-cccc-000000000001");
+    api.nomad(&["status", &alloc.id]).await.expect_code(0).stdout_has("Task \"hello\" is \"running\"");
+    api.nomad(&["status", "zz-nothing"])
+        .await
+        .expect_code(1)
+        .stderr_has("No job, node, allocation or evaluation with prefix or id \"zz-nothing\" found");
+}
+
+#[tokio::test]
+async fn server_members_marks_the_raft_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let rpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let rpc_addr = rpc.local_addr().unwrap();
+    let srv = Server::start(ServerConfig::new(dir.path(), rpc_addr.to_string()), rpc).await.unwrap();
+    assert!(srv.wait_for_leadership(Duration::from_secs(20)).await, "a single server elects itself");
+    let info = AgentInfo {
+        name: "srv1".into(),
+        region: "global".into(),
+        datacenter: "dc1".into(),
+        addr: "127.0.0.1".into(),
+        port: rpc_addr.port(),
+        server: true,
+        ..AgentInfo::default()
+    };
+    let addr = serve(srv.http_router(info)).await;
+    nomad(&["server", "members", "-address", &addr])
+        .await
+        .expect_code(0)
+        .stdout_has("Name         Address    Port")
+        .stdout_has(&format!("srv1.global  127.0.0.1  {}  alive   true    -             1.6.1  dc1         global", rpc_addr.port()));
+    // A job submitted through Raft shows up too.
+    nomad(&["job", "run", "-detach", "-address", &addr, &example("hello.nomad.hcl")]).await.expect_code(0);
+    nomad(&["job", "status", "-address", &addr]).await.expect_code(0).stdout_has("hello  service  50");
+    srv.shutdown().await;
+}
