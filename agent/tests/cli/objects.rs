@@ -46,7 +46,7 @@ async fn node_status_lists_nodes_and_shows_one_by_prefix() {
 }
 
 #[tokio::test]
-async fn node_eligibility_toggles_and_drain_on_an_older_server_explains() {
+async fn node_eligibility_and_drain_toggle_through_the_cli() {
     let (api, _) = cluster().await;
     api.nomad(&["node", "eligibility", "-disable", "4e0d"])
         .await
@@ -54,8 +54,13 @@ async fn node_eligibility_toggles_and_drain_on_an_older_server_explains() {
         .stdout_has("Node \"4e0d0001-aaaa-bbbb-cccc-000000000001\" scheduling eligibility set: ineligible for scheduling");
     api.nomad(&["node", "status", "4e0d"]).await.expect_code(0).stdout_has("Eligibility   = ineligible");
     api.nomad(&["node", "eligibility", "4e0d"]).await.expect_code(1).stderr_has("--enable");
-    // This tree's server has no drain route yet: the command says so instead of a bare 404.
-    api.nomad(&["node", "drain", "-enable", "-yes", "4e0d"]).await.expect_code(1).stderr_has("this server does not support node drain yet");
+    api.nomad(&["node", "drain", "-enable", "-yes", "-detach", "4e0d"])
+        .await
+        .expect_code(0)
+        .stdout_has("Node \"4e0d0001-aaaa-bbbb-cccc-000000000001\" drain strategy set");
+    api.nomad(&["node", "status", "4e0d"]).await.expect_code(0).stdout_has("Drain         = true");
+    api.nomad(&["node", "drain", "-disable", "-yes", "4e0d"]).await.expect_code(0).stdout_has("drain strategy unset");
+    api.nomad(&["node", "status", "4e0d"]).await.expect_code(0).stdout_has("Drain         = false");
 }
 
 #[tokio::test]
