@@ -2,6 +2,11 @@
 //!
 //! ```text
 //!  (state snapshot, eval, now) ──▶ Scheduler::compute ──▶ ScheduleOutcome { plan, eval update, new evals }
+//!
+//!  BuiltinScheduler ─┬─ service, batch ──▶ GenericScheduler: reconcile ─▶ place (select) ─▶ plan
+//!                    └─ system, sysbatch ─▶ SystemScheduler: diff per node ─▶ place ─▶ plan
+//!
+//!  select: shuffled nodes ─▶ feasible ─▶ fit ─▶ score ─▶ limit ─▶ best
 //! ```
 //!
 //! **Architecture invariant:** a scheduler performs no I/O and reads the clock
@@ -9,11 +14,58 @@
 //! plan applier; if the applier refuses part of it (a node filled up or went
 //! away since the snapshot), the worker runs `compute` again on a newer
 //! snapshot.
+//!
+//! Randomness (node shuffling, dynamic ports) comes from a generator seeded
+//! with the eval ID and the snapshot index, so a run can be replayed; only
+//! new alloc and eval IDs are random.
+//!
+//! **Blocked evals.** When placements fail, `new_evals` holds a `blocked`
+//! eval and `eval_update.blocked_eval` names it. When the eval being
+//! processed is itself a blocked eval that still cannot place everything,
+//! no new eval is made: `eval_update` keeps status `blocked` (with fresh
+//! `ClassEligibility`, `FailedTGAllocs` and `QueuedAllocations`) and the
+//! worker should re-block it (Nomad's `ReblockEval`).
+
+mod alloc_sets;
+mod annotate;
+mod constraint;
+mod feasible;
+mod fit;
+mod generic;
+mod metrics;
+mod names;
+mod nodes;
+mod ports;
+mod property_set;
+mod proposed;
+mod rank;
+mod reconcile;
+mod reschedule;
+mod select;
+mod spread;
+mod system;
+mod updates;
+mod usage;
+mod version;
 
 use nomad_proto::plan::PlanAnnotations;
-use nomad_proto::{Evaluation, Plan, Timestamp};
+use nomad_proto::{EvalStatus, Evaluation, JobType, Plan, Timestamp};
+
+pub use generic::GenericScheduler;
+pub use system::SystemScheduler;
 
 use crate::state::State;
+
+/// Description of an alloc replaced because the job changed destructively.
+pub const ALLOC_UPDATING_DESC: &str = "alloc is being updated due to job update";
+/// Status description of a blocked eval made for failed placements.
+pub const BLOCKED_EVAL_FAILED_PLACEMENTS_DESC: &str = "created to place remaining allocations";
+/// Status description of a follow-up eval for a delayed reschedule.
+pub const RESCHEDULING_FOLLOWUP_DESC: &str = "created for delayed rescheduling";
+/// Status description of a follow-up eval for a disconnect timeout.
+pub const DISCONNECT_TIMEOUT_FOLLOWUP_DESC: &str = "created for delayed disconnect timeout";
+/// Status description of the eval continuing a rolling update.
+pub const ROLLING_UPDATE_FOLLOWUP_DESC: &str = "created to continue a rolling update";
 
 /// What one scheduler run decided.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -37,3 +89,38 @@ pub trait Scheduler: Send + Sync + 'static {
     /// Decides what to change for `eval` given the cluster at `state`.
     fn compute(&self, state: &State, eval: &Evaluation, now: Timestamp) -> ScheduleOutcome;
 }
+
+/// Runs the scheduler for the eval's type.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BuiltinScheduler;
+
+impl Scheduler for BuiltinScheduler {
+    fn compute(&self, state: &State, eval: &Evaluation, now: Timestamp) -> ScheduleOutcome {
+        match eval.eval_type {
+            JobType::Service | JobType::Batch => GenericScheduler.compute(state, eval, now),
+            JobType::System | JobType::Sysbatch => SystemScheduler.compute(state, eval, now),
+            // Garbage collection is not a placement scheduler's business.
+            JobType::Core => ScheduleOutcome { eval_update: finished(eval, EvalStatus::Complete, "", now), ..ScheduleOutcome::default() },
+        }
+    }
+}
+
+/// The eval with a final status.
+fn finished(eval: &Evaluation, status: EvalStatus, description: &str, now: Timestamp) -> Evaluation {
+    let mut e = eval.clone();
+    e.status = status;
+    e.status_description = description.to_string();
+    e.modify_time = now.unix_nanos();
+    e
+}
+
+/// An outcome that only fails the eval (a trigger the scheduler does not handle).
+fn refused(state: &State, eval: &Evaluation, now: Timestamp) -> ScheduleOutcome {
+    let desc = format!("scheduler cannot handle '{}' evaluation reason", eval.triggered_by);
+    let mut e = finished(eval, EvalStatus::Failed, &desc, now);
+    e.snapshot_index = state.index;
+    ScheduleOutcome { eval_update: e, ..ScheduleOutcome::default() }
+}
+
+#[cfg(test)]
+mod tests;

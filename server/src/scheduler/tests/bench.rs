@@ -1,0 +1,62 @@
+//! Pure scheduling throughput: `compute` only, no Raft, no plan applier.
+//!
+//! ```text
+//! CARGO_PROFILE_DEV_OPT_LEVEL=3 cargo test -p nomad-server --lib scheduler::tests::bench -- --ignored --nocapture
+//! ```
+//!
+//! (The env var optimizes the workspace crates the way a release build
+//! would while reusing the prebuilt dependencies.)
+
+use std::time::Instant;
+
+use nomad_proto::eval::trigger;
+
+use super::*;
+
+/// Registers `nodes` ready nodes directly in one transaction (fast setup).
+fn cluster(nodes: usize) -> Harness {
+    let mut h = Harness::new();
+    for i in 0..nodes {
+        let mut n = crate::testing::node(&format!("node-{i:05}"));
+        n.status = NodeStatus::Ready;
+        n.datacenter = format!("dc{}", i % 3);
+        h.add_node(n);
+    }
+    h
+}
+
+fn run(nodes: usize, jobs: usize, count: i64) {
+    let mut h = cluster(nodes);
+    let mut evals = Vec::new();
+    for j in 0..jobs {
+        let mut job = service_job(&format!("job-{j}"), count);
+        job.datacenters = vec!["*".into()];
+        job.task_groups[0].tasks[0].resources.cpu = 100;
+        job.task_groups[0].tasks[0].resources.memory_mb = 128;
+        h.register_job(job);
+        evals.push(h.eval(&format!("job-{j}"), trigger::JOB_REGISTER));
+    }
+    let state = h.state();
+    let start = Instant::now();
+    let mut placements = 0;
+    for e in &evals {
+        let out = BuiltinScheduler.compute(&state, e, h.now);
+        placements += placed(&out).len();
+    }
+    let secs = start.elapsed().as_secs_f64();
+    assert_eq!(placements as i64, jobs as i64 * count);
+    println!(
+        "{nodes} nodes, {jobs} job(s) x {count}: {placements} placements in {:.3} s = {:.0} placements/s ({:.1} us each)",
+        secs,
+        placements as f64 / secs,
+        secs * 1e6 / placements as f64
+    );
+}
+
+#[test]
+#[ignore = "benchmark: run with --ignored --nocapture, optimized"]
+fn placements_per_second() {
+    run(10_000, 1, 10_000);
+    run(10_000, 100, 100);
+    run(10_000, 1000, 10);
+}
