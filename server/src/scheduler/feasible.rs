@@ -6,12 +6,13 @@
 //! per-node value (`${node.unique.*}`, `${attr.unique.*}`, `${meta.unique.*}`),
 //! which "escapes" the class.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use nomad_proto::resources::NodeDeviceResource;
 use nomad_proto::{Job, Node, TaskGroup};
 
 use super::constraint::{self, CompiledConstraint, DISTINCT_HOSTS};
+use super::fast_hash::FastMap;
 use super::metrics::filter_node;
 
 /// Filter reasons Nomad reports.
@@ -178,9 +179,9 @@ fn device_matches(g: &NodeDeviceResource, parts: &[String]) -> bool {
 pub(crate) struct Feasibility {
     job_constraints: Vec<CompiledConstraint>,
     job_escaped: bool,
-    job_classes: HashMap<String, bool>,
+    job_classes: FastMap<String, bool>,
     groups: Vec<GroupChecks>,
-    group_classes: Vec<HashMap<String, bool>>,
+    group_classes: Vec<FastMap<String, bool>>,
 }
 
 impl Feasibility {
@@ -188,9 +189,9 @@ impl Feasibility {
         Feasibility {
             job_constraints: job.constraints.iter().map(CompiledConstraint::new).collect(),
             job_escaped: job.constraints.iter().any(constraint::escapes),
-            job_classes: HashMap::new(),
+            job_classes: FastMap::default(),
             groups: job.task_groups.iter().map(GroupChecks::new).collect(),
-            group_classes: vec![HashMap::new(); job.task_groups.len()],
+            group_classes: vec![FastMap::default(); job.task_groups.len()],
         }
     }
 
@@ -199,7 +200,9 @@ impl Feasibility {
         let class = node.computed_class.as_str();
         let memo = !class.is_empty();
         let job_memo = memo && !self.job_escaped;
-        match self.job_classes.get(class).filter(|_| job_memo) {
+        // Without job constraints there is nothing to remember per class.
+        let job_checked = if self.job_constraints.is_empty() { Some(true) } else { self.job_classes.get(class).copied().filter(|_| job_memo) };
+        match job_checked {
             Some(false) => {
                 filter_node(metric, node, reason::CLASS_INELIGIBLE);
                 return false;

@@ -29,6 +29,7 @@
 mod alloc_sets;
 mod annotate;
 mod constraint;
+mod fast_hash;
 mod feasible;
 mod fit;
 mod generic;

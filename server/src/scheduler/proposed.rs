@@ -7,11 +7,13 @@
 //! journaled so distinct-property and spread counts follow the plan
 //! incrementally instead of rescanning it for every placement.
 
-use std::collections::{HashMap, HashSet};
+
+use std::sync::Arc;
 
 use nomad_proto::alloc::ALLOC_LOST_DESC;
 use nomad_proto::{Allocation, ClientStatus, DesiredStatus, Node, Plan};
 
+use super::fast_hash::{FastMap, FastSet};
 use super::usage::NodeUsage;
 use crate::state::State;
 
@@ -32,11 +34,13 @@ pub(crate) struct Proposed<'a> {
     groups: Vec<String>,
     plan: Plan,
     /// Stopped alloc ID → whether its stop was journaled.
-    stopped: HashMap<String, bool>,
+    stopped: FastMap<String, bool>,
     /// IDs of existing allocs rewritten by the plan (in place, unknown, reconnect).
-    upserted: HashSet<String>,
+    upserted: FastSet<String>,
     journal: Vec<Change>,
-    usage: HashMap<String, NodeUsage>,
+    /// Keyed by the node's address in the snapshot (stable for its lifetime):
+    /// cheaper than hashing and comparing node IDs on every visit.
+    usage: FastMap<usize, NodeUsage>,
 }
 
 impl<'a> Proposed<'a> {
@@ -48,10 +52,10 @@ impl<'a> Proposed<'a> {
             namespace: namespace.to_string(),
             groups,
             plan,
-            stopped: HashMap::new(),
-            upserted: HashSet::new(),
+            stopped: FastMap::default(),
+            upserted: FastSet::default(),
             journal: Vec::new(),
-            usage: HashMap::new(),
+            usage: FastMap::default(),
         }
     }
 
@@ -98,7 +102,7 @@ impl<'a> Proposed<'a> {
             modify_index: alloc.modify_index,
             ..Allocation::default()
         };
-        let entries = self.plan.node_update.entry(alloc.node_id.clone()).or_default();
+        let entries = self.plan.node_update.entry(alloc.node_id.clone()).or_insert_with(|| Vec::with_capacity(1));
         if let Some(existing) = entries.iter_mut().find(|a| a.id == alloc.id) {
             *existing = stop;
             return;
@@ -110,7 +114,7 @@ impl<'a> Proposed<'a> {
         if counted {
             self.journal.push(Change { node_id: alloc.node_id.clone(), group: alloc.task_group.clone(), delta: -1 });
         }
-        self.usage.remove(&alloc.node_id);
+        self.invalidate(&alloc.node_id);
     }
 
     /// Takes back a stop (the replacement it made room for did not fit).
@@ -124,7 +128,7 @@ impl<'a> Proposed<'a> {
         if self.stopped.remove(&alloc.id) == Some(true) {
             self.journal.push(Change { node_id: alloc.node_id.clone(), group: alloc.task_group.clone(), delta: 1 });
         }
-        self.usage.remove(&alloc.node_id);
+        self.invalidate(&alloc.node_id);
     }
 
     /// Adds a placement or a rewrite of an existing alloc (Nomad's `AppendAlloc`).
@@ -135,21 +139,30 @@ impl<'a> Proposed<'a> {
         } else if self.is_job_alloc(&alloc) {
             self.journal.push(Change { node_id: alloc.node_id.clone(), group: alloc.task_group.clone(), delta: 1 });
         }
-        self.usage.remove(&alloc.node_id);
-        let entries = self.plan.node_allocation.entry(alloc.node_id.clone()).or_default();
+        self.invalidate(&alloc.node_id);
+        // Most nodes get one alloc per plan; allocs are large, so start small.
+        let entries = self.plan.node_allocation.entry(alloc.node_id.clone()).or_insert_with(|| Vec::with_capacity(1));
         match entries.iter_mut().find(|a| a.id == alloc.id) {
             Some(e) => *e = alloc,
             None => entries.push(alloc),
         }
     }
 
-    /// What the node holds once the plan is applied.
-    pub(crate) fn usage(&mut self, node: &Node) -> &NodeUsage {
-        if !self.usage.contains_key(&node.id) {
-            let u = self.compute_usage(node);
-            self.usage.insert(node.id.clone(), u);
+    fn invalidate(&mut self, node_id: &str) {
+        if let Some(n) = self.state.node(node_id) {
+            self.usage.remove(&(Arc::as_ptr(n) as usize));
         }
-        &self.usage[&node.id]
+    }
+
+    /// What the node holds once the plan is applied. `node` must come from
+    /// the snapshot this plan is built on.
+    pub(crate) fn usage(&mut self, node: &Node) -> &NodeUsage {
+        let key = node as *const Node as usize;
+        if !self.usage.contains_key(&key) {
+            let u = self.compute_usage(node);
+            return self.usage.entry(key).or_insert(u);
+        }
+        &self.usage[&key]
     }
 
     fn compute_usage(&self, node: &Node) -> NodeUsage {

@@ -15,9 +15,8 @@
 use std::sync::Arc;
 
 use nomad_proto::{AllocMetric, AllocatedResources, Job, Node, TaskGroup};
-use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
 
 use super::constraint::DISTINCT_PROPERTY;
 use super::feasible::{Feasibility, has_distinct_hosts};
@@ -89,6 +88,8 @@ pub(crate) struct Stack<'a> {
     job: Arc<Job>,
     kind: StackKind,
     nodes: Vec<&'a Node>,
+    /// Nodes before this index are in their final shuffled position.
+    shuffled: usize,
     offset: usize,
     base_limit: usize,
     feasibility: Feasibility,
@@ -96,6 +97,8 @@ pub(crate) struct Stack<'a> {
     job_distinct_hosts: bool,
     job_props: Option<Vec<(PropertySet, u64)>>,
     rng: StdRng,
+    /// Reused between placements (candidates carry port offers).
+    arena: Vec<Candidate<'a>>,
 }
 
 impl<'a> Stack<'a> {
@@ -117,23 +120,26 @@ impl<'a> Stack<'a> {
             job,
             kind,
             nodes: Vec::new(),
+            shuffled: 0,
             offset: 0,
             base_limit: 2,
             groups,
             job_props: None,
             rng: StdRng::seed_from_u64(seed),
+            arena: Vec::new(),
         }
     }
 
-    /// Sets the candidate nodes, shuffled with the eval's seed.
-    pub(crate) fn set_nodes(&mut self, mut nodes: Vec<&'a Node>) {
-        nodes.shuffle(&mut self.rng);
+    /// Sets the candidate nodes. They are visited in a random order (seeded
+    /// by the eval), shuffled lazily as the walk reaches them.
+    pub(crate) fn set_nodes(&mut self, nodes: Vec<&'a Node>) {
         let n = nodes.len();
         self.base_limit = match self.kind {
             StackKind::Service if n > 0 => ((n as f64).log2().ceil() as usize).max(2),
             _ => 2,
         };
         self.nodes = nodes;
+        self.shuffled = 0;
         self.offset = 0;
     }
 
@@ -168,7 +174,8 @@ impl<'a> Stack<'a> {
         let mut board = ScoreBoard::default();
         let mut pulled = 0;
         // Candidates live in an arena; the limit logic passes indexes around.
-        let mut arena: Vec<Candidate<'a>> = Vec::new();
+        let mut arena = std::mem::take(&mut self.arena);
+        arena.clear();
         let mut pull = |this: &mut Self, arena: &mut Vec<Candidate<'a>>, metric: &mut AllocMetric, board: &mut ScoreBoard<'a>| {
             let c = this.next_candidate(proposed, group, tg, opts, metric, board, &mut pulled)?;
             arena.push(c);
@@ -218,6 +225,8 @@ impl<'a> Stack<'a> {
             let c = arena.swap_remove(b);
             Selection { node: c.node, resources: c.fit.into_resources(tg) }
         });
+        arena.clear();
+        self.arena = arena;
         (selection, metric)
     }
 
@@ -237,6 +246,12 @@ impl<'a> Stack<'a> {
         while *pulled < n {
             if self.offset >= n {
                 self.offset = 0;
+            }
+            // Fisher-Yates, one position at a time.
+            if self.offset >= self.shuffled {
+                let j = self.rng.random_range(self.offset..n);
+                self.nodes.swap(self.offset, j);
+                self.shuffled = self.offset + 1;
             }
             let node = self.nodes[self.offset];
             self.offset += 1;

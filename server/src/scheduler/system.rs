@@ -11,7 +11,7 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
-use nomad_proto::alloc::{ALLOC_IN_PLACE_DESC, ALLOC_LOST_DESC, ALLOC_NODE_TAINTED_DESC, ALLOC_NOT_NEEDED_DESC, ALLOC_UNKNOWN_DESC};
+use nomad_proto::alloc::{ALLOC_IN_PLACE_DESC, ALLOC_JOB_STOPPED_DESC, ALLOC_LOST_DESC, ALLOC_NODE_TAINTED_DESC, ALLOC_NOT_NEEDED_DESC, ALLOC_UNKNOWN_DESC};
 use nomad_proto::eval::trigger;
 use nomad_proto::plan::{DesiredUpdates, PlanAnnotations};
 use nomad_proto::{AllocMetric, Allocation, ClientStatus, DesiredStatus, EvalStatus, Evaluation, Job, JobType, Node, NodeStatus, Plan, Timestamp};
@@ -243,8 +243,9 @@ fn run(state: &State, eval: &Evaluation, now: Timestamp, sysbatch: bool) -> Sche
         diff_node(&inputs, node_id, node_allocs, &mut diff);
     }
 
+    let stop_desc = if live_job.is_some() { ALLOC_NOT_NEEDED_DESC } else { ALLOC_JOB_STOPPED_DESC };
     for t in &diff.stop {
-        proposed.append_stop(t.alloc.as_deref().expect("existing alloc"), ALLOC_NOT_NEEDED_DESC, None, "");
+        proposed.append_stop(t.alloc.as_deref().expect("existing alloc"), stop_desc, None, "");
     }
     for t in &diff.migrate {
         proposed.append_stop(t.alloc.as_deref().expect("existing alloc"), ALLOC_NODE_TAINTED_DESC, None, "");

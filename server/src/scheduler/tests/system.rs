@@ -87,6 +87,7 @@ fn stopping_the_job_stops_every_alloc() {
     h.stop_job("agent", false);
     let out = h.run_job("agent");
     assert_eq!(stopped(&out).len(), 3);
+    assert!(stopped(&out).iter().all(|a| a.desired_description == nomad_proto::alloc::ALLOC_JOB_STOPPED_DESC));
     assert!(h.live("agent").is_empty());
 }
 
