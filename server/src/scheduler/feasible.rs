@@ -182,6 +182,9 @@ pub(crate) struct Feasibility {
     job_classes: FastMap<String, bool>,
     groups: Vec<GroupChecks>,
     group_classes: Vec<FastMap<String, bool>>,
+    /// Per node (by address) and group: bit `2g` "known", bit `2g+1`
+    /// "feasible". Saves hashing the class name on every revisit of a node.
+    verdicts: FastMap<usize, u64>,
 }
 
 impl Feasibility {
@@ -192,11 +195,33 @@ impl Feasibility {
             job_classes: FastMap::default(),
             groups: job.task_groups.iter().map(GroupChecks::new).collect(),
             group_classes: vec![FastMap::default(); job.task_groups.len()],
+            verdicts: FastMap::default(),
         }
     }
 
     /// True when `node` can run group `group`; otherwise the metric records why.
     pub(crate) fn check(&mut self, node: &Node, group: usize, alloc_name: &str, metric: &mut nomad_proto::AllocMetric) -> bool {
+        // Only class-determined verdicts may be remembered per node.
+        let cacheable = group < 32 && !node.computed_class.is_empty() && !self.job_escaped && !self.groups[group].escaped;
+        let key = node as *const Node as usize;
+        if cacheable && let Some(bits) = self.verdicts.get(&key) {
+            if bits & (1 << (2 * group)) != 0 {
+                let ok = bits & (1 << (2 * group + 1)) != 0;
+                if !ok {
+                    // What the class memo would have said.
+                    filter_node(metric, node, reason::CLASS_INELIGIBLE);
+                }
+                return ok;
+            }
+        }
+        let ok = self.check_uncached(node, group, alloc_name, metric);
+        if cacheable {
+            *self.verdicts.entry(key).or_insert(0) |= (1 << (2 * group)) | (u64::from(ok) << (2 * group + 1));
+        }
+        ok
+    }
+
+    fn check_uncached(&mut self, node: &Node, group: usize, alloc_name: &str, metric: &mut nomad_proto::AllocMetric) -> bool {
         let class = node.computed_class.as_str();
         let memo = !class.is_empty();
         let job_memo = memo && !self.job_escaped;

@@ -56,8 +56,8 @@ pub(crate) struct Fit {
 /// Checks `tg` against the node's remaining room. The error is Nomad's
 /// `DimensionExhausted` key (`cpu`, `memory`, `disk`, `cores`, `network: ...`).
 pub(crate) fn fit(node: &Node, usage: &NodeUsage, tg: &TaskGroup, ask: &GroupAsk, rng: &mut impl Rng) -> Result<Fit, String> {
-    if usage.collision.is_some() {
-        return Err("network: port collision".into());
+    if let Some(dimension) = usage.collision {
+        return Err(dimension.into());
     }
     let mut fit = Fit { cpu_used: usage.cpu + ask.cpu, memory_used: usage.memory + ask.memory, group_offer: None, task_offers: Vec::new(), cores: Vec::new() };
     if ask.needs_ports {

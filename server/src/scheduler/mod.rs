@@ -24,7 +24,32 @@
 //! processed is itself a blocked eval that still cannot place everything,
 //! no new eval is made: `eval_update` keeps status `blocked` (with fresh
 //! `ClassEligibility`, `FailedTGAllocs` and `QueuedAllocations`) and the
-//! worker should re-block it (Nomad's `ReblockEval`).
+//! worker should re-block it (Nomad's `ReblockEval`). The system scheduler
+//! makes one blocked eval per node that had no room (with `NodeID`), as Nomad.
+//!
+//! **Plan shape.** `node_update` entries are stops carrying only what the
+//! applier reads (ID, `DesiredDescription`, `ClientStatus` — `lost` when the
+//! node is gone, otherwise the alloc's current one — and `FollowupEvalID`).
+//! `node_allocation` holds new allocs (`Job: None`, they run the plan's job)
+//! and rewrites of stored allocs (create index kept): in-place updates
+//! (`Job: None`), `unknown` marks, reconnects and follow-up IDs (these keep
+//! their own `Job`, which may be an older version).
+//!
+//! Glossary:
+//! - *tainted node*: missing, down, draining or disconnected (not initializing).
+//! - *disconnecting*: running on a disconnected node in a group with
+//!   `max_client_disconnect`; marked `unknown`, replaced, kept running.
+//! - *reconnecting*: `unknown` last AllocState but the node is back and the
+//!   client reports again; the original or its replacement is kept.
+//! - *computed class*: a hash of what feasibility reads; results are
+//!   remembered per class unless a constraint reads `unique.*` values.
+//!
+//! Not modelled (and where Nomad differs): deployments and canaries
+//! (`max_parallel` destructive updates per eval, the rest continue in a
+//! `rolling-update` eval after `min_healthy_time`), preemption, CSI volume
+//! feasibility, device instance assignment (devices are only checked for
+//! presence), network bandwidth, per-address port accounting (one address
+//! per node), memory oversubscription and the `spread` scheduler algorithm.
 
 mod alloc_sets;
 mod annotate;

@@ -97,7 +97,8 @@ pub(crate) fn dynamic_range(node: &Node) -> (i64, i64) {
     let nr = node.node_resources.as_ref();
     let min = nr.map(|r| r.min_dynamic_port).filter(|p| *p > 0).unwrap_or(DEFAULT_MIN_DYNAMIC_PORT);
     let max = nr.map(|r| r.max_dynamic_port).filter(|p| *p > 0).unwrap_or(DEFAULT_MAX_DYNAMIC_PORT);
-    (min, max)
+    // A misconfigured range must not make the scan below huge.
+    (min.clamp(1, MAX_VALID_PORT - 1), max.clamp(1, MAX_VALID_PORT - 1))
 }
 
 /// What an assigned network ask gives the alloc.

@@ -263,6 +263,12 @@ impl<'a> Stack<'a> {
         None
     }
 
+    /// True when `node` passes the group's feasibility checks (constraints,
+    /// drivers, volumes, devices, networks), resources aside.
+    pub(crate) fn node_feasible(&mut self, node: &Node, group: usize, alloc_name: &str) -> bool {
+        self.feasibility.check(node, group, alloc_name, &mut AllocMetric::default())
+    }
+
     /// Tries exactly `node` (system placements, in-place updates, sticky disks).
     pub(crate) fn select_node(&mut self, proposed: &mut Proposed<'a>, node: &'a Node, group: usize, opts: SelectOptions<'_>) -> (Option<Selection<'a>>, AllocMetric) {
         self.prepare(proposed, group);

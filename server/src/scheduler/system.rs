@@ -8,23 +8,25 @@
 //! get a `running` AllocState appended. Completed sysbatch allocs are not
 //! run again unless the job changes.
 
-use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+mod diff;
 
-use nomad_proto::alloc::{ALLOC_IN_PLACE_DESC, ALLOC_JOB_STOPPED_DESC, ALLOC_LOST_DESC, ALLOC_NODE_TAINTED_DESC, ALLOC_NOT_NEEDED_DESC, ALLOC_UNKNOWN_DESC};
+use std::collections::{BTreeMap, HashSet};
+
+use nomad_proto::alloc::{ALLOC_IN_PLACE_DESC, ALLOC_JOB_STOPPED_DESC, ALLOC_LOST_DESC, ALLOC_NODE_TAINTED_DESC, ALLOC_NOT_NEEDED_DESC};
 use nomad_proto::eval::trigger;
 use nomad_proto::plan::{DesiredUpdates, PlanAnnotations};
-use nomad_proto::{AllocMetric, Allocation, ClientStatus, DesiredStatus, EvalStatus, Evaluation, Job, JobType, Node, NodeStatus, Plan, Timestamp};
+use nomad_proto::{AllocMetric, Allocation, ClientStatus, DesiredStatus, EvalStatus, Evaluation, Job, JobType, Node, Plan, Timestamp};
 
-use super::alloc_sets::{TaintedNodes, stop_lost_on_down_nodes, tainted_nodes};
+use super::alloc_sets::{stop_lost_on_down_nodes, tainted_nodes};
 use super::metrics::exhaust_resources;
-use super::nodes::ready_nodes;
+use super::nodes::{ReadyNodes, ready_nodes};
 use super::proposed::Proposed;
-use super::reschedule::ran_successfully;
 use super::select::{SelectOptions, Stack, StackKind, seed_for};
 use super::updates::destructive_change;
 use super::{ALLOC_UPDATING_DESC, BLOCKED_EVAL_FAILED_PLACEMENTS_DESC, ROLLING_UPDATE_FOLLOWUP_DESC, ScheduleOutcome, Scheduler, finished, refused};
 use crate::state::State;
+
+use diff::{Diff, Tuple, diff_cluster};
 
 const HANDLED_TRIGGERS: &[&str] = &[
     trigger::JOB_REGISTER,
@@ -56,140 +58,6 @@ impl Scheduler for SystemScheduler {
     }
 }
 
-/// One required or existing alloc name on one node.
-struct Tuple<'a> {
-    name: String,
-    group: Option<usize>,
-    node_id: String,
-    alloc: Option<Cow<'a, Allocation>>,
-}
-
-#[derive(Default)]
-struct Diff<'a> {
-    place: Vec<Tuple<'a>>,
-    update: Vec<Tuple<'a>>,
-    migrate: Vec<Tuple<'a>>,
-    stop: Vec<Tuple<'a>>,
-    ignore: Vec<Tuple<'a>>,
-    lost: Vec<Tuple<'a>>,
-    disconnecting: Vec<Tuple<'a>>,
-    reconnecting: Vec<Tuple<'a>>,
-}
-
-struct DiffInputs<'a, 'i> {
-    job: &'i Job,
-    sysbatch: bool,
-    required: &'i BTreeMap<String, usize>,
-    eligible: &'i HashSet<&'a str>,
-    not_ready: &'i HashSet<&'a str>,
-    tainted: &'i TaintedNodes<'a>,
-    terminal: &'i BTreeMap<(&'a str, &'a str), &'a Allocation>,
-    now: Timestamp,
-}
-
-fn supports_disconnect(a: &Allocation) -> bool {
-    a.job.as_ref().and_then(|j| j.lookup_task_group(&a.task_group)).is_some_and(|g| g.supports_disconnected_clients())
-}
-
-fn tuple<'a>(name: &str, group: Option<usize>, node_id: &str, alloc: Option<Cow<'a, Allocation>>) -> Tuple<'a> {
-    Tuple { name: name.to_string(), group, node_id: node_id.to_string(), alloc }
-}
-
-/// Nomad's `diffSystemAllocsForNode`.
-fn diff_node<'a>(inp: &DiffInputs<'a, '_>, node_id: &'a str, allocs: &[&'a Allocation], out: &mut Diff<'a>) {
-    let mut existing = BTreeSet::new();
-    for &a in allocs {
-        existing.insert(a.name.as_str());
-        let Some(&group) = inp.required.get(&a.name) else {
-            out.stop.push(tuple(&a.name, None, node_id, Some(Cow::Borrowed(a))));
-            continue;
-        };
-        let t = |a: Cow<'a, Allocation>| tuple(&a.name.clone(), Some(group), node_id, Some(a));
-        let supports = supports_disconnect(a);
-        let mut reconnect = false;
-        let mut expired = false;
-        if supports && matches!(a.client_status, ClientStatus::Unknown | ClientStatus::Running) {
-            reconnect = a.needs_to_reconnect();
-            expired = reconnect && a.expired(inp.now);
-        }
-        if !a.terminal() && a.desired_transition.should_migrate() {
-            out.migrate.push(t(Cow::Borrowed(a)));
-            continue;
-        }
-        if inp.sysbatch && a.terminal() {
-            out.ignore.push(t(Cow::Borrowed(a)));
-            continue;
-        }
-        if supports && expired {
-            out.lost.push(t(Cow::Borrowed(a)));
-            continue;
-        }
-        if supports && a.client_status == ClientStatus::Unknown && a.desired_status == DesiredStatus::Run {
-            out.ignore.push(t(Cow::Borrowed(a)));
-            continue;
-        }
-        let tainted = inp.tainted.get(a.node_id.as_str());
-        if supports && tainted.is_none() && reconnect {
-            let mut copy = a.clone();
-            copy.append_state(a.client_status, inp.now);
-            out.reconnecting.push(t(Cow::Owned(copy)));
-            continue;
-        }
-        if let Some(node) = tainted {
-            if a.job_type() == JobType::Sysbatch && ran_successfully(a) {
-                out.ignore.push(t(Cow::Borrowed(a)));
-                continue;
-            }
-            if node.is_some_and(|n| n.status == NodeStatus::Disconnected) && supports && a.client_status == ClientStatus::Running {
-                let mut copy = a.clone();
-                copy.client_status = ClientStatus::Unknown;
-                copy.append_state(ClientStatus::Unknown, inp.now);
-                copy.client_description = ALLOC_UNKNOWN_DESC.to_string();
-                out.disconnecting.push(t(Cow::Owned(copy)));
-                continue;
-            }
-            if !a.terminal() && node.is_none_or(|n| n.status == NodeStatus::Down) {
-                out.lost.push(t(Cow::Borrowed(a)));
-            } else {
-                out.ignore.push(t(Cow::Borrowed(a)));
-            }
-            continue;
-        }
-        if inp.not_ready.contains(node_id) {
-            out.ignore.push(t(Cow::Borrowed(a)));
-            continue;
-        }
-        if !inp.eligible.contains(node_id) {
-            out.stop.push(t(Cow::Borrowed(a)));
-            continue;
-        }
-        if a.job.as_ref().is_some_and(|j| j.job_modify_index != inp.job.job_modify_index) {
-            out.update.push(t(Cow::Borrowed(a)));
-            continue;
-        }
-        out.ignore.push(t(Cow::Borrowed(a)));
-    }
-
-    for (name, &group) in inp.required {
-        if existing.contains(name.as_str()) {
-            continue;
-        }
-        let terminal = inp.terminal.get(&(node_id, name.as_str())).copied();
-        if inp.sysbatch
-            && let Some(term) = terminal
-        {
-            let changed = term.job.as_ref().is_some_and(|j| j.job_modify_index != inp.job.job_modify_index);
-            let t = tuple(name, Some(group), node_id, Some(Cow::Borrowed(term)));
-            if changed { out.update.push(t) } else { out.ignore.push(t) }
-            continue;
-        }
-        if inp.tainted.contains_key(node_id) || !inp.eligible.contains(node_id) {
-            continue;
-        }
-        out.place.push(tuple(name, Some(group), node_id, terminal.map(Cow::Borrowed)));
-    }
-}
-
 fn run(state: &State, eval: &Evaluation, now: Timestamp, sysbatch: bool) -> ScheduleOutcome {
     let job = state.job(&eval.namespace, &eval.job_id).cloned();
     let live_job = job.clone().filter(|j| !j.stop);
@@ -211,36 +79,26 @@ fn run(state: &State, eval: &Evaluation, now: Timestamp, sysbatch: bool) -> Sche
     let ready = live_job.as_ref().map(|j| ready_nodes(state, j));
     let eligible: HashSet<&str> = ready.iter().flat_map(|r| r.nodes.iter().map(|n| n.id.as_str())).collect();
     let not_ready: HashSet<&str> = ready.as_ref().map(|r| r.not_ready.clone()).unwrap_or_default();
-    let mut required = BTreeMap::new();
-    if let Some(j) = &live_job {
-        let prefix = if j.name.is_empty() { &j.id } else { &j.name };
-        for (gi, tg) in j.task_groups.iter().enumerate() {
-            for i in 0..tg.count.max(0) {
-                required.insert(format!("{prefix}.{}[{i}]", tg.name), gi);
+    let mut diff = diff_cluster(job.as_deref(), sysbatch, &allocs, &eligible, &not_ready, &tainted, now);
+
+    let mut stack = live_job.as_ref().map(|j| Stack::new(j.clone(), StackKind::System, seed_for(&eval.id, state.index)));
+
+    // Running allocs on nodes that no longer meet the job's constraints or
+    // drivers go away (Nomad 1.6 would leave them until the job changes).
+    if let Some(stack) = stack.as_mut() {
+        let (keep, infeasible): (Vec<_>, Vec<_>) = std::mem::take(&mut diff.ignore).into_iter().partition(|t| {
+            let (Some(a), Some(group)) = (t.alloc.as_deref(), t.group) else { return true };
+            let checkable = !a.terminal() && a.client_status != ClientStatus::Unknown && eligible.contains(a.node_id.as_str());
+            match state.node(&a.node_id) {
+                Some(node) if checkable => stack.node_feasible(node, group, &a.name),
+                _ => true,
             }
-        }
+        });
+        diff.ignore = keep;
+        diff.infeasible = infeasible;
     }
-    // The newest terminal alloc per (node, name).
-    let mut terminal: BTreeMap<(&str, &str), &Allocation> = BTreeMap::new();
-    let mut by_node: BTreeMap<&str, Vec<&Allocation>> = BTreeMap::new();
-    for &a in &allocs {
-        if a.terminal() {
-            let key = (a.node_id.as_str(), a.name.as_str());
-            if terminal.get(&key).is_none_or(|t| t.create_index < a.create_index) {
-                terminal.insert(key, a);
-            }
-        } else {
-            by_node.entry(a.node_id.as_str()).or_default().push(a);
-        }
-    }
-    for id in &eligible {
-        by_node.entry(id).or_default();
-    }
-    let job_for_diff = live_job.clone().or(job.clone()).unwrap_or_default();
-    let inputs = DiffInputs { job: &job_for_diff, sysbatch, required: &required, eligible: &eligible, not_ready: &not_ready, tainted: &tainted, terminal: &terminal, now };
-    let mut diff = Diff::default();
-    for (node_id, node_allocs) in &by_node {
-        diff_node(&inputs, node_id, node_allocs, &mut diff);
+    for t in &diff.infeasible {
+        proposed.append_stop(t.alloc.as_deref().expect("existing alloc"), ALLOC_NODE_TAINTED_DESC, None, "");
     }
 
     let stop_desc = if live_job.is_some() { ALLOC_NOT_NEEDED_DESC } else { ALLOC_JOB_STOPPED_DESC };
@@ -257,7 +115,6 @@ fn run(state: &State, eval: &Evaluation, now: Timestamp, sysbatch: bool) -> Sche
         proposed.append_alloc(t.alloc.as_deref().expect("existing alloc").clone());
     }
 
-    let mut stack = live_job.as_ref().map(|j| Stack::new(j.clone(), StackKind::System, seed_for(&eval.id, state.index)));
     let mut inplace = Vec::new();
     let mut destructive = Vec::new();
     let updates = std::mem::take(&mut diff.update).into_iter().chain(std::mem::take(&mut diff.reconnecting));
@@ -280,73 +137,11 @@ fn run(state: &State, eval: &Evaluation, now: Timestamp, sysbatch: bool) -> Sche
         diff.place.push(t);
     }
 
-    let mut queued: BTreeMap<String, i64> = BTreeMap::new();
-    if let Some(j) = &live_job {
-        for g in &j.task_groups {
-            queued.insert(g.name.clone(), 0);
-        }
-    }
-    let mut failed: BTreeMap<String, AllocMetric> = BTreeMap::new();
-    let mut new_evals = Vec::new();
-    if let (Some(job), Some(stack), Some(ready)) = (&live_job, stack.as_mut(), &ready) {
-        let nodes: BTreeMap<&str, &Node> = ready.nodes.iter().map(|n| (n.id.as_str(), *n)).collect();
-        for t in &diff.place {
-            if let Some(g) = t.group {
-                *queued.entry(job.task_groups[g].name.clone()).or_insert(0) += 1;
-            }
-        }
-        let mut filtered: BTreeMap<String, AllocMetric> = BTreeMap::new();
-        for t in &diff.place {
-            let (Some(group), Some(node)) = (t.group, nodes.get(t.node_id.as_str()).copied()) else { continue };
-            let tg = &job.task_groups[group];
-            let (selection, mut metric) = stack.select_node(&mut proposed, node, group, SelectOptions { alloc_name: &t.name, penalty_nodes: &[] });
-            metric.nodes_available = ready.by_dc.clone();
-            metric.nodes_in_pool = ready.nodes.len() as i64;
-            let Some(sel) = selection else {
-                if metric.nodes_filtered > 0 {
-                    // The node does not meet the job's constraints: not a failure unless none do.
-                    let q = queued.entry(tg.name.clone()).or_insert(0);
-                    *q -= 1;
-                    let acc = filtered.entry(tg.name.clone()).or_default();
-                    merge_filtered(acc, &metric);
-                    if *q <= 0 {
-                        failed.insert(tg.name.clone(), acc.clone());
-                    }
-                    if let Some(d) = annotations.as_mut().and_then(|a| a.desired_tg_updates.get_mut(&tg.name)) {
-                        d.place = d.place.saturating_sub(1);
-                    }
-                    continue;
-                }
-                if let Some(m) = failed.get_mut(&tg.name) {
-                    m.coalesced_failures += 1;
-                    exhaust_resources(m, tg);
-                    continue;
-                }
-                exhaust_resources(&mut metric, tg);
-                failed.insert(tg.name.clone(), metric);
-                new_evals.push(blocked_eval(eval, &failed, stack, &node.id, now));
-                continue;
-            };
-            let alloc = Allocation {
-                id: nomad_proto::new_id(),
-                namespace: job.namespace.clone(),
-                eval_id: eval.id.clone(),
-                name: t.name.clone(),
-                node_id: node.id.clone(),
-                node_name: node.name.clone(),
-                job_id: job.id.clone(),
-                task_group: tg.name.clone(),
-                allocated_resources: Some(sel.resources),
-                metrics: Some(metric),
-                desired_status: DesiredStatus::Run,
-                client_status: ClientStatus::Pending,
-                previous_allocation: t.alloc.as_ref().map(|a| a.id.clone()).unwrap_or_default(),
-                ..Allocation::default()
-            };
-            proposed.append_alloc(alloc);
-            *queued.entry(tg.name.clone()).or_insert(0) -= 1;
-        }
-    }
+    let placed = match (&live_job, stack.as_mut(), &ready) {
+        (Some(job), Some(stack), Some(ready)) => place(job, stack, &mut proposed, ready, &diff.place, eval, now, annotations.as_mut()),
+        _ => Placed::default(),
+    };
+    let mut new_evals = placed.blocked;
 
     let plan = proposed.into_plan();
     let mut next_eval = String::new();
@@ -363,14 +158,99 @@ fn run(state: &State, eval: &Evaluation, now: Timestamp, sysbatch: bool) -> Sche
         new_evals.push(next);
     }
     let mut e = finished(eval, EvalStatus::Complete, "", now);
-    e.failed_tg_allocs = failed;
-    e.queued_allocations = queued;
+    e.failed_tg_allocs = placed.failed;
+    e.queued_allocations = placed.queued;
     e.next_eval = next_eval;
     e.blocked_eval = new_evals.iter().find(|x| x.status == EvalStatus::Blocked).map(|x| x.id.clone()).unwrap_or_default();
     e.snapshot_index = state.index;
     let mut plan = plan;
     plan.annotations = annotations.clone();
     ScheduleOutcome { plan, eval_update: e, new_evals, annotations }
+}
+
+/// What placing the missing allocs produced.
+#[derive(Default)]
+struct Placed {
+    queued: BTreeMap<String, i64>,
+    failed: BTreeMap<String, AllocMetric>,
+    /// One per node that had no room (Nomad's `addBlocked`).
+    blocked: Vec<Evaluation>,
+}
+
+/// Places each missing alloc on its own node.
+#[allow(clippy::too_many_arguments)]
+fn place<'a>(
+    job: &Job,
+    stack: &mut Stack<'a>,
+    proposed: &mut Proposed<'a>,
+    ready: &ReadyNodes<'a>,
+    missing: &[Tuple<'a>],
+    eval: &Evaluation,
+    now: Timestamp,
+    mut annotations: Option<&mut PlanAnnotations>,
+) -> Placed {
+    let mut out = Placed::default();
+    for g in &job.task_groups {
+        out.queued.insert(g.name.clone(), 0);
+    }
+    let nodes: BTreeMap<&str, &Node> = ready.nodes.iter().map(|n| (n.id.as_str(), *n)).collect();
+    for t in missing {
+        if let Some(g) = t.group {
+            *out.queued.entry(job.task_groups[g].name.clone()).or_insert(0) += 1;
+        }
+    }
+    let mut filtered: BTreeMap<String, AllocMetric> = BTreeMap::new();
+    for t in missing {
+        let (Some(group), Some(node)) = (t.group, nodes.get(t.node_id.as_str()).copied()) else { continue };
+        let tg = &job.task_groups[group];
+        let (selection, mut metric) = stack.select_node(proposed, node, group, SelectOptions { alloc_name: &t.name, penalty_nodes: &[] });
+        metric.nodes_available = ready.by_dc.clone();
+        metric.nodes_in_pool = ready.nodes.len() as i64;
+        let Some(sel) = selection else {
+            if metric.nodes_filtered > 0 {
+                // The node does not meet the job's constraints: not a failure unless none do.
+                let q = out.queued.entry(tg.name.clone()).or_insert(0);
+                *q -= 1;
+                let acc = filtered.entry(tg.name.clone()).or_default();
+                merge_filtered(acc, &metric);
+                if *q <= 0 {
+                    out.failed.insert(tg.name.clone(), acc.clone());
+                }
+                if let Some(d) = annotations.as_deref_mut().and_then(|a| a.desired_tg_updates.get_mut(&tg.name)) {
+                    d.place = d.place.saturating_sub(1);
+                }
+                continue;
+            }
+            if let Some(m) = out.failed.get_mut(&tg.name) {
+                m.coalesced_failures += 1;
+                exhaust_resources(m, tg);
+                continue;
+            }
+            exhaust_resources(&mut metric, tg);
+            out.failed.insert(tg.name.clone(), metric);
+            out.blocked.push(blocked_eval(eval, &out.failed, stack, &node.id, now));
+            continue;
+        };
+        let alloc = Allocation {
+            id: nomad_proto::new_id(),
+            namespace: job.namespace.clone(),
+            eval_id: eval.id.clone(),
+            name: t.name.clone(),
+            node_id: node.id.clone(),
+            node_name: node.name.clone(),
+            job_id: job.id.clone(),
+            task_group: tg.name.clone(),
+            allocated_resources: Some(sel.resources),
+            metrics: Some(metric),
+            desired_status: DesiredStatus::Run,
+            client_status: ClientStatus::Pending,
+            previous_allocation: t.alloc.as_ref().map(|a| a.id.clone()).unwrap_or_default(),
+            ..Allocation::default()
+        };
+        proposed.append_alloc(alloc);
+        *out.queued.entry(tg.name.clone()).or_insert(0) -= 1;
+    }
+    out
 }
 
 /// Updates in place when the job change allows it and the node still fits.
@@ -457,7 +337,7 @@ fn desired_updates(diff: &Diff<'_>, destructive: &[Tuple<'_>], inplace: &[Tuple<
     for t in &diff.place {
         out.entry(group_of(t)).or_default().place += 1;
     }
-    for t in diff.stop.iter().chain(&diff.lost) {
+    for t in diff.stop.iter().chain(&diff.lost).chain(&diff.infeasible) {
         out.entry(group_of(t)).or_default().stop += 1;
     }
     for t in &diff.ignore {

@@ -33,8 +33,9 @@ pub(crate) struct NodeUsage {
     pub(crate) disk: i64,
     pub(crate) cores: Vec<u16>,
     pub(crate) ports: PortSet,
-    /// Why the node's current allocs already collide, if they do.
-    pub(crate) collision: Option<String>,
+    /// The `DimensionExhausted` key when the node cannot take ports at all:
+    /// its current allocs collide, or its reserved ports do not parse.
+    pub(crate) collision: Option<&'static str>,
     /// Allocs of the eval's job on the node.
     pub(crate) job_allocs: u32,
     /// The same, per group of the current job version (by group index).
@@ -46,7 +47,7 @@ impl NodeUsage {
     pub(crate) fn new(node: &Node, groups: usize) -> NodeUsage {
         let (ports, collision) = match PortSet::for_node(node) {
             Ok(p) => (p, None),
-            Err(e) => (PortSet::default(), Some(format!("invalid node: {e}"))),
+            Err(_) => (PortSet::default(), Some("network: invalid node")),
         };
         NodeUsage { ports, collision, group_allocs: vec![0; groups], ..NodeUsage::default() }
     }
@@ -84,7 +85,7 @@ impl NodeUsage {
     fn add_ports(&mut self, ports: impl Iterator<Item = i64>) {
         for p in ports.filter(|p| *p > 0) {
             if !self.ports.insert(p) && self.collision.is_none() {
-                self.collision = Some(format!("port {p} already in use"));
+                self.collision = Some("network: port collision");
             }
         }
     }

@@ -621,3 +621,25 @@ fn several_replacements_all_lose_to_the_original() {
     assert_eq!(s.stop_of("repl2").unwrap().2, ALLOC_RECONNECTED_DESC);
     assert!(s.place.is_empty());
 }
+
+#[test]
+fn forced_reschedule_ignores_exhausted_attempts() {
+    let j = policy_job("constant", 5, 1, false);
+    let mut a = failed(&j, 0, NOW.add_nanos(-60 * S));
+    a.reschedule_tracker = Some(RescheduleTracker { events: vec![RescheduleEvent { reschedule_time: NOW.unix_nanos() - 120 * S, delay: 5 * S, ..Default::default() }] });
+    a.desired_transition.force_reschedule = Some(true);
+    let s = reconcile(&j, &[a], &[]);
+    assert_eq!(s.place, vec![("web.web[0]".into(), Some("a0-n0".into()), true, false)]);
+}
+
+#[test]
+fn failed_batch_alloc_uses_the_batch_policy() {
+    let j = job_with(1, |j| j.job_type = JobType::Batch);
+    assert_eq!(j.task_groups[0].reschedule_policy.as_ref().unwrap().attempts, 1);
+    let s = reconcile(&j, &[failed(&j, 0, NOW.add_nanos(-10 * S))], &[]);
+    assert_eq!(s.place.len(), 1, "first failure: rescheduled after 5 s");
+    let mut again = failed(&j, 0, NOW.add_nanos(-10 * S));
+    again.reschedule_tracker = Some(RescheduleTracker { events: vec![RescheduleEvent { reschedule_time: NOW.unix_nanos() - 60 * S, delay: 5 * S, ..Default::default() }] });
+    let s = reconcile(&j, &[again], &[]);
+    assert!(s.place.is_empty(), "one attempt per 24 h");
+}

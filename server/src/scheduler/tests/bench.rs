@@ -32,11 +32,12 @@ fn thread_cpu_ns() -> Option<u64> {
     s.split_whitespace().next()?.parse().ok()
 }
 
-fn run(nodes: usize, jobs: usize, count: i64) {
+fn run(nodes: usize, jobs: usize, count: i64, job_type: nomad_proto::JobType) {
     let mut h = cluster(nodes);
     let mut evals = Vec::new();
     for j in 0..jobs {
         let mut job = service_job(&format!("job-{j}"), count);
+        job.job_type = job_type;
         job.datacenters = vec!["*".into()];
         job.task_groups[0].tasks[0].resources.cpu = 100;
         job.task_groups[0].tasks[0].resources.memory_mb = 128;
@@ -57,9 +58,10 @@ fn run(nodes: usize, jobs: usize, count: i64) {
     }
     let wall = start.elapsed().as_secs_f64();
     let cpu = cpu_start.zip(thread_cpu_ns()).map(|(a, b)| (b - a) as f64 / 1e9).unwrap_or(wall);
-    assert_eq!(placements as i64, jobs as i64 * count);
+    let want = if job_type == nomad_proto::JobType::System { jobs * nodes } else { jobs * count as usize };
+    assert_eq!(placements, want);
     println!(
-        "{nodes} nodes, {jobs} job(s) x {count}: {placements} placements, on-CPU {cpu:.3} s = {:.0} placements/s ({:.1} us each); wall {wall:.3} s",
+        "{nodes} nodes, {jobs} {job_type} job(s) x {count}: {placements} placements, on-CPU {cpu:.3} s = {:.0} placements/s ({:.1} us each); wall {wall:.3} s",
         placements as f64 / cpu,
         cpu * 1e6 / placements as f64
     );
@@ -70,9 +72,10 @@ fn run(nodes: usize, jobs: usize, count: i64) {
 fn placements_per_second() {
     // BENCH_SCENARIO=0|1|2 runs one scenario (for profiling).
     let only: Option<usize> = std::env::var("BENCH_SCENARIO").ok().and_then(|s| s.parse().ok());
-    for (i, (jobs, count)) in [(1, 10_000), (100, 100), (1000, 10)].into_iter().enumerate() {
+    use nomad_proto::JobType::{Service, System};
+    for (i, (jobs, count, job_type)) in [(1, 10_000, Service), (100, 100, Service), (1000, 10, Service), (1, 1, System)].into_iter().enumerate() {
         if only.is_none_or(|o| o == i) {
-            run(10_000, jobs, count);
+            run(10_000, jobs, count, job_type);
         }
     }
 }

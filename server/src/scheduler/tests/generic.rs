@@ -418,3 +418,20 @@ fn count_down_stops_not_needed() {
     assert_eq!(names(stopped(&out)), vec!["web.web[1]", "web.web[2]"]);
     assert!(stopped(&out).iter().all(|a| a.desired_description == ALLOC_NOT_NEEDED_DESC));
 }
+
+#[test]
+fn user_stopped_alloc_is_migrated() {
+    let mut h = Harness::new();
+    h.add_nodes(2);
+    h.register_job(service_job("web", 2));
+    h.run_job("web");
+    let victim = h.live("web")[0].clone();
+    let transitions = BTreeMap::from([(victim.id.clone(), nomad_proto::DesiredTransition { migrate: Some(true), ..Default::default() })]);
+    h.apply(crate::fsm::Command::AllocDesiredTransition { transitions, evals: vec![] });
+    let out = h.process(&h.eval("web", trigger::ALLOC_STOP));
+    assert_eq!(stopped(&out)[0].id, victim.id);
+    assert_eq!(stopped(&out)[0].desired_description, nomad_proto::alloc::ALLOC_MIGRATING_DESC);
+    assert_eq!(placed(&out)[0].previous_allocation, victim.id);
+    assert_eq!(placed(&out)[0].name, victim.name);
+    assert_eq!(h.live("web").len(), 2);
+}

@@ -203,6 +203,7 @@ proptest! {
 #[derive(Debug, Clone)]
 enum Step {
     Disconnect(usize),
+    Down(usize),
     Reconnect(usize),
     Wait(i64),
     Update { destructive: bool },
@@ -212,6 +213,7 @@ enum Step {
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         3 => (0usize..4).prop_map(Step::Disconnect),
+        1 => (0usize..4).prop_map(Step::Down),
         3 => (0usize..4).prop_map(Step::Reconnect),
         2 => (10i64..90).prop_map(Step::Wait),
         1 => prop::bool::ANY.prop_map(|destructive| Step::Update { destructive }),
@@ -304,6 +306,12 @@ impl World {
                     self.eval(trigger::NODE_UPDATE);
                 }
             }
+            Step::Down(i) => {
+                if self.node_status(*i) != NodeStatus::Down {
+                    self.h.set_node_status(&format!("node-{i}"), NodeStatus::Down);
+                    self.eval(trigger::NODE_UPDATE);
+                }
+            }
             Step::Reconnect(i) => self.reconnect(*i),
             Step::Wait(secs) => {
                 self.h.advance(*secs);
@@ -330,16 +338,26 @@ impl World {
 
     fn reconnect(&mut self, i: usize) {
         let id = format!("node-{i}");
-        if self.node_status(i) != NodeStatus::Disconnected {
-            return;
+        match self.node_status(i) {
+            NodeStatus::Disconnected => self.h.set_node_status(&id, NodeStatus::Initializing),
+            // A down node comes straight back (Nomad allows down → ready).
+            NodeStatus::Down => {}
+            _ => return,
         }
-        self.h.set_node_status(&id, NodeStatus::Initializing);
         let state = self.h.state();
         let mut resume = Vec::new();
         let mut stop = Vec::new();
         for a in state.allocs_by_node(&id) {
-            if a.client_status == ClientStatus::Unknown {
-                if a.desired_status == DesiredStatus::Run { resume.push(a.id.clone()) } else { stop.push(a.id.clone()) }
+            if a.client_terminal() {
+                continue;
+            }
+            // The client resumes what the servers still want and stops the rest.
+            if a.desired_status == DesiredStatus::Run {
+                if a.client_status == ClientStatus::Unknown {
+                    resume.push(a.id.clone());
+                }
+            } else {
+                stop.push(a.id.clone());
             }
         }
         if !resume.is_empty() {

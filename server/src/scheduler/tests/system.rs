@@ -174,3 +174,36 @@ fn completed_sysbatch_allocs_are_not_rerun() {
     let out = h.run_job("once");
     assert_eq!(placed(&out).len(), 2);
 }
+
+#[test]
+fn node_that_stops_meeting_constraints_loses_its_alloc() {
+    let mut h = Harness::new();
+    h.add_nodes(2);
+    let mut job = system_job("agent");
+    job.constraints.push(Constraint { l_target: "${attr.kernel.name}".into(), r_target: "linux".into(), operand: "=".into() });
+    h.register_job(job);
+    h.run_job("agent");
+    let mut changed = crate::testing::node("node-1");
+    changed.attributes.insert("kernel.name".into(), "darwin".into());
+    h.add_node(changed);
+    let out = h.process(&h.eval("agent", trigger::NODE_UPDATE));
+    let s = stopped(&out);
+    assert_eq!((s.len(), s[0].node_id.as_str(), s[0].desired_description.as_str()), (1, "node-1", nomad_proto::alloc::ALLOC_NODE_TAINTED_DESC));
+    assert!(placed(&out).is_empty());
+}
+
+#[test]
+fn drained_node_alloc_is_stopped_as_tainted() {
+    let mut h = Harness::new();
+    h.add_nodes(2);
+    h.register_job(system_job("agent"));
+    h.run_job("agent");
+    h.drain_node("node-0");
+    let id = h.live("agent").iter().find(|a| a.node_id == "node-0").unwrap().id.clone();
+    let transitions = BTreeMap::from([(id.clone(), nomad_proto::DesiredTransition { migrate: Some(true), ..Default::default() })]);
+    h.apply(crate::fsm::Command::AllocDesiredTransition { transitions, evals: vec![] });
+    let out = h.process(&h.eval("agent", trigger::NODE_DRAIN));
+    let s = stopped(&out);
+    assert_eq!((s.len(), s[0].id.as_str(), s[0].desired_description.as_str()), (1, id.as_str(), nomad_proto::alloc::ALLOC_NODE_TAINTED_DESC));
+    assert!(placed(&out).is_empty(), "the draining node gets no replacement");
+}
