@@ -204,15 +204,16 @@ impl Feasibility {
         // Only class-determined verdicts may be remembered per node.
         let cacheable = group < 32 && !node.computed_class.is_empty() && !self.job_escaped && !self.groups[group].escaped;
         let key = node as *const Node as usize;
-        if cacheable && let Some(bits) = self.verdicts.get(&key) {
-            if bits & (1 << (2 * group)) != 0 {
-                let ok = bits & (1 << (2 * group + 1)) != 0;
-                if !ok {
-                    // What the class memo would have said.
-                    filter_node(metric, node, reason::CLASS_INELIGIBLE);
-                }
-                return ok;
+        if cacheable
+            && let Some(bits) = self.verdicts.get(&key)
+            && bits & (1 << (2 * group)) != 0
+        {
+            let ok = bits & (1 << (2 * group + 1)) != 0;
+            if !ok {
+                // What the class memo would have said.
+                filter_node(metric, node, reason::CLASS_INELIGIBLE);
             }
+            return ok;
         }
         let ok = self.check_uncached(node, group, alloc_name, metric);
         if cacheable {

@@ -435,3 +435,41 @@ fn user_stopped_alloc_is_migrated() {
     assert_eq!(placed(&out)[0].name, victim.name);
     assert_eq!(h.live("web").len(), 2);
 }
+
+#[test]
+fn sticky_disk_keeps_the_replacement_on_its_node() {
+    let mut h = Harness::new();
+    h.add_nodes(5);
+    let mut job = service_job("db", 1);
+    job.task_groups[0].ephemeral_disk.sticky = true;
+    h.register_job(job.clone());
+    h.run_job("db");
+    h.run_all("db");
+    let before = h.live("db")[0].clone();
+    job.task_groups[0].tasks[0].env.insert("V".into(), "2".into());
+    h.register_job(job);
+    let out = h.run_job("db");
+    let new = placed(&out)[0];
+    assert_eq!((new.previous_allocation.as_str(), new.node_id.as_str()), (before.id.as_str(), before.node_id.as_str()));
+}
+
+#[test]
+fn groups_are_reconciled_independently() {
+    let mut h = Harness::new();
+    h.add_nodes(3);
+    let mut job = service_job("app", 2);
+    let mut api = job.task_groups[0].clone();
+    api.name = "api".into();
+    api.count = 3;
+    job.task_groups.push(api);
+    h.register_job(job.clone());
+    let out = h.run_job("app");
+    assert_eq!(names(placed(&out)), vec!["app.api[0]", "app.api[1]", "app.api[2]", "app.web[0]", "app.web[1]"]);
+    assert_eq!((out.eval_update.queued_allocations["web"], out.eval_update.queued_allocations["api"]), (0, 0));
+    // Dropping a group stops its allocs only.
+    job.task_groups.pop();
+    h.register_job(job);
+    let out = h.run_job("app");
+    assert_eq!(names(stopped(&out)), vec!["app.api[0]", "app.api[1]", "app.api[2]"]);
+    assert!(placed(&out).is_empty());
+}

@@ -207,3 +207,14 @@ fn drained_node_alloc_is_stopped_as_tainted() {
     assert_eq!((s.len(), s[0].id.as_str(), s[0].desired_description.as_str()), (1, id.as_str(), nomad_proto::alloc::ALLOC_NODE_TAINTED_DESC));
     assert!(placed(&out).is_empty(), "the draining node gets no replacement");
 }
+
+#[test]
+fn system_plan_annotations_count_places() {
+    let mut h = Harness::new();
+    h.add_nodes(3);
+    h.register_job(system_job("agent"));
+    let mut e = h.eval("agent", trigger::JOB_REGISTER);
+    e.annotate_plan = true;
+    let out = h.schedule(&e);
+    assert_eq!(out.annotations.as_ref().unwrap().desired_tg_updates["web"].place, 3);
+}
