@@ -18,6 +18,7 @@ use nomad_proto::plan::{DesiredUpdates, PlanAnnotations};
 use nomad_proto::{AllocMetric, Allocation, ClientStatus, DesiredStatus, EvalStatus, Evaluation, Job, JobType, Node, Plan, Timestamp};
 
 use super::alloc_sets::{stop_lost_on_down_nodes, tainted_nodes};
+use super::fast_hash::FastMap;
 use super::metrics::exhaust_resources;
 use super::nodes::{ReadyNodes, ready_nodes};
 use super::proposed::Proposed;
@@ -193,7 +194,7 @@ fn place<'a>(
     for g in &job.task_groups {
         out.queued.insert(g.name.clone(), 0);
     }
-    let nodes: BTreeMap<&str, &Node> = ready.nodes.iter().map(|n| (n.id.as_str(), *n)).collect();
+    let nodes: FastMap<&str, &Node> = ready.nodes.iter().map(|n| (n.id.as_str(), *n)).collect();
     for t in missing {
         if let Some(g) = t.group {
             *out.queued.entry(job.task_groups[g].name.clone()).or_insert(0) += 1;

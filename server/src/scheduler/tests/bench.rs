@@ -72,8 +72,9 @@ fn run(nodes: usize, jobs: usize, count: i64, job_type: nomad_proto::JobType) {
 fn placements_per_second() {
     // BENCH_SCENARIO=0|1|2 runs one scenario (for profiling).
     let only: Option<usize> = std::env::var("BENCH_SCENARIO").ok().and_then(|s| s.parse().ok());
-    use nomad_proto::JobType::{Service, System};
-    for (i, (jobs, count, job_type)) in [(1, 10_000, Service), (100, 100, Service), (1000, 10, Service), (1, 1, System)].into_iter().enumerate() {
+    use nomad_proto::JobType::{Batch, Service, System};
+    let scenarios = [(1, 10_000, Service), (100, 100, Service), (1000, 10, Service), (1, 10_000, Batch), (1, 1, System)];
+    for (i, (jobs, count, job_type)) in scenarios.into_iter().enumerate() {
         if only.is_none_or(|o| o == i) {
             run(10_000, jobs, count, job_type);
         }
