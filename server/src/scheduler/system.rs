@@ -98,22 +98,22 @@ fn run(state: &State, eval: &Evaluation, now: Timestamp, sysbatch: bool) -> Sche
         diff.ignore = keep;
         diff.infeasible = infeasible;
     }
-    for t in &diff.infeasible {
-        proposed.append_stop(t.alloc.as_deref().expect("existing alloc"), ALLOC_NODE_TAINTED_DESC, None, "");
+    for a in diff.infeasible.iter().filter_map(|t| t.alloc.as_deref()) {
+        proposed.append_stop(a, ALLOC_NODE_TAINTED_DESC, None, "");
     }
 
     let stop_desc = if live_job.is_some() { ALLOC_NOT_NEEDED_DESC } else { ALLOC_JOB_STOPPED_DESC };
-    for t in &diff.stop {
-        proposed.append_stop(t.alloc.as_deref().expect("existing alloc"), stop_desc, None, "");
+    for a in diff.stop.iter().filter_map(|t| t.alloc.as_deref()) {
+        proposed.append_stop(a, stop_desc, None, "");
     }
-    for t in &diff.migrate {
-        proposed.append_stop(t.alloc.as_deref().expect("existing alloc"), ALLOC_NODE_TAINTED_DESC, None, "");
+    for a in diff.migrate.iter().filter_map(|t| t.alloc.as_deref()) {
+        proposed.append_stop(a, ALLOC_NODE_TAINTED_DESC, None, "");
     }
-    for t in &diff.lost {
-        proposed.append_stop(t.alloc.as_deref().expect("existing alloc"), ALLOC_LOST_DESC, Some(ClientStatus::Lost), "");
+    for a in diff.lost.iter().filter_map(|t| t.alloc.as_deref()) {
+        proposed.append_stop(a, ALLOC_LOST_DESC, Some(ClientStatus::Lost), "");
     }
-    for t in &diff.disconnecting {
-        proposed.append_alloc(t.alloc.as_deref().expect("existing alloc").clone());
+    for a in diff.disconnecting.iter().filter_map(|t| t.alloc.as_deref()) {
+        proposed.append_alloc(a.clone());
     }
 
     let mut inplace = Vec::new();
@@ -134,7 +134,9 @@ fn run(state: &State, eval: &Evaluation, now: Timestamp, sysbatch: bool) -> Sche
     let limit = rolling.map_or(destructive.len(), |u| u.max_parallel as usize);
     let limit_reached = destructive.len() > limit;
     for t in destructive.into_iter().take(limit) {
-        proposed.append_stop(t.alloc.as_deref().expect("existing alloc"), ALLOC_UPDATING_DESC, None, "");
+        if let Some(a) = t.alloc.as_deref() {
+            proposed.append_stop(a, ALLOC_UPDATING_DESC, None, "");
+        }
         diff.place.push(t);
     }
 
