@@ -1,0 +1,381 @@
+//! The reconciler: compares a service or batch job with its allocs and the
+//! state of their nodes, and returns what to change, in named buckets.
+//!
+//! ```text
+//!  allocs of group ─▶ filter_by_tainted ─▶ untainted │ migrate │ lost │ disconnecting │ reconnecting │ ignore
+//!    reconnecting ─▶ keep original or replacement (reconnect.rs)
+//!    untainted    ─▶ reschedule now / later (follow-up evals) ─▶ stop surplus ─▶ in-place │ destructive
+//!    disconnecting─▶ mark unknown + timeout eval, replace now
+//!    lost         ─▶ stop (lost), replace up to count
+//! ```
+//!
+//! Nomad's deployments and canaries are not modelled: destructive updates
+//! go `max_parallel` at a time and the rest continue in a `rolling-update`
+//! follow-up eval after the group's `min_healthy_time`.
+
+mod followups;
+mod reconnect;
+
+use std::collections::BTreeMap;
+
+use nomad_proto::alloc::{ALLOC_JOB_STOPPED_DESC, ALLOC_LOST_DESC, ALLOC_MIGRATING_DESC, ALLOC_NOT_NEEDED_DESC, ALLOC_RESCHEDULED_DESC};
+use nomad_proto::plan::DesiredUpdates;
+use nomad_proto::{Allocation, ClientStatus, Evaluation, Job, TaskGroup, Timestamp};
+
+use super::alloc_sets::{self, AllocSet, TaintedNodes, difference, filter_by_rescheduleable, filter_by_tainted};
+use super::names::NameIndex;
+
+/// An alloc to place.
+#[derive(Debug, Clone)]
+pub(crate) struct PlaceRequest<'a> {
+    pub(crate) name: String,
+    pub(crate) group: String,
+    /// The alloc this one replaces (rescheduled, lost, migrated, disconnected).
+    pub(crate) previous: Option<&'a Allocation>,
+    /// Replaces a failed (or disconnected) alloc: penalize its node, extend its tracker.
+    pub(crate) reschedule: bool,
+    /// Replaces an alloc lost with its node.
+    pub(crate) lost: bool,
+}
+
+/// An alloc replaced by a new one because the job changed destructively.
+#[derive(Debug, Clone)]
+pub(crate) struct DestructiveUpdate<'a> {
+    pub(crate) name: String,
+    pub(crate) group: String,
+    pub(crate) stop: &'a Allocation,
+}
+
+/// An alloc to stop.
+#[derive(Debug, Clone)]
+pub(crate) struct StopRequest<'a> {
+    pub(crate) alloc: &'a Allocation,
+    pub(crate) client_status: Option<ClientStatus>,
+    pub(crate) description: &'static str,
+    pub(crate) followup_eval_id: String,
+}
+
+/// How an existing alloc takes a new job version.
+#[derive(Debug, Clone)]
+pub(crate) enum UpdateKind {
+    /// Nothing to do.
+    Ignore,
+    /// Stop it and place a new one.
+    Destructive,
+    /// Rewrite it on its node.
+    InPlace(Box<Allocation>),
+}
+
+/// Decides [`UpdateKind`] for an untainted alloc and the current group.
+pub(crate) type UpdateFn<'f, 'a> = dyn FnMut(&'a Allocation, &TaskGroup) -> UpdateKind + 'f;
+
+/// What the reconciler decided.
+#[derive(Debug, Default)]
+pub(crate) struct ReconcileResults<'a> {
+    pub(crate) place: Vec<PlaceRequest<'a>>,
+    pub(crate) destructive_update: Vec<DestructiveUpdate<'a>>,
+    pub(crate) inplace_update: Vec<Allocation>,
+    pub(crate) stop: Vec<StopRequest<'a>>,
+    /// Allocs rewritten to carry a follow-up eval ID (delayed reschedules).
+    pub(crate) attribute_updates: BTreeMap<String, Allocation>,
+    /// Allocs on disconnected nodes, now marked `unknown`.
+    pub(crate) disconnect_updates: BTreeMap<String, Allocation>,
+    /// `unknown` allocs back on their node, with a `running` AllocState appended.
+    pub(crate) reconnect_updates: BTreeMap<String, Allocation>,
+    pub(crate) desired_tg_updates: BTreeMap<String, DesiredUpdates>,
+    /// Delayed evals: reschedules, disconnect timeouts, lost-later.
+    pub(crate) followup_evals: Vec<Evaluation>,
+    /// Destructive updates were held back by `max_parallel`; continue then.
+    pub(crate) rolling_wait_until: Option<Timestamp>,
+}
+
+/// Inputs of one reconciliation.
+pub(crate) struct Reconciler<'a, 'f> {
+    /// The job; `None` when it was purged.
+    pub(crate) job: Option<&'f Job>,
+    pub(crate) job_id: &'a str,
+    pub(crate) batch: bool,
+    pub(crate) tainted: &'f TaintedNodes<'a>,
+    pub(crate) eval_id: &'f str,
+    pub(crate) eval_priority: i64,
+    pub(crate) now: Timestamp,
+    pub(crate) update_fn: &'f mut UpdateFn<'f, 'a>,
+}
+
+struct Run<'a, 'f, 'r> {
+    inputs: &'r mut Reconciler<'a, 'f>,
+    results: ReconcileResults<'a>,
+}
+
+impl<'a, 'f> Reconciler<'a, 'f> {
+    /// Reconciles `allocs` (all of the job's allocs, terminal ones included).
+    pub(crate) fn compute(&mut self, allocs: &[&'a Allocation]) -> ReconcileResults<'a> {
+        let mut matrix: BTreeMap<String, AllocSet<'a>> = BTreeMap::new();
+        for a in allocs {
+            matrix.entry(a.task_group.clone()).or_default().insert(a.id.as_str(), a);
+        }
+        let job = self.job;
+        let mut run = Run { inputs: self, results: ReconcileResults::default() };
+        match job {
+            Some(job) if !job.stop => {
+                for tg in &job.task_groups {
+                    matrix.entry(tg.name.clone()).or_default();
+                }
+                for (group, set) in &matrix {
+                    run.compute_group(job, group, set);
+                }
+            }
+            _ => {
+                // Stopped or purged: stop everything still live.
+                for (group, set) in &matrix {
+                    let live: AllocSet<'a> = set.iter().filter(|(_, a)| !a.terminal()).map(|(k, v)| (*k, *v)).collect();
+                    let stop = run.filter_and_stop_all(&live, ALLOC_JOB_STOPPED_DESC);
+                    run.results.desired_tg_updates.insert(group.clone(), DesiredUpdates { stop, ..DesiredUpdates::default() });
+                }
+            }
+        }
+        run.results
+    }
+}
+
+impl<'a> Run<'a, '_, '_> {
+    fn mark_stop(&mut self, set: &AllocSet<'a>, client_status: Option<ClientStatus>, description: &'static str) {
+        for &a in set.values() {
+            self.results.stop.push(StopRequest { alloc: a, client_status, description, followup_eval_id: String::new() });
+        }
+    }
+
+    /// Stops every alloc of the set, lost ones as lost.
+    fn filter_and_stop_all(&mut self, set: &AllocSet<'a>, description: &'static str) -> u64 {
+        let split = filter_by_tainted(set, self.inputs.tainted, self.inputs.now);
+        self.mark_stop(&split.untainted, None, description);
+        self.mark_stop(&split.migrate, None, description);
+        self.mark_stop(&split.lost, Some(ClientStatus::Lost), ALLOC_LOST_DESC);
+        self.mark_stop(&split.disconnecting, None, description);
+        self.mark_stop(&split.reconnecting, None, description);
+        let unknown: AllocSet<'a> = split.ignore.iter().filter(|(_, a)| a.client_status == ClientStatus::Unknown).map(|(k, v)| (*k, *v)).collect();
+        self.mark_stop(&unknown, None, description);
+        set.len() as u64
+    }
+
+    fn compute_group(&mut self, job: &Job, group: &str, all: &AllocSet<'a>) {
+        let mut desired = DesiredUpdates::default();
+        let Some(tg) = job.lookup_task_group(group) else {
+            // The group was removed from the job.
+            let live: AllocSet<'a> = all.iter().filter(|(_, a)| !a.terminal()).map(|(k, v)| (*k, *v)).collect();
+            desired.stop = self.filter_and_stop_all(&live, ALLOC_NOT_NEEDED_DESC);
+            self.results.desired_tg_updates.insert(group.to_string(), desired);
+            return;
+        };
+        let (now, batch) = (self.inputs.now, self.inputs.batch);
+
+        // Batch allocs that finished under an older version are history.
+        let all: AllocSet<'a> = if batch {
+            let (old, keep): (Vec<_>, Vec<_>) = all.iter().partition(|(_, a)| a.terminal() && is_older(a, job));
+            desired.ignore += old.len() as u64;
+            keep.into_iter().map(|(k, v)| (*k, *v)).collect()
+        } else {
+            all.clone()
+        };
+
+        let mut split = filter_by_tainted(&all, self.inputs.tainted, now);
+        desired.ignore += split.ignore.len() as u64;
+
+        // Reconnecting allocs and their replacements are settled first.
+        if !split.reconnecting.is_empty() {
+            let (reconnect, stop) = self.reconcile_reconnecting(job, &split.reconnecting, &all);
+            desired.stop += stop.len() as u64;
+            for set in [&mut split.untainted, &mut split.migrate, &mut split.lost, &mut split.disconnecting, &mut split.ignore] {
+                *set = difference(set, &stop);
+            }
+            self.compute_reconnecting(job, &reconnect);
+            split.untainted.extend(reconnect);
+        }
+
+        let resched = filter_by_rescheduleable(&split.untainted, batch, false, now, self.inputs.eval_id);
+        let mut untainted = resched.untainted;
+        let mut reschedule_now = resched.now;
+        let disconnecting = filter_by_rescheduleable(&split.disconnecting, batch, true, now, self.inputs.eval_id);
+        reschedule_now.extend(disconnecting.now);
+
+        let lost_later = alloc_sets::delay_by_stop_after_client_disconnect(&split.lost, now);
+        let mut followup_ids = self.create_delayed_evals(job, &lost_later);
+        followup_ids.extend(self.create_timeout_later_evals(job, &split.disconnecting));
+        self.create_reschedule_later_evals(job, &resched.later, &all);
+
+        let taken = untainted.values().chain(split.migrate.values()).chain(reschedule_now.values()).chain(split.lost.values()).copied();
+        let mut names = NameIndex::new(self.inputs.job_id, group, tg.count, taken);
+
+        let mut migrate = split.migrate;
+        let stop = self.compute_stop(tg, &mut names, &untainted, &mut migrate, &split.lost, &followup_ids);
+        desired.stop += stop.len() as u64;
+        untainted = difference(&untainted, &stop);
+
+        let (ignore, inplace, destructive) = self.compute_updates(tg, &untainted);
+        desired.ignore += ignore as u64;
+        desired.in_place_update += inplace as u64;
+
+        let mut under = under_provisioned_by(tg, &destructive, &migrate);
+        let place = if lost_later.is_empty() { self.compute_placements(tg, &mut names, &untainted, &migrate, &reschedule_now, &split.lost) } else { Vec::new() };
+
+        // Replacements of failed allocs stop them; disconnected originals keep running.
+        let failed: AllocSet<'a> = reschedule_now.iter().filter(|(id, _)| !self.results.disconnect_updates.contains_key(**id)).map(|(k, v)| (*k, *v)).collect();
+        desired.place += place.len() as u64;
+        under -= place.len().min(under);
+        self.results.place.extend(place);
+        self.mark_stop(&failed, None, ALLOC_RESCHEDULED_DESC);
+        desired.stop += failed.len() as u64;
+
+        let n = destructive.len().min(under);
+        desired.destructive_update += n as u64;
+        desired.ignore += (destructive.len() - n) as u64;
+        for &a in name_order(&destructive).iter().take(n) {
+            self.results.destructive_update.push(DestructiveUpdate { name: a.name.clone(), group: tg.name.clone(), stop: a });
+        }
+        if n < destructive.len() {
+            let wait = tg.update.as_ref().map_or(0, |u| u.min_healthy_time);
+            let at = now.add_nanos(wait);
+            self.results.rolling_wait_until = Some(self.results.rolling_wait_until.map_or(at, |t| t.max(at)));
+        }
+
+        desired.migrate += migrate.len() as u64;
+        for a in name_order(&migrate) {
+            self.results.stop.push(StopRequest { alloc: a, client_status: None, description: ALLOC_MIGRATING_DESC, followup_eval_id: String::new() });
+            self.results.place.push(PlaceRequest { name: a.name.clone(), group: tg.name.clone(), previous: Some(a), reschedule: false, lost: false });
+        }
+        self.results.desired_tg_updates.insert(group.to_string(), desired);
+    }
+
+    /// Stops lost allocs and allocs above `count` (highest name indexes first).
+    fn compute_stop(
+        &mut self,
+        tg: &TaskGroup,
+        names: &mut NameIndex,
+        untainted: &AllocSet<'a>,
+        migrate: &mut AllocSet<'a>,
+        lost: &AllocSet<'a>,
+        followups: &BTreeMap<String, String>,
+    ) -> AllocSet<'a> {
+        let mut stop = lost.clone();
+        for &a in lost.values() {
+            let followup_eval_id = followups.get(&a.id).cloned().unwrap_or_default();
+            self.results.stop.push(StopRequest { alloc: a, client_status: Some(ClientStatus::Lost), description: ALLOC_LOST_DESC, followup_eval_id });
+        }
+        let mut remove = untainted.len() as i64 + migrate.len() as i64 - tg.count;
+        if remove <= 0 {
+            return stop;
+        }
+        let mut live: AllocSet<'a> = untainted.iter().filter(|(_, a)| !a.terminal()).map(|(k, v)| (*k, *v)).collect();
+        let stop_one = |this: &mut Self, a: &'a Allocation, stop: &mut AllocSet<'a>| {
+            stop.insert(a.id.as_str(), a);
+            this.results.stop.push(StopRequest { alloc: a, client_status: None, description: ALLOC_NOT_NEEDED_DESC, followup_eval_id: String::new() });
+        };
+        // Prefer stopping allocs that are migrating anyway.
+        if !migrate.is_empty() {
+            let mut migrating = NameIndex::new(self.inputs.job_id, &tg.name, tg.count, migrate.values().copied());
+            let remove_names = migrating.highest(remove as usize);
+            let matching: Vec<&'a Allocation> = migrate.values().copied().filter(|a| remove_names.contains(&a.name)).collect();
+            for a in matching {
+                stop_one(self, a, &mut stop);
+                migrate.remove(a.id.as_str());
+                names.unset(a.index() as usize);
+                remove -= 1;
+                if remove == 0 {
+                    return stop;
+                }
+            }
+        }
+        let remove_names = names.highest(remove as usize);
+        let by_name: Vec<&'a Allocation> = live.values().copied().filter(|a| remove_names.contains(&a.name)).collect();
+        for a in by_name {
+            stop_one(self, a, &mut stop);
+            live.remove(a.id.as_str());
+            remove -= 1;
+            if remove == 0 {
+                return stop;
+            }
+        }
+        // Duplicate names can leave some to stop.
+        for a in live.values().copied().collect::<Vec<_>>() {
+            stop_one(self, a, &mut stop);
+            remove -= 1;
+            if remove == 0 {
+                break;
+            }
+        }
+        stop
+    }
+
+    /// Sorts untainted allocs by how they take the current job version.
+    fn compute_updates(&mut self, tg: &TaskGroup, untainted: &AllocSet<'a>) -> (usize, usize, AllocSet<'a>) {
+        let (mut ignore, mut inplace, mut destructive) = (0, 0, AllocSet::new());
+        for (&id, &a) in untainted {
+            match (self.inputs.update_fn)(a, tg) {
+                UpdateKind::Ignore => ignore += 1,
+                UpdateKind::Destructive => {
+                    destructive.insert(id, a);
+                }
+                UpdateKind::InPlace(updated) => {
+                    inplace += 1;
+                    self.results.inplace_update.push(*updated);
+                }
+            }
+        }
+        (ignore, inplace, destructive)
+    }
+
+    /// Replacements: rescheduled allocs, lost allocs up to count, then new names.
+    fn compute_placements(
+        &self,
+        tg: &TaskGroup,
+        names: &mut NameIndex,
+        untainted: &AllocSet<'a>,
+        migrate: &AllocSet<'a>,
+        reschedule: &AllocSet<'a>,
+        lost: &AllocSet<'a>,
+    ) -> Vec<PlaceRequest<'a>> {
+        let mut place: Vec<PlaceRequest<'a>> = reschedule
+            .values()
+            .map(|&a| PlaceRequest { name: a.name.clone(), group: tg.name.clone(), previous: Some(a), reschedule: true, lost: false })
+            .collect();
+        let mut existing = (untainted.len() + migrate.len() + reschedule.len()) as i64;
+        for &a in lost.values() {
+            if existing >= tg.count {
+                break;
+            }
+            existing += 1;
+            place.push(PlaceRequest { name: a.name.clone(), group: tg.name.clone(), previous: Some(a), reschedule: false, lost: true });
+        }
+        if existing < tg.count {
+            for name in names.next((tg.count - existing) as usize) {
+                place.push(PlaceRequest { name, group: tg.name.clone(), previous: None, reschedule: false, lost: false });
+            }
+        }
+        place
+    }
+}
+
+/// How many destructive updates may happen now: `max_parallel` when an
+/// update strategy applies to pending changes, else everything.
+fn under_provisioned_by(tg: &TaskGroup, destructive: &AllocSet<'_>, migrate: &AllocSet<'_>) -> usize {
+    let max_parallel = tg.update.as_ref().map_or(0, |u| u.max_parallel);
+    if max_parallel <= 0 || destructive.len() + migrate.len() == 0 {
+        return tg.count.max(0) as usize;
+    }
+    max_parallel as usize
+}
+
+/// The alloc runs an older job version (or an older job of the same ID).
+fn is_older(a: &Allocation, job: &Job) -> bool {
+    a.job.as_ref().is_some_and(|j| j.version < job.version || j.create_index < job.create_index)
+}
+
+/// Allocs ordered by name index.
+fn name_order<'a>(set: &AllocSet<'a>) -> Vec<&'a Allocation> {
+    let mut v: Vec<&'a Allocation> = set.values().copied().collect();
+    v.sort_by_key(|a| a.index());
+    v
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -1,0 +1,92 @@
+//! What a node has left: its capacity and the resources its allocs hold.
+
+use nomad_proto::{Allocation, Node};
+
+use super::ports::PortSet;
+
+/// A node's schedulable capacity: offered minus reserved.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Capacity {
+    pub(crate) cpu: i64,
+    pub(crate) memory: i64,
+    pub(crate) disk: i64,
+}
+
+impl Capacity {
+    pub(crate) fn of(node: &Node) -> Capacity {
+        let Some(r) = &node.node_resources else { return Capacity::default() };
+        let reserved = node.reserved_resources.as_ref();
+        Capacity {
+            cpu: r.cpu.cpu_shares - reserved.map_or(0, |x| x.cpu.cpu_shares),
+            memory: r.memory.memory_mb - reserved.map_or(0, |x| x.memory.memory_mb),
+            disk: r.disk.disk_mb - reserved.map_or(0, |x| x.disk.disk_mb),
+        }
+    }
+}
+
+/// Resources held on a node by the allocs the plan would leave there,
+/// plus counts of the eval's job allocs (for anti-affinity and distinct hosts).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct NodeUsage {
+    pub(crate) cpu: i64,
+    pub(crate) memory: i64,
+    pub(crate) disk: i64,
+    pub(crate) cores: Vec<u16>,
+    pub(crate) ports: PortSet,
+    /// The `DimensionExhausted` key when the node cannot take ports at all:
+    /// its current allocs collide, or its reserved ports do not parse.
+    pub(crate) collision: Option<&'static str>,
+    /// Allocs of the eval's job on the node.
+    pub(crate) job_allocs: u32,
+    /// The same, per group of the current job version (by group index).
+    pub(crate) group_allocs: Vec<u32>,
+}
+
+impl NodeUsage {
+    /// An empty usage with the node's reserved ports.
+    pub(crate) fn new(node: &Node, groups: usize) -> NodeUsage {
+        let (ports, collision) = match PortSet::for_node(node) {
+            Ok(p) => (p, None),
+            Err(_) => (PortSet::default(), Some("network: invalid node")),
+        };
+        NodeUsage { ports, collision, group_allocs: vec![0; groups], ..NodeUsage::default() }
+    }
+
+    /// Adds an alloc's resources. `group` is the index of its group in the
+    /// eval's job when the alloc belongs to that job.
+    pub(crate) fn add(&mut self, alloc: &Allocation, same_job: bool, group: Option<usize>) {
+        if let Some(r) = &alloc.allocated_resources {
+            for t in r.tasks.values() {
+                self.cpu += t.cpu.cpu_shares;
+                self.memory += t.memory.memory_mb;
+                self.cores.extend_from_slice(&t.cpu.reserved_cores);
+                for n in &t.networks {
+                    self.add_ports(n.reserved_ports.iter().chain(&n.dynamic_ports).map(|p| p.value));
+                }
+            }
+            self.disk += r.shared.disk_mb;
+            // Shared.Ports is the authoritative list; networks only for older allocs.
+            if !r.shared.ports.is_empty() {
+                self.add_ports(r.shared.ports.iter().map(|p| p.value));
+            } else {
+                for n in &r.shared.networks {
+                    self.add_ports(n.reserved_ports.iter().chain(&n.dynamic_ports).map(|p| p.value));
+                }
+            }
+        }
+        if same_job {
+            self.job_allocs += 1;
+            if let Some(g) = group.and_then(|g| self.group_allocs.get_mut(g)) {
+                *g += 1;
+            }
+        }
+    }
+
+    fn add_ports(&mut self, ports: impl Iterator<Item = i64>) {
+        for p in ports.filter(|p| *p > 0) {
+            if !self.ports.insert(p) && self.collision.is_none() {
+                self.collision = Some("network: port collision");
+            }
+        }
+    }
+}
