@@ -9,6 +9,8 @@ mod alloc;
 mod error;
 mod eligibility;
 mod job;
+mod job_diff;
+mod job_plan;
 mod node;
 mod node_evals;
 
@@ -18,10 +20,12 @@ pub use error::EndpointError;
 pub use alloc::AllocStopResponse;
 pub use eligibility::NodeEligibilityUpdateResponse;
 pub use job::{JobDeregisterResponse, JobRegisterOptions, JobRegisterResponse};
+pub use job_plan::JobPlanResponse;
 pub use node_evals::{create_node_evals, should_create_node_eval};
 
 use crate::consensus::Consensus;
 use crate::heartbeat::Heartbeater;
+use crate::scheduler::Scheduler;
 use crate::state::StateStore;
 
 /// Settings endpoints need.
@@ -52,12 +56,20 @@ pub struct Endpoints {
     consensus: Arc<dyn Consensus>,
     heartbeats: Arc<Heartbeater>,
     config: EndpointConfig,
+    /// Runs `Job.Plan` dry runs; `None` until the server sets one.
+    scheduler: Option<Arc<dyn Scheduler>>,
 }
 
 impl Endpoints {
     /// Endpoints over a store, writing through `consensus`.
     pub fn new(store: Arc<StateStore>, consensus: Arc<dyn Consensus>, heartbeats: Arc<Heartbeater>, config: EndpointConfig) -> Endpoints {
-        Endpoints { store, consensus, heartbeats, config }
+        Endpoints { store, consensus, heartbeats, config, scheduler: None }
+    }
+
+    /// These endpoints, answering `Job.Plan` with `scheduler`.
+    pub fn with_scheduler(mut self, scheduler: Arc<dyn Scheduler>) -> Endpoints {
+        self.scheduler = Some(scheduler);
+        self
     }
 
     /// The state store.

@@ -117,6 +117,11 @@ fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnError> {
             jobs.extend(txn.upsert_evals(evals.clone()));
         }
         Command::PlanApply(plan) => apply_plan(txn, plan, &mut jobs)?,
+        Command::PlanApplyBatch(plans) => {
+            for plan in plans {
+                apply_plan(txn, plan, &mut jobs)?;
+            }
+        }
     }
     for key in &jobs {
         txn.refresh_job_status(key);

@@ -72,4 +72,6 @@ pub fn router(state: HttpState) -> Router {
 }
 
 #[cfg(test)]
+mod plan_tests;
+#[cfg(test)]
 mod tests;
