@@ -169,20 +169,38 @@ impl Scheduler for FirstReadyNode {
 /// Probes up to `probes` random ready nodes per alloc and takes the first
 /// with room (counting what the plan already put there). Seeded by the eval
 /// ID, so a run is reproducible.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub struct RandomFit {
     /// Nodes tried per alloc before giving up.
     pub probes: usize,
+    /// Ready nodes as of a nodes-table index: listing 10,000 nodes per eval would dominate.
+    ready: std::sync::Mutex<(u64, Arc<Vec<Arc<Node>>>)>,
+}
+
+impl RandomFit {
+    /// Tries `probes` nodes per alloc.
+    pub fn new(probes: usize) -> RandomFit {
+        RandomFit { probes, ready: std::sync::Mutex::new((u64::MAX, Arc::new(Vec::new()))) }
+    }
+
+    fn ready_nodes(&self, state: &State) -> Arc<Vec<Arc<Node>>> {
+        let index = state.table_index(crate::state::Table::Nodes);
+        let mut cached = self.ready.lock().unwrap_or_else(|e| e.into_inner());
+        if cached.0 != index {
+            *cached = (index, Arc::new(state.nodes().filter(|n| n.is_ready_for_placement()).cloned().collect()));
+        }
+        cached.1.clone()
+    }
 }
 
 impl Default for RandomFit {
     fn default() -> Self {
-        RandomFit { probes: 64 }
+        RandomFit::new(64)
     }
 }
 
 struct Probe {
-    ready: Vec<Arc<Node>>,
+    ready: Arc<Vec<Arc<Node>>>,
     planned: HashMap<String, Usage>,
     probes: usize,
     rng: u64,
@@ -199,13 +217,16 @@ impl Probe {
 }
 
 impl Placer for Probe {
-    fn pick(&mut self, state: &State, _: &Job, _: &TaskGroup, ask: Usage) -> Option<Arc<Node>> {
+    fn pick(&mut self, state: &State, job: &Job, _: &TaskGroup, ask: Usage) -> Option<Arc<Node>> {
         if self.ready.is_empty() {
             return None;
         }
         for _ in 0..self.probes {
             let pick = (self.next() % self.ready.len() as u64) as usize;
             let node = self.ready[pick].clone();
+            if !node.in_any_datacenter(&job.datacenters) {
+                continue;
+            }
             let cap = node_capacity(&node);
             let planned = self.planned.entry(node.id.clone()).or_insert_with(|| {
                 state.allocs_by_node(&node.id).filter(|a| !a.terminal()).map(|a| alloc_usage(a)).fold(Usage::default(), |s, u| Usage {
@@ -227,8 +248,7 @@ impl Placer for Probe {
 
 impl Scheduler for RandomFit {
     fn compute(&self, state: &State, eval: &Evaluation, now: Timestamp) -> ScheduleOutcome {
-        let job = state.job(&eval.namespace, &eval.job_id);
-        let ready = job.map(|j| state.nodes().filter(|n| schedulable(n, j)).cloned().collect()).unwrap_or_default();
+        let ready = self.ready_nodes(state);
         let seed = eval.id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3)) | 1;
         reconcile(state, eval, now, &mut Probe { ready, planned: HashMap::new(), probes: self.probes, rng: seed })
     }

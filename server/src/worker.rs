@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use nomad_proto::eval::trigger;
 use nomad_proto::{EvalStatus, Evaluation, JobType, Timestamp};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -55,12 +56,22 @@ pub struct Worker {
     scheduler: Arc<dyn Scheduler>,
     plans: PlanQueue,
     config: WorkerConfig,
+    compute_slots: Arc<Semaphore>,
 }
 
 impl Worker {
     /// A worker taking evals from `broker` and submitting plans to `plans`.
-    pub fn new(broker: Arc<EvalBroker>, store: Arc<StateStore>, scheduler: Arc<dyn Scheduler>, plans: PlanQueue, config: WorkerConfig) -> Worker {
-        Worker { broker, store, scheduler, plans, config }
+    /// `compute_slots` bounds how many workers run the scheduler at once (the
+    /// cores to use); the others meanwhile wait for their plans' results.
+    pub fn new(
+        broker: Arc<EvalBroker>,
+        store: Arc<StateStore>,
+        scheduler: Arc<dyn Scheduler>,
+        plans: PlanQueue,
+        config: WorkerConfig,
+        compute_slots: Arc<Semaphore>,
+    ) -> Worker {
+        Worker { broker, store, scheduler, plans, config, compute_slots }
     }
 
     /// Processes evals until the broker is disabled.
@@ -140,6 +151,7 @@ impl Worker {
 
     async fn compute(&self, snap: State, eval: Arc<Evaluation>) -> Option<ScheduleOutcome> {
         let scheduler = self.scheduler.clone();
+        let _slot = self.compute_slots.acquire().await.ok()?;
         match tokio::task::spawn_blocking(move || scheduler.compute(&snap, &eval, Timestamp::now())).await {
             Ok(outcome) => Some(outcome),
             Err(e) => {

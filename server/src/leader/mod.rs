@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use nomad_proto::NodeStatus;
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use crate::broker::{BlockedEvals, BrokerConfig, ChangeWatcher, EvalBroker, EvalWriter, reap_failed_evals, CANCELED_SUPERSEDED};
@@ -21,8 +22,12 @@ use crate::worker::{Worker, WorkerConfig};
 /// Leader settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LeaderConfig {
-    /// Scheduler workers (Nomad's `num_schedulers`; default: one per core).
+    /// Schedulers running at once (Nomad's `num_schedulers`; default: one per core).
     pub num_schedulers: usize,
+    /// Evals worked on at once. Above `num_schedulers`, the extra workers
+    /// hold evals whose plans wait at the applier, so plans queue up and
+    /// share Raft entries instead of each paying a full write.
+    pub evals_in_flight: usize,
     /// Eval broker.
     pub broker: BrokerConfig,
     /// Plan applier.
@@ -35,6 +40,7 @@ impl Default for LeaderConfig {
     fn default() -> Self {
         LeaderConfig {
             num_schedulers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            evals_in_flight: 8 * std::thread::available_parallelism().map_or(1, |n| n.get()),
             broker: BrokerConfig::default(),
             plan_applier: PlanApplierConfig::default(),
             worker: WorkerConfig::default(),
@@ -132,8 +138,16 @@ impl Leader {
         let (plans, applier_task) =
             spawn_plan_applier(d.store.clone(), d.consensus.clone(), self.broker.clone(), self.config.plan_applier.clone());
         tasks.push(applier_task);
-        for _ in 0..self.config.num_schedulers.max(1) {
-            let w = Worker::new(self.broker.clone(), d.store.clone(), d.scheduler.clone(), plans.clone(), self.config.worker.clone());
+        let compute_slots = Arc::new(Semaphore::new(self.config.num_schedulers.max(1)));
+        for _ in 0..self.config.evals_in_flight.max(self.config.num_schedulers).max(1) {
+            let w = Worker::new(
+                self.broker.clone(),
+                d.store.clone(),
+                d.scheduler.clone(),
+                plans.clone(),
+                self.config.worker.clone(),
+                compute_slots.clone(),
+            );
             tasks.push(tokio::spawn(w.run()));
         }
 

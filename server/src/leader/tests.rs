@@ -17,7 +17,7 @@ use crate::state::State;
 use crate::testing::{TestServer, job, node};
 
 fn config() -> LeaderConfig {
-    LeaderConfig { num_schedulers: 2, ..LeaderConfig::default() }
+    LeaderConfig { num_schedulers: 2, evals_in_flight: 4, ..LeaderConfig::default() }
 }
 
 /// Waits (up to 10 s) until `cond` holds on the current state.

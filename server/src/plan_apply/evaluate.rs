@@ -5,12 +5,11 @@
 //! written, earlier plans of the same batch). Overlays are keyed by alloc ID,
 //! so an effect that did reach the snapshot is not counted twice.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use nomad_proto::{Allocation, ClientStatus, Node, NodeStatus, Plan, PlanResult, SchedulingEligibility};
 
-use super::fit::allocs_fit;
+use super::fit::{Held, fits};
 use crate::state::{State, Table};
 
 /// Alloc changes accepted but maybe not yet in the state being read.
@@ -21,7 +20,7 @@ pub struct Overlay {
 
 #[derive(Debug, Default, Clone)]
 struct NodeChanges {
-    upserts: HashMap<String, Arc<Allocation>>,
+    upserts: HashMap<String, Held>,
     stops: HashSet<String>,
 }
 
@@ -40,7 +39,7 @@ impl Overlay {
             let n = self.nodes.entry(node.clone()).or_default();
             for a in allocs {
                 n.stops.remove(&a.id);
-                n.upserts.insert(a.id.clone(), Arc::new(a.clone()));
+                n.upserts.insert(a.id.clone(), Held::of(a));
             }
         }
     }
@@ -51,25 +50,39 @@ impl Overlay {
     }
 }
 
-/// The non-terminal allocs on a node as `state` plus `overlays` (in order) have them.
-fn live_allocs(state: &State, overlays: &[&Overlay], node_id: &str) -> BTreeMap<String, Arc<Allocation>> {
-    let mut live: BTreeMap<String, Arc<Allocation>> =
-        state.allocs_by_node(node_id).filter(|a| !a.terminal()).map(|a| (a.id.clone(), a.clone())).collect();
+/// Whether alloc `id` runs on `node_id` as `state` plus `overlays` have it.
+fn is_live(state: &State, overlays: &[&Overlay], node_id: &str, id: &str) -> bool {
+    for o in overlays.iter().rev() {
+        if let Some(n) = o.nodes.get(node_id) {
+            if n.stops.contains(id) {
+                return false;
+            }
+            if let Some(h) = n.upserts.get(id) {
+                return !h.terminal;
+            }
+        }
+    }
+    state.alloc(id).is_some_and(|a| a.node_id == node_id && !a.terminal())
+}
+
+/// What the live allocs on a node hold, by alloc ID, as `state` plus `overlays` (in order) have it.
+fn held_on<'a>(state: &'a State, overlays: &[&'a Overlay], node_id: &str) -> HashMap<&'a str, Held> {
+    let mut held: HashMap<&str, Held> = state.allocs_by_node(node_id).filter(|a| !a.terminal()).map(|a| (a.id.as_str(), Held::of(a))).collect();
     for o in overlays {
         if let Some(n) = o.nodes.get(node_id) {
             for id in &n.stops {
-                live.remove(id);
+                held.remove(id.as_str());
             }
-            for (id, a) in &n.upserts {
-                if a.terminal() {
-                    live.remove(id);
+            for (id, h) in &n.upserts {
+                if h.terminal {
+                    held.remove(id.as_str());
                 } else {
-                    live.insert(id.clone(), a.clone());
+                    held.insert(id.as_str(), h.clone());
                 }
             }
         }
     }
-    live
+    held
 }
 
 /// Whether the plan's part for one node may be committed; `Err` says why not.
@@ -87,9 +100,8 @@ pub fn evaluate_node_plan(state: &State, overlays: &[&Overlay], plan: &Plan, nod
         NodeStatus::Disconnected => return Err("node is disconnected and contains invalid updates".into()),
         NodeStatus::Initializing | NodeStatus::Down => return Err("node is not ready for placements".into()),
     }
-    let mut live = live_allocs(state, overlays, node_id);
     // In-place updates of allocs already there are fine even where new placements are not.
-    if placements.iter().all(|a| live.contains_key(&a.id)) {
+    if placements.iter().all(|a| is_live(state, overlays, node_id, &a.id)) {
         return Ok(());
     }
     if node.drain_strategy.is_some() {
@@ -98,14 +110,13 @@ pub fn evaluate_node_plan(state: &State, overlays: &[&Overlay], plan: &Plan, nod
     if node.scheduling_eligibility == SchedulingEligibility::Ineligible {
         return Err("node is not eligible".into());
     }
+    let mut held = held_on(state, overlays, node_id);
     let removed = [&plan.node_update, &plan.node_preemptions].into_iter().filter_map(|m| m.get(node_id)).flatten();
-    for a in removed {
-        live.remove(&a.id);
+    for a in removed.chain(placements.iter()) {
+        held.remove(a.id.as_str());
     }
-    for a in placements {
-        live.remove(&a.id);
-    }
-    allocs_fit(node, live.values().map(|a| &**a).chain(placements.iter()))
+    let proposed: Vec<Held> = placements.iter().map(Held::of).collect();
+    fits(node, held.values().chain(proposed.iter()))
 }
 
 /// The index a worker must reach before planning again after a refusal.
@@ -113,43 +124,56 @@ pub fn refresh_index(state: &State) -> u64 {
     state.max_index(&[Table::Allocs, Table::Nodes])
 }
 
-/// Decides which parts of `plan` can be committed: every node it touches is
-/// re-checked. A refusal sets `refresh_index`; `all_at_once` plans commit
-/// everything or nothing.
-pub fn evaluate_plan(state: &State, overlays: &[&Overlay], plan: &Plan) -> PlanResult {
-    let mut result = PlanResult::default();
-    let nodes: std::collections::BTreeSet<&String> =
-        plan.node_update.keys().chain(plan.node_allocation.keys()).chain(plan.node_preemptions.keys()).collect();
+/// The nodes whose part of `plan` may be committed, and whether any was refused.
+/// `all_at_once` plans get all their nodes or none.
+pub fn accepted_nodes(state: &State, overlays: &[&Overlay], plan: &Plan) -> (Vec<String>, bool) {
+    let nodes: BTreeSet<&String> = plan.node_update.keys().chain(plan.node_allocation.keys()).chain(plan.node_preemptions.keys()).collect();
+    let mut accepted = Vec::with_capacity(nodes.len());
     let mut refused = false;
     for node_id in nodes {
-        if let Err(reason) = evaluate_node_plan(state, overlays, plan, node_id) {
-            tracing::info!(node_id = %node_id, eval_id = %plan.eval_id, reason = %reason, "plan for node rejected");
-            refused = true;
-            if plan.all_at_once {
-                break;
+        match evaluate_node_plan(state, overlays, plan, node_id) {
+            Ok(()) => accepted.push(node_id.clone()),
+            Err(reason) => {
+                tracing::info!(node_id = %node_id, eval_id = %plan.eval_id, reason = %reason, "plan for node rejected");
+                if plan.all_at_once {
+                    return (Vec::new(), true);
+                }
+                refused = true;
             }
-            continue;
         }
-        let copy = |from: &BTreeMap<String, Vec<Allocation>>, to: &mut BTreeMap<String, Vec<Allocation>>| {
-            if let Some(v) = from.get(node_id).filter(|v| !v.is_empty()) {
-                to.insert(node_id.clone(), v.clone());
+    }
+    (accepted, refused)
+}
+
+/// Moves the accepted nodes' parts of `plan` into a result; a refusal sets `refresh_index`.
+pub fn take_accepted(state: &State, plan: &mut Plan, accepted: &[String], refused: bool) -> PlanResult {
+    let mut result = PlanResult::default();
+    for node_id in accepted {
+        let take = |from: &mut BTreeMap<String, Vec<Allocation>>, to: &mut BTreeMap<String, Vec<Allocation>>| {
+            if let Some(v) = from.remove(node_id).filter(|v| !v.is_empty()) {
+                to.insert(node_id.clone(), v);
             }
         };
-        copy(&plan.node_update, &mut result.node_update);
-        copy(&plan.node_allocation, &mut result.node_allocation);
-        if let Some(v) = plan.node_preemptions.get(node_id) {
+        take(&mut plan.node_update, &mut result.node_update);
+        take(&mut plan.node_allocation, &mut result.node_allocation);
+        if let Some(v) = plan.node_preemptions.remove(node_id) {
             // Preempting an alloc that already stopped is moot.
-            let live: Vec<Allocation> = v.iter().filter(|a| state.alloc(&a.id).is_some_and(|s| !s.terminal())).cloned().collect();
+            let live: Vec<Allocation> = v.into_iter().filter(|a| state.alloc(&a.id).is_some_and(|s| !s.terminal())).collect();
             if !live.is_empty() {
                 result.node_preemptions.insert(node_id.clone(), live);
             }
         }
     }
     if refused {
-        if plan.all_at_once {
-            result = PlanResult::default();
-        }
         result.refresh_index = refresh_index(state).max(1);
     }
     result
+}
+
+/// Decides which parts of `plan` can be committed: every node it touches is
+/// re-checked. A refusal sets `refresh_index`; `all_at_once` plans commit
+/// everything or nothing.
+pub fn evaluate_plan(state: &State, overlays: &[&Overlay], plan: &Plan) -> PlanResult {
+    let (accepted, refused) = accepted_nodes(state, overlays, plan);
+    take_accepted(state, &mut plan.clone(), &accepted, refused)
 }

@@ -65,9 +65,39 @@ pub fn parse_port_list(spec: &str) -> BTreeSet<i64> {
     ports
 }
 
+/// What fitting needs to know of one alloc, without the alloc.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Held {
+    /// Resources.
+    pub usage: Usage,
+    /// Host ports.
+    pub ports: Vec<i64>,
+    /// Reserved cores.
+    pub cores: Vec<u16>,
+    /// Finished (client or server side): holds nothing.
+    pub terminal: bool,
+}
+
+impl Held {
+    /// What `a` holds.
+    pub fn of(a: &Allocation) -> Held {
+        let (ports, cores) = match &a.allocated_resources {
+            Some(r) => (r.host_ports().into_iter().collect(), r.tasks.values().flat_map(|t| t.cpu.reserved_cores.iter().copied()).collect()),
+            None => (Vec::new(), Vec::new()),
+        };
+        Held { usage: alloc_usage(a), ports, cores, terminal: a.terminal() }
+    }
+}
+
 /// Checks that `allocs` (the node's proposed non-terminal allocs) fit on
 /// `node`. The error names the exhausted dimension, as Nomad does.
 pub fn allocs_fit<'a>(node: &Node, allocs: impl IntoIterator<Item = &'a Allocation>) -> Result<(), String> {
+    let held: Vec<Held> = allocs.into_iter().map(Held::of).collect();
+    fits(node, held.iter())
+}
+
+/// [`allocs_fit`] over what the allocs hold.
+pub fn fits<'a>(node: &Node, held: impl IntoIterator<Item = &'a Held>) -> Result<(), String> {
     let capacity = node_capacity(node);
     let mut used = Usage::default();
     let mut ports = node
@@ -76,21 +106,18 @@ pub fn allocs_fit<'a>(node: &Node, allocs: impl IntoIterator<Item = &'a Allocati
         .map(|r| parse_port_list(&r.networks.reserved_host_ports))
         .unwrap_or_default();
     let mut cores = BTreeSet::new();
-    for a in allocs {
-        let u = alloc_usage(a);
-        used.cpu += u.cpu;
-        used.memory_mb += u.memory_mb;
-        used.disk_mb += u.disk_mb;
-        if let Some(r) = &a.allocated_resources {
-            for p in r.host_ports() {
-                if !ports.insert(p) {
-                    return Err(format!("network: port collision ({p})"));
-                }
+    for h in held {
+        used.cpu += h.usage.cpu;
+        used.memory_mb += h.usage.memory_mb;
+        used.disk_mb += h.usage.disk_mb;
+        for p in &h.ports {
+            if !ports.insert(*p) {
+                return Err(format!("network: port collision ({p})"));
             }
-            for c in r.tasks.values().flat_map(|t| t.cpu.reserved_cores.iter()) {
-                if !cores.insert(*c) {
-                    return Err("cores".to_string());
-                }
+        }
+        for c in &h.cores {
+            if !cores.insert(*c) {
+                return Err("cores".to_string());
             }
         }
     }

@@ -11,7 +11,7 @@
 //! cannot both fill it. Plans that queue while an entry is being written go
 //! into the next entry together (one fsync for many plans), and they are
 //! judged while the previous entry is still being written, assuming it will
-//! commit; if it does not, they are judged again before being written.
+//! commit; if it does not, they are sent back to be planned again.
 
 mod evaluate;
 mod fit;
@@ -21,8 +21,8 @@ use std::sync::Arc;
 use nomad_proto::{Allocation, ClientStatus, Evaluation, Plan, PlanResult, Timestamp};
 use tokio::sync::{mpsc, oneshot};
 
-pub use evaluate::{Overlay, evaluate_node_plan, evaluate_plan, refresh_index};
-pub use fit::{Usage, alloc_usage, allocs_fit, node_capacity};
+pub use evaluate::{Overlay, accepted_nodes, evaluate_node_plan, evaluate_plan, refresh_index, take_accepted};
+pub use fit::{Held, Usage, alloc_usage, allocs_fit, fits, node_capacity};
 
 use crate::broker::{BrokerError, EvalBroker};
 use crate::consensus::{ApplyError, Consensus};
@@ -184,8 +184,8 @@ impl Applier {
             if let Some(prev) = in_flight.take() {
                 match prev.done.await {
                     Ok(Some(index)) => last_index = last_index.max(index),
-                    // It did not commit: what was judged assuming it did is judged again.
-                    _ => batch = self.rejudge(batch, &mut overlay),
+                    // It did not commit: what was judged assuming it did cannot be trusted.
+                    _ => batch = self.send_back(batch, &mut overlay),
                 }
                 // Plans that arrived meanwhile join this entry.
                 let mut more = Vec::new();
@@ -242,23 +242,29 @@ impl Applier {
 
     /// Judges one plan; `None` when it was answered at once (stale token).
     fn judge(&self, state: &crate::state::State, behind: &[&Overlay], overlay: &mut Overlay, q: Queued) -> Option<Judged> {
-        let plan = &q.sub.plan;
-        if let Err(e) = self.tokens.check(&plan.eval_id, &plan.eval_token) {
-            let _ = q.reply.send(Err(e.into()));
+        let Queued { mut sub, reply } = q;
+        if let Err(e) = self.tokens.check(&sub.plan.eval_id, &sub.plan.eval_token) {
+            let _ = reply.send(Err(e.into()));
             return None;
         }
         let layers: Vec<&Overlay> = behind.iter().copied().chain(std::iter::once(&*overlay)).collect();
-        let result = evaluate_plan(state, &layers, plan);
+        let (accepted, refused) = accepted_nodes(state, &layers, &sub.plan);
+        // The accepted allocs move into the result; the plan is not needed again.
+        let result = take_accepted(state, &mut sub.plan, &accepted, refused);
         overlay.add(&result);
-        let entry = entry_for(&q.sub, &result);
-        Some(Judged { queued: q, result, entry })
+        let entry = entry_for(&sub, &result);
+        Some(Judged { queued: Queued { sub, reply }, result, entry })
     }
 
-    /// Judges a batch again against the current state (the entry it assumed did not commit).
-    fn rejudge(&self, batch: Vec<Judged>, overlay: &mut Overlay) -> Vec<Judged> {
+    /// The entry a batch was judged against did not commit: nothing of the
+    /// batch is written, and every plan is sent back to be made again on newer state.
+    fn send_back(&self, batch: Vec<Judged>, overlay: &mut Overlay) -> Vec<Judged> {
         *overlay = Overlay::default();
-        let state = self.store.snapshot();
-        batch.into_iter().filter_map(|j| self.judge(&state, &[], overlay, j.queued)).collect()
+        let refresh = refresh_index(&self.store.snapshot()).max(1);
+        batch
+            .into_iter()
+            .map(|j| Judged { queued: j.queued, result: PlanResult { refresh_index: refresh, ..PlanResult::default() }, entry: None })
+            .collect()
     }
 }
 

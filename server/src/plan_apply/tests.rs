@@ -369,17 +369,42 @@ async fn plans_queued_during_a_write_share_the_next_entry_and_no_op_plans_still_
 }
 
 #[tokio::test]
-async fn a_failed_write_fails_its_plans() {
+async fn a_failed_write_fails_its_plans_and_sends_back_those_judged_against_it() {
     let s = setup();
     s.node("n1", NodeStatus::Ready).await;
-    let mut plan = s.delivered("e1").await;
-    place(&mut plan, placement("a1", "n1", 100, 100));
+    let mut p1 = s.delivered("e1").await;
+    let mut p2 = s.delivered("e2").await;
+    place(&mut p1, placement("a1", "n1", 100, 100));
+    place(&mut p2, placement("a2", "n1", 100, 100));
+    let gate = s.consensus.gate.lock().await;
     s.consensus.fail.store(true, Ordering::SeqCst);
-    assert_eq!(s.plans.submit(completed(&plan)).await.unwrap_err(), PlanError::Apply(ApplyError::NoLeader));
+    let first = tokio::spawn({
+        let plans = s.plans.clone();
+        let sub = completed(&p1);
+        async move { plans.submit(sub).await }
+    });
+    wait_for(|| s.consensus.started.load(Ordering::SeqCst) >= 1).await;
+    let second = tokio::spawn({
+        let plans = s.plans.clone();
+        let sub = completed(&p2);
+        async move { plans.submit(sub).await }
+    });
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    drop(gate);
+    assert_eq!(first.await.unwrap().unwrap_err(), PlanError::Apply(ApplyError::NoLeader));
+    // p2 was judged assuming p1 would commit; it is sent back to be planned again, or
+    // (if it arrived after p1 failed) its own write fails too. Either way nothing lands.
     s.consensus.fail.store(false, Ordering::SeqCst);
+    match second.await.unwrap() {
+        Ok(r) => assert!(placed(&r).is_empty() && r.refresh_index > 0, "{r:?}"),
+        Err(e) => assert_eq!(e, PlanError::Apply(ApplyError::NoLeader)),
+    }
+    assert_eq!(s.allocs_on("n1"), 0);
     // The applier goes on.
-    let r = s.plans.submit(completed(&plan)).await.unwrap();
-    assert_eq!(placed(&r), ["a1"]);
+    let r = s.plans.submit(completed(&p2)).await.unwrap();
+    assert_eq!(placed(&r), ["a2"]);
 }
 
 #[test]
