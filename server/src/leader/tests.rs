@@ -169,3 +169,27 @@ async fn an_eval_with_nothing_to_do_still_completes() {
     assert!(s.eval(&eval_id).unwrap().snapshot_index > 0);
     task.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_evals_fill_nodes_without_overcommitting_them() {
+    let ts = TestServer::new();
+    for id in ["n1", "n2"] {
+        ts.consensus.apply(Command::NodeRegister { node: ready_node(id), evals: vec![], now: Timestamp::now() }).await.unwrap();
+    }
+    let (_leader, task) = start_leader(&ts, Arc::new(crate::sim::RandomFit::new(8)), LeaderConfig { num_schedulers: 2, evals_in_flight: 8, ..config() });
+    // 6 jobs × 12 allocs × 300 MiB: 72 allocs where 2 × 27 fit. Workers plan on stale
+    // snapshots and race at the applier; only the applier's re-check keeps nodes from filling twice.
+    let mut evals = Vec::new();
+    for i in 0..6 {
+        evals.push(register(&ts, &format!("job-{i}"), 12).await);
+    }
+    let s = eventually(&ts, "every eval settled", |s| evals.iter().all(|e| s.eval(e).is_some_and(|e| e.status.is_terminal()))).await;
+    let placed: usize = (0..6).map(|i| live_allocs(&s, &format!("job-{i}"))).sum();
+    assert!((27..=54).contains(&placed), "{placed} placed");
+    for id in ["n1", "n2"] {
+        let node = s.node(id).unwrap();
+        let held = s.allocs_by_node(id).filter(|a| !a.terminal()).map(|a| crate::plan_apply::alloc_usage(a).memory_mb).sum::<i64>();
+        assert!(held <= crate::plan_apply::node_capacity(node).memory_mb, "{id} holds {held} MiB");
+    }
+    task.abort();
+}
