@@ -1,14 +1,19 @@
 //! The nomad-rs server role.
 
+pub mod broker;
 pub mod consensus;
 pub mod endpoints;
 pub mod events;
 pub mod fsm;
 pub mod heartbeat;
 pub mod http;
+pub mod leader;
+pub mod plan_apply;
 pub mod raft;
 pub mod rpc;
 pub mod scheduler;
 pub mod server;
+pub mod sim;
 pub mod state;
 pub mod testing;
+pub mod worker;

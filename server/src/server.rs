@@ -15,6 +15,7 @@ use crate::events::EventBroker;
 use crate::fsm::ServerFsm;
 use crate::heartbeat::{HeartbeatConfig, Heartbeater};
 use crate::http::{AgentInfo, HttpState};
+use crate::leader::{Leader, LeaderConfig, LeaderDeps};
 use crate::raft::{RaftConfig, RaftNode};
 use crate::rpc::{ClientRpc, Peers};
 use crate::state::StateStore;
@@ -97,13 +98,15 @@ impl Server {
         let raft = RaftNode::start(raft_cfg, fsm).await?;
         let consensus = RaftConsensus::new(raft.clone());
         let heartbeats = Arc::new(Heartbeater::new(cfg.heartbeat.clone()));
+        let scheduler: Arc<dyn crate::scheduler::Scheduler> = Arc::new(crate::scheduler::BuiltinScheduler);
         let endpoints = Endpoints::new(
             store.clone(),
             consensus.clone(),
             heartbeats.clone(),
             EndpointConfig { region: cfg.region.clone(), datacenter: cfg.datacenter.clone(), ..EndpointConfig::default() },
         )
-        .with_events(events);
+        .with_events(events)
+        .with_scheduler(scheduler.clone());
         let client_rpc = ClientRpc::new(endpoints.clone(), Peers::default());
         let (node_svc, alloc_svc) = client_rpc.services();
         let service_svc = client_rpc.service_registration();
@@ -119,7 +122,21 @@ impl Server {
                 tracing::error!(error = %e, "rpc listener stopped");
             }
         });
-        let leader = tokio::spawn(leader_loop(consensus.clone(), store.clone(), heartbeats, endpoints.clone()));
+        let mut leader_cfg = LeaderConfig::default();
+        if cfg.num_schedulers > 0 {
+            leader_cfg.num_schedulers = cfg.num_schedulers;
+        }
+        let leader = Arc::new(Leader::new(
+            LeaderDeps {
+                store: store.clone(),
+                consensus: consensus.clone(),
+                heartbeats,
+                heartbeat_expiry: Arc::new(endpoints.clone()),
+                scheduler,
+            },
+            leader_cfg,
+        ));
+        let leader = tokio::spawn(leader.run());
         Ok(Server { store, consensus, endpoints, tasks: vec![rpc, leader], rpc_addr })
     }
 
@@ -160,29 +177,6 @@ impl Server {
             t.abort();
         }
         self.consensus.raft().shutdown().await;
-    }
-}
-
-/// Starts leader-only subsystems when leadership is won and stops them when it is lost.
-async fn leader_loop(consensus: Arc<RaftConsensus>, store: Arc<StateStore>, heartbeats: Arc<Heartbeater>, endpoints: Endpoints) {
-    let mut leadership = consensus.leadership();
-    loop {
-        if *leadership.borrow_and_update() {
-            let nodes: Vec<String> = store
-                .snapshot()
-                .nodes()
-                .filter(|n| n.status != nomad_proto::NodeStatus::Down)
-                .map(|n| n.id.clone())
-                .collect();
-            heartbeats.arm(nodes);
-            let timers = tokio::spawn(heartbeats.clone().run(Arc::new(endpoints.clone())));
-            let _ = leadership.wait_for(|l| !*l).await;
-            timers.abort();
-            heartbeats.disarm();
-        }
-        if leadership.changed().await.is_err() {
-            return;
-        }
     }
 }
 

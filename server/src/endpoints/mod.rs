@@ -11,6 +11,8 @@ mod error;
 mod eligibility;
 mod job;
 mod namespace;
+mod job_diff;
+mod job_plan;
 mod node;
 mod node_evals;
 mod services;
@@ -22,10 +24,12 @@ pub use alloc::AllocStopResponse;
 pub use drain::{DrainRequest, DrainSpec, NodeWriteResponse};
 pub use eligibility::NodeEligibilityUpdateResponse;
 pub use job::{JobDeregisterResponse, JobRegisterOptions, JobRegisterResponse};
+pub use job_plan::JobPlanResponse;
 pub use node_evals::{create_node_evals, should_create_node_eval};
 
 use crate::consensus::Consensus;
 use crate::heartbeat::Heartbeater;
+use crate::scheduler::Scheduler;
 use crate::state::StateStore;
 
 /// Settings endpoints need.
@@ -57,12 +61,14 @@ pub struct Endpoints {
     heartbeats: Arc<Heartbeater>,
     config: EndpointConfig,
     events: Option<Arc<crate::events::EventBroker>>,
+    /// Runs `Job.Plan` dry runs; `None` until the server sets one.
+    scheduler: Option<Arc<dyn Scheduler>>,
 }
 
 impl Endpoints {
     /// Endpoints over a store, writing through `consensus`.
     pub fn new(store: Arc<StateStore>, consensus: Arc<dyn Consensus>, heartbeats: Arc<Heartbeater>, config: EndpointConfig) -> Endpoints {
-        Endpoints { store, consensus, heartbeats, config, events: None }
+        Endpoints { store, consensus, heartbeats, config, events: None, scheduler: None }
     }
 
     /// Serves the event stream from `broker`.
@@ -74,6 +80,12 @@ impl Endpoints {
     /// The event broker, when this server streams events.
     pub fn events(&self) -> Option<&Arc<crate::events::EventBroker>> {
         self.events.as_ref()
+    }
+
+    /// These endpoints, answering `Job.Plan` with `scheduler`.
+    pub fn with_scheduler(mut self, scheduler: Arc<dyn Scheduler>) -> Endpoints {
+        self.scheduler = Some(scheduler);
+        self
     }
 
     /// The state store.

@@ -18,7 +18,7 @@ fn event_type(cmd: &Command) -> Option<&'static str> {
         Command::EvalUpsert { .. } => "EvaluationUpdated",
         Command::AllocClientUpdate { .. } => "AllocationUpdated",
         Command::AllocDesiredTransition { .. } => "AllocationUpdateDesiredStatus",
-        Command::PlanApply(_) => "PlanResult",
+        Command::PlanApply(_) | Command::PlanApplyBatch(_) => "PlanResult",
         Command::ServiceRegistrationUpsert { .. } => "ServiceRegistration",
         Command::ServiceRegistrationDeleteByAlloc { .. } => "ServiceDeregistration",
         // Garbage collection and namespace changes emit nothing, as in Nomad.

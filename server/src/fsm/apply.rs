@@ -155,6 +155,11 @@ fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnError> {
                 txn.delete_namespace(n)?;
             }
         }
+        Command::PlanApplyBatch(plans) => {
+            for plan in plans {
+                apply_plan(txn, plan, &mut jobs)?;
+            }
+        }
     }
     for key in &jobs {
         txn.refresh_job_status(key);

@@ -144,6 +144,10 @@ pub enum Command {
         /// Names.
         names: Vec<String>,
     },
+    /// Commit the accepted parts of several plans in one log entry, in order.
+    /// The plan applier batches plans that queued while the previous entry
+    /// was being written, so one fsync covers many plans.
+    PlanApplyBatch(Vec<PlanApply>),
 }
 
 /// The part of a plan the applier accepted.

@@ -137,6 +137,42 @@ pub async fn jobs_parse(State(_s): State<HttpState>, method: Method, uri: Uri, b
     .await
 }
 
+/// Body of `PUT /v1/job/<id>/plan` (`api.JobPlanRequest`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+struct JobPlanRequest {
+    job: Option<Job>,
+    diff: bool,
+    policy_override: bool,
+    region: String,
+    namespace: String,
+}
+
+/// `PUT|POST /v1/job/<id>/plan`: a dry run of the scheduler.
+async fn plan(s: &HttpState, q: &QueryOptions, url_id: &str, body: Body) -> HttpResult {
+    let bytes = read_body(body).await?;
+    let req: JobPlanRequest = decode_body(&bytes)?;
+    // Sentinel policies are an enterprise feature; the override changes nothing here.
+    let _ = (req.policy_override, &req.region);
+    let Some(mut job) = req.job else {
+        return Err(HttpError::bad_request("Job must be specified"));
+    };
+    if job.id.is_empty() {
+        return Err(HttpError::bad_request("Job must have a valid ID"));
+    }
+    if job.id != url_id {
+        return Err(HttpError::bad_request("Job ID does not match"));
+    }
+    if q.params.get("namespace").is_some_and(|n| !n.is_empty()) {
+        job.namespace = q.namespace.clone();
+    } else if !req.namespace.is_empty() {
+        job.namespace = req.namespace.clone();
+    }
+    let resp = s.endpoints.job_plan(job, req.diff).await?;
+    let index = resp.index;
+    json_response(&resp, Some(s.meta(index)), q.pretty)
+}
+
 /// `/v1/job/<id>` and its sub-resources.
 pub async fn job_specific(State(s): State<HttpState>, method: Method, uri: Uri, body: Body) -> Response {
     super::respond(async {
@@ -164,6 +200,10 @@ pub async fn job_specific(State(s): State<HttpState>, method: Method, uri: Uri, 
             Some("summary") => {
                 require_method(&method, &[Method::GET])?;
                 job_summary(&s, &q, &id).await
+            }
+            Some("plan") => {
+                require_method(&method, &[Method::PUT, Method::POST])?;
+                plan(&s, &q, &id, body).await
             }
             Some(other) => Err(HttpError::not_found(format!("job action {other:?} is not supported by nomad-rs yet"))),
         }

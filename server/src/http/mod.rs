@@ -78,4 +78,6 @@ pub fn router(state: HttpState) -> Router {
 }
 
 #[cfg(test)]
+mod plan_tests;
+#[cfg(test)]
 mod tests;

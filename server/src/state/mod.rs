@@ -15,6 +15,7 @@
 //! stamped with the Raft index of the command that made it.
 
 mod allocs;
+mod changes;
 mod evals;
 mod jobs;
 mod namespaces;

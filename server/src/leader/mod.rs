@@ -1,0 +1,191 @@
+//! Leader-only subsystems, started when leadership is won and stopped when it is lost.
+//!
+//! Each subsystem gets only the handles it needs: the broker and the plan
+//! applier see consensus as "apply this command", the heartbeat timers see
+//! node expiry as [`HeartbeatExpiry`], workers see the scheduler as a pure
+//! function. Nothing here holds the whole server.
+
+use std::sync::Arc;
+
+use nomad_proto::NodeStatus;
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+
+use crate::broker::{BlockedEvals, BrokerConfig, ChangeWatcher, EvalBroker, EvalWriter, reap_failed_evals, CANCELED_SUPERSEDED};
+use crate::consensus::Consensus;
+use crate::heartbeat::{HeartbeatExpiry, Heartbeater};
+use crate::plan_apply::{PlanApplierConfig, spawn_plan_applier};
+use crate::scheduler::Scheduler;
+use crate::state::StateStore;
+use crate::worker::{Worker, WorkerConfig};
+
+/// Leader settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaderConfig {
+    /// Schedulers running at once (Nomad's `num_schedulers`; default: one per core).
+    pub num_schedulers: usize,
+    /// Evals worked on at once. Above `num_schedulers`, the extra workers
+    /// hold evals whose plans wait at the applier, so plans queue up and
+    /// share Raft entries instead of each paying a full write.
+    pub evals_in_flight: usize,
+    /// Eval broker.
+    pub broker: BrokerConfig,
+    /// Plan applier.
+    pub plan_applier: PlanApplierConfig,
+    /// Workers.
+    pub worker: WorkerConfig,
+}
+
+impl Default for LeaderConfig {
+    fn default() -> Self {
+        LeaderConfig {
+            num_schedulers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            evals_in_flight: 8 * std::thread::available_parallelism().map_or(1, |n| n.get()),
+            broker: BrokerConfig::default(),
+            plan_applier: PlanApplierConfig::default(),
+            worker: WorkerConfig::default(),
+        }
+    }
+}
+
+/// What the leader's subsystems use.
+#[derive(Clone)]
+pub struct LeaderDeps {
+    /// State.
+    pub store: Arc<StateStore>,
+    /// Writes, and who leads.
+    pub consensus: Arc<dyn Consensus>,
+    /// Heartbeat timers.
+    pub heartbeats: Arc<Heartbeater>,
+    /// What a missed heartbeat does (the node endpoints).
+    pub heartbeat_expiry: Arc<dyn HeartbeatExpiry>,
+    /// The schedulers.
+    pub scheduler: Arc<dyn Scheduler>,
+}
+
+/// Runs the leader-only subsystems while this server leads.
+pub struct Leader {
+    deps: LeaderDeps,
+    config: LeaderConfig,
+    broker: Arc<EvalBroker>,
+    blocked: Arc<BlockedEvals>,
+}
+
+/// The tasks of one term of leadership; dropping them stops them.
+struct Term {
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Term {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl Leader {
+    /// A leader that has not started anything yet.
+    pub fn new(deps: LeaderDeps, config: LeaderConfig) -> Leader {
+        let broker = Arc::new(EvalBroker::new(config.broker.clone()));
+        Leader { deps, config, broker, blocked: Arc::new(BlockedEvals::new()) }
+    }
+
+    /// The eval broker (enabled while leading).
+    pub fn broker(&self) -> &Arc<EvalBroker> {
+        &self.broker
+    }
+
+    /// The blocked-eval tracker (enabled while leading).
+    pub fn blocked(&self) -> &Arc<BlockedEvals> {
+        &self.blocked
+    }
+
+    /// Follows leadership until the consensus handle goes away (or the task is dropped).
+    pub async fn run(self: Arc<Self>) {
+        let mut leadership = self.deps.consensus.leadership();
+        let mut term: Option<Term> = None;
+        loop {
+            let leading = *leadership.borrow_and_update();
+            match (leading, term.is_some()) {
+                (true, false) => term = Some(self.establish()),
+                (false, true) => self.revoke(term.take()),
+                _ => {}
+            }
+            if leadership.changed().await.is_err() {
+                self.revoke(term.take());
+                return;
+            }
+        }
+    }
+
+    fn establish(&self) -> Term {
+        tracing::info!("leadership won: starting the eval broker, workers, plan applier and heartbeat timers");
+        let d = &self.deps;
+        self.broker.set_enabled(true);
+        self.blocked.set_enabled(true);
+        let mut tasks = Vec::new();
+
+        let (writer, writer_task) = EvalWriter::spawn(d.consensus.clone());
+        tasks.push(writer_task);
+        let watcher = ChangeWatcher::new(d.store.clone(), self.broker.clone(), self.blocked.clone(), writer.clone());
+        tasks.push(tokio::spawn(watcher.run(self.config.broker.failed_unblock_interval)));
+        let broker = self.broker.clone();
+        tasks.push(tokio::spawn(async move { broker.run_timers().await }));
+        tasks.push(tokio::spawn(reap_failed_evals(self.broker.clone(), writer.clone())));
+        tasks.push(tokio::spawn(cancel_superseded(self.broker.clone(), writer)));
+
+        let (plans, applier_task) =
+            spawn_plan_applier(d.store.clone(), d.consensus.clone(), self.broker.clone(), self.config.plan_applier.clone());
+        tasks.push(applier_task);
+        let compute_slots = Arc::new(Semaphore::new(self.config.num_schedulers.max(1)));
+        for _ in 0..self.config.evals_in_flight.max(self.config.num_schedulers).max(1) {
+            let w = Worker::new(
+                self.broker.clone(),
+                d.store.clone(),
+                d.scheduler.clone(),
+                plans.clone(),
+                self.config.worker.clone(),
+                compute_slots.clone(),
+            );
+            tasks.push(tokio::spawn(w.run()));
+        }
+
+        let live_nodes: Vec<String> = d.store.snapshot().nodes().filter(|n| n.status != NodeStatus::Down).map(|n| n.id.clone()).collect();
+        d.heartbeats.arm(live_nodes);
+        tasks.push(tokio::spawn(d.heartbeats.clone().run(d.heartbeat_expiry.clone())));
+        Term { tasks }
+    }
+
+    fn revoke(&self, term: Option<Term>) {
+        let Some(term) = term else { return };
+        tracing::info!("leadership lost: stopping leader-only subsystems");
+        drop(term);
+        self.broker.set_enabled(false);
+        self.blocked.set_enabled(false);
+        self.deps.heartbeats.disarm();
+    }
+}
+
+/// Writes evals the broker superseded as canceled, in batches.
+async fn cancel_superseded(broker: Arc<EvalBroker>, writer: EvalWriter) {
+    let now = || nomad_proto::Timestamp::now().unix_nanos();
+    while let Ok(evals) = broker.take_cancelable(crate::broker::MAX_EVALS_PER_WRITE).await {
+        let evals = evals
+            .into_iter()
+            .map(|e| {
+                let mut e = (*e).clone();
+                e.status = nomad_proto::EvalStatus::Canceled;
+                e.status_description = CANCELED_SUPERSEDED.to_string();
+                e.modify_time = now().max(e.create_time + 1);
+                e
+            })
+            .collect();
+        if let Err(e) = writer.write(evals).await {
+            tracing::warn!(error = %e, "failed to cancel superseded evals");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

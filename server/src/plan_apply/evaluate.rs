@@ -1,0 +1,179 @@
+//! Re-checking a plan against the newest state, node by node.
+//!
+//! The applier judges plans against a state snapshot plus [`Overlay`]s: the
+//! effects of plans accepted but not yet in that snapshot (the entry being
+//! written, earlier plans of the same batch). Overlays are keyed by alloc ID,
+//! so an effect that did reach the snapshot is not counted twice.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use nomad_proto::{Allocation, ClientStatus, Node, NodeStatus, Plan, PlanResult, SchedulingEligibility};
+
+use super::fit::{Held, fits};
+use crate::state::{State, Table};
+
+/// Alloc changes accepted but maybe not yet in the state being read.
+#[derive(Debug, Default, Clone)]
+pub struct Overlay {
+    nodes: HashMap<String, NodeChanges>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct NodeChanges {
+    upserts: HashMap<String, Held>,
+    stops: HashSet<String>,
+}
+
+impl Overlay {
+    /// Records the committed part of a plan.
+    pub fn add(&mut self, result: &PlanResult) {
+        let stops = result.node_update.iter().chain(result.node_preemptions.iter());
+        for (node, allocs) in stops {
+            let n = self.nodes.entry(node.clone()).or_default();
+            for a in allocs {
+                n.upserts.remove(&a.id);
+                n.stops.insert(a.id.clone());
+            }
+        }
+        for (node, allocs) in &result.node_allocation {
+            let n = self.nodes.entry(node.clone()).or_default();
+            for a in allocs {
+                n.stops.remove(&a.id);
+                n.upserts.insert(a.id.clone(), Held::of(a));
+            }
+        }
+    }
+
+    /// Nothing recorded.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+}
+
+/// Whether alloc `id` runs on `node_id` as `state` plus `overlays` have it.
+fn is_live(state: &State, overlays: &[&Overlay], node_id: &str, id: &str) -> bool {
+    for o in overlays.iter().rev() {
+        if let Some(n) = o.nodes.get(node_id) {
+            if n.stops.contains(id) {
+                return false;
+            }
+            if let Some(h) = n.upserts.get(id) {
+                return !h.terminal;
+            }
+        }
+    }
+    state.alloc(id).is_some_and(|a| a.node_id == node_id && !a.terminal())
+}
+
+/// What the live allocs on a node hold, by alloc ID, as `state` plus `overlays` (in order) have it.
+fn held_on<'a>(state: &'a State, overlays: &[&'a Overlay], node_id: &str) -> HashMap<&'a str, Held> {
+    let mut held: HashMap<&str, Held> = state.allocs_by_node(node_id).filter(|a| !a.terminal()).map(|a| (a.id.as_str(), Held::of(a))).collect();
+    for o in overlays {
+        if let Some(n) = o.nodes.get(node_id) {
+            for id in &n.stops {
+                held.remove(id.as_str());
+            }
+            for (id, h) in &n.upserts {
+                if h.terminal {
+                    held.remove(id.as_str());
+                } else {
+                    held.insert(id.as_str(), h.clone());
+                }
+            }
+        }
+    }
+    held
+}
+
+/// Whether the plan's part for one node may be committed; `Err` says why not.
+pub fn evaluate_node_plan(state: &State, overlays: &[&Overlay], plan: &Plan, node_id: &str) -> Result<(), String> {
+    let placements = plan.node_allocation.get(node_id).map(Vec::as_slice).unwrap_or_default();
+    // Stops and evictions only remove load.
+    if placements.is_empty() {
+        return Ok(());
+    }
+    let node: &Node = state.node(node_id).ok_or("node does not exist")?;
+    match node.status {
+        NodeStatus::Ready => {}
+        // A disconnected node only takes the scheduler's "unknown" markers for its allocs.
+        NodeStatus::Disconnected if placements.iter().all(|a| a.client_status == ClientStatus::Unknown) => return Ok(()),
+        NodeStatus::Disconnected => return Err("node is disconnected and contains invalid updates".into()),
+        NodeStatus::Initializing | NodeStatus::Down => return Err("node is not ready for placements".into()),
+    }
+    // In-place updates of allocs already there are fine even where new placements are not.
+    if placements.iter().all(|a| is_live(state, overlays, node_id, &a.id)) {
+        return Ok(());
+    }
+    if node.drain_strategy.is_some() {
+        return Err("node is draining".into());
+    }
+    if node.scheduling_eligibility == SchedulingEligibility::Ineligible {
+        return Err("node is not eligible".into());
+    }
+    let mut held = held_on(state, overlays, node_id);
+    let removed = [&plan.node_update, &plan.node_preemptions].into_iter().filter_map(|m| m.get(node_id)).flatten();
+    for a in removed.chain(placements.iter()) {
+        held.remove(a.id.as_str());
+    }
+    let proposed: Vec<Held> = placements.iter().map(Held::of).collect();
+    fits(node, held.values().chain(proposed.iter()))
+}
+
+/// The index a worker must reach before planning again after a refusal.
+pub fn refresh_index(state: &State) -> u64 {
+    state.max_index(&[Table::Allocs, Table::Nodes])
+}
+
+/// The nodes whose part of `plan` may be committed, and whether any was refused.
+/// `all_at_once` plans get all their nodes or none.
+pub fn accepted_nodes(state: &State, overlays: &[&Overlay], plan: &Plan) -> (Vec<String>, bool) {
+    let nodes: BTreeSet<&String> = plan.node_update.keys().chain(plan.node_allocation.keys()).chain(plan.node_preemptions.keys()).collect();
+    let mut accepted = Vec::with_capacity(nodes.len());
+    let mut refused = false;
+    for node_id in nodes {
+        match evaluate_node_plan(state, overlays, plan, node_id) {
+            Ok(()) => accepted.push(node_id.clone()),
+            Err(reason) => {
+                tracing::info!(node_id = %node_id, eval_id = %plan.eval_id, reason = %reason, "plan for node rejected");
+                if plan.all_at_once {
+                    return (Vec::new(), true);
+                }
+                refused = true;
+            }
+        }
+    }
+    (accepted, refused)
+}
+
+/// Moves the accepted nodes' parts of `plan` into a result; a refusal sets `refresh_index`.
+pub fn take_accepted(state: &State, plan: &mut Plan, accepted: &[String], refused: bool) -> PlanResult {
+    let mut result = PlanResult::default();
+    for node_id in accepted {
+        let take = |from: &mut BTreeMap<String, Vec<Allocation>>, to: &mut BTreeMap<String, Vec<Allocation>>| {
+            if let Some(v) = from.remove(node_id).filter(|v| !v.is_empty()) {
+                to.insert(node_id.clone(), v);
+            }
+        };
+        take(&mut plan.node_update, &mut result.node_update);
+        take(&mut plan.node_allocation, &mut result.node_allocation);
+        if let Some(v) = plan.node_preemptions.remove(node_id) {
+            // Preempting an alloc that already stopped is moot.
+            let live: Vec<Allocation> = v.into_iter().filter(|a| state.alloc(&a.id).is_some_and(|s| !s.terminal())).collect();
+            if !live.is_empty() {
+                result.node_preemptions.insert(node_id.clone(), live);
+            }
+        }
+    }
+    if refused {
+        result.refresh_index = refresh_index(state).max(1);
+    }
+    result
+}
+
+/// Decides which parts of `plan` can be committed: every node it touches is
+/// re-checked. A refusal sets `refresh_index`; `all_at_once` plans commit
+/// everything or nothing.
+pub fn evaluate_plan(state: &State, overlays: &[&Overlay], plan: &Plan) -> PlanResult {
+    let (accepted, refused) = accepted_nodes(state, overlays, plan);
+    take_accepted(state, &mut plan.clone(), &accepted, refused)
+}

@@ -1,0 +1,183 @@
+//! Does a set of allocs fit on a node: cpu, memory, disk, host ports, cores.
+
+use std::collections::BTreeSet;
+
+use nomad_proto::{Allocation, Node};
+
+/// Resources held, in Nomad's units (MHz, MiB, MiB).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// CPU shares in MHz.
+    pub cpu: i64,
+    /// Memory in MiB.
+    pub memory_mb: i64,
+    /// Disk in MiB.
+    pub disk_mb: i64,
+}
+
+/// What an alloc holds: its allocated resources, else its group's asks
+/// (allocs written before resources were recorded).
+pub fn alloc_usage(a: &Allocation) -> Usage {
+    if let Some(r) = &a.allocated_resources {
+        return Usage { cpu: r.cpu_shares(), memory_mb: r.memory_mb(), disk_mb: r.shared.disk_mb };
+    }
+    let Some(tg) = a.job.as_ref().and_then(|j| j.lookup_task_group(&a.task_group)) else {
+        return Usage::default();
+    };
+    Usage {
+        cpu: tg.tasks.iter().map(|t| t.resources.cpu).sum(),
+        memory_mb: tg.tasks.iter().map(|t| t.resources.memory_mb).sum(),
+        disk_mb: tg.ephemeral_disk.size_mb,
+    }
+}
+
+/// What a node offers for allocs: its resources minus what it reserves.
+pub fn node_capacity(n: &Node) -> Usage {
+    let Some(r) = &n.node_resources else { return Usage::default() };
+    let reserved = n.reserved_resources.as_ref();
+    Usage {
+        cpu: r.cpu.cpu_shares - reserved.map_or(0, |x| x.cpu.cpu_shares),
+        memory_mb: r.memory.memory_mb - reserved.map_or(0, |x| x.memory.memory_mb),
+        disk_mb: r.disk.disk_mb - reserved.map_or(0, |x| x.disk.disk_mb),
+    }
+}
+
+/// Parses a reserved port list such as `22,80,8000-8100`; bad parts are skipped.
+pub fn parse_port_list(spec: &str) -> BTreeSet<i64> {
+    let mut ports = BTreeSet::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((lo, hi)) => {
+                if let (Ok(lo), Ok(hi)) = (lo.trim().parse::<i64>(), hi.trim().parse::<i64>())
+                    && lo <= hi
+                    && hi - lo <= 65_535
+                {
+                    ports.extend(lo..=hi);
+                }
+            }
+            None => {
+                if let Ok(p) = part.parse() {
+                    ports.insert(p);
+                }
+            }
+        }
+    }
+    ports
+}
+
+/// What fitting needs to know of one alloc, without the alloc.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Held {
+    /// Resources.
+    pub usage: Usage,
+    /// Host ports.
+    pub ports: Vec<i64>,
+    /// Reserved cores.
+    pub cores: Vec<u16>,
+    /// Finished (client or server side): holds nothing.
+    pub terminal: bool,
+}
+
+impl Held {
+    /// What `a` holds.
+    pub fn of(a: &Allocation) -> Held {
+        let (ports, cores) = match &a.allocated_resources {
+            Some(r) => (r.host_ports().into_iter().collect(), r.tasks.values().flat_map(|t| t.cpu.reserved_cores.iter().copied()).collect()),
+            None => (Vec::new(), Vec::new()),
+        };
+        Held { usage: alloc_usage(a), ports, cores, terminal: a.terminal() }
+    }
+}
+
+/// Checks that `allocs` (the node's proposed non-terminal allocs) fit on
+/// `node`. The error names the exhausted dimension, as Nomad does.
+pub fn allocs_fit<'a>(node: &Node, allocs: impl IntoIterator<Item = &'a Allocation>) -> Result<(), String> {
+    let held: Vec<Held> = allocs.into_iter().map(Held::of).collect();
+    fits(node, held.iter())
+}
+
+/// [`allocs_fit`] over what the allocs hold.
+pub fn fits<'a>(node: &Node, held: impl IntoIterator<Item = &'a Held>) -> Result<(), String> {
+    let capacity = node_capacity(node);
+    let mut used = Usage::default();
+    let mut ports = node
+        .reserved_resources
+        .as_ref()
+        .map(|r| parse_port_list(&r.networks.reserved_host_ports))
+        .unwrap_or_default();
+    let mut cores = BTreeSet::new();
+    for h in held {
+        used.cpu += h.usage.cpu;
+        used.memory_mb += h.usage.memory_mb;
+        used.disk_mb += h.usage.disk_mb;
+        for p in &h.ports {
+            if !ports.insert(*p) {
+                return Err(format!("network: port collision ({p})"));
+            }
+        }
+        for c in &h.cores {
+            if !cores.insert(*c) {
+                return Err("cores".to_string());
+            }
+        }
+    }
+    if used.cpu > capacity.cpu {
+        return Err("cpu".to_string());
+    }
+    if used.memory_mb > capacity.memory_mb {
+        return Err("memory".to_string());
+    }
+    if used.disk_mb > capacity.disk_mb {
+        return Err("disk".to_string());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use nomad_proto::resources::{AllocatedCpuResources, AllocatedMemoryResources, AllocatedPortMapping, AllocatedTaskResources};
+    use nomad_proto::AllocatedResources;
+
+    use super::*;
+
+    pub(crate) fn sized(cpu: i64, mem: i64, ports: &[i64]) -> Allocation {
+        let mut r = AllocatedResources::default();
+        r.tasks.insert(
+            "t".into(),
+            AllocatedTaskResources {
+                cpu: AllocatedCpuResources { cpu_shares: cpu, ..Default::default() },
+                memory: AllocatedMemoryResources { memory_mb: mem, ..Default::default() },
+                ..Default::default()
+            },
+        );
+        r.shared.ports = ports.iter().map(|p| AllocatedPortMapping { label: "p".into(), value: *p, ..Default::default() }).collect();
+        Allocation { allocated_resources: Some(r), ..Allocation::default() }
+    }
+
+    #[test]
+    fn every_dimension_is_checked() {
+        let mut node = crate::testing::node("n1");
+        node.reserved_resources = Some(nomad_proto::resources::NodeReservedResources {
+            cpu: nomad_proto::resources::NodeReservedCpuResources { cpu_shares: 500, ..Default::default() },
+            networks: nomad_proto::resources::NodeReservedNetworkResources { reserved_host_ports: "22, 8000-8002".into() },
+            ..Default::default()
+        });
+        assert_eq!(allocs_fit(&node, [&sized(3500, 8192, &[80])]), Ok(()));
+        assert_eq!(allocs_fit(&node, [&sized(3501, 1, &[])]), Err("cpu".into()));
+        assert_eq!(allocs_fit(&node, [&sized(1, 4096, &[]), &sized(1, 4097, &[])]), Err("memory".into()));
+        assert_eq!(allocs_fit(&node, [&sized(1, 1, &[8001])]), Err("network: port collision (8001)".into()));
+        assert_eq!(allocs_fit(&node, [&sized(1, 1, &[9000]), &sized(1, 1, &[9000])]), Err("network: port collision (9000)".into()));
+    }
+
+    #[test]
+    fn allocs_without_recorded_resources_count_their_group_asks() {
+        let job = std::sync::Arc::new({
+            let mut j = crate::testing::job("web", 1);
+            j.canonicalize();
+            j
+        });
+        let a = Allocation { job: Some(job), task_group: "web".into(), ..Allocation::default() };
+        let u = alloc_usage(&a);
+        assert_eq!((u.cpu, u.memory_mb), (100, 300));
+    }
+}
