@@ -100,7 +100,7 @@ impl ClientInner {
             n.status = NodeStatus::Ready;
             *node = Arc::new(n);
         }
-        self.servers.learn(&resp.servers);
+        self.servers.learn(&resp.leader_rpc_addr, &resp.servers);
         self.stats.registrations.fetch_add(1, Ordering::Relaxed);
         self.registered.send_modify(|n| *n += 1);
         tracing::info!(node_id = %self.identity.node_id, status = %resp.status, "node registered");
@@ -133,7 +133,7 @@ impl ClientInner {
             secret_id: self.identity.secret_id.clone(),
         };
         let resp = self.servers.node(CALL_TIMEOUT, |mut c| async move { c.update_status(req).await }).await?;
-        self.servers.learn(&resp.servers);
+        self.servers.learn(&resp.leader_rpc_addr, &resp.servers);
         self.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
         Ok(resp)
     }

@@ -110,14 +110,16 @@ impl Servers {
         }
     }
 
-    /// Learns the servers a reply lists, keeping the configured ones and the current choice.
-    pub fn learn(&self, servers: &[NodeServerInfo]) {
+    /// Learns the leader and servers a reply names, keeping the configured ones and the current
+    /// choice.
+    pub fn learn(&self, leader: &str, servers: &[NodeServerInfo]) {
         let mut l = lock(&self.list);
         let current = l.addrs.get(l.current).cloned();
         let mut addrs: Vec<String> = Vec::new();
-        for a in servers.iter().map(|s| &s.rpc_advertise_addr).chain(self.configured.iter()) {
-            if !a.is_empty() && !addrs.contains(a) {
-                addrs.push(a.clone());
+        let learned = servers.iter().map(|s| s.rpc_advertise_addr.as_str()).chain(std::iter::once(leader));
+        for a in learned.chain(self.configured.iter().map(String::as_str)) {
+            if !a.is_empty() && !addrs.iter().any(|x| x == a) {
+                addrs.push(a.to_string());
             }
         }
         l.current = current.and_then(|c| addrs.iter().position(|a| *a == c)).unwrap_or(0);
@@ -199,11 +201,11 @@ mod tests {
         s.failed("b:1");
         assert_eq!(s.current().as_deref(), Some("a:1"), "wraps around");
 
-        s.learn(&[info("c:1"), info("a:1")]);
-        assert_eq!(s.all(), ["c:1", "a:1", "b:1"]);
+        s.learn("d:1", &[info("c:1"), info("a:1")]);
+        assert_eq!(s.all(), ["c:1", "a:1", "d:1", "b:1"]);
         assert_eq!(s.current().as_deref(), Some("a:1"), "the server in use stays in use");
         s.failed("a:1");
-        assert_eq!(s.current().as_deref(), Some("b:1"));
+        assert_eq!(s.current().as_deref(), Some("d:1"));
     }
 
     #[test]

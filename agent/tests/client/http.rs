@@ -150,3 +150,49 @@ async fn the_restart_endpoint_restarts_the_task_without_counting_against_its_pol
     assert!(stats["Tasks"]["t"]["ResourceUsage"]["MemoryStats"]["RSS"].as_u64().unwrap() > 0, "{stats}");
     client.shutdown_destroying_allocs().await;
 }
+
+/// Finds allocs through the test server's state, like a server agent does.
+struct Locator(std::sync::Arc<nomad_server::state::StateStore>, String);
+
+impl nomad_agent::client::http::AllocLocator for Locator {
+    fn node_http_addr(&self, alloc_id: &str) -> Option<String> {
+        let snap = self.0.snapshot();
+        snap.alloc(alloc_id)?;
+        Some(self.1.clone())
+    }
+}
+
+async fn serve_router(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_without_the_alloc_forwards_to_its_client_or_says_where_to_go() {
+    let server = TestServer::start().await;
+    let root = tempfile::tempdir().unwrap();
+    let client = start_client(root.path(), &server).await;
+    wait_ready(&server, &client).await;
+    let client_addr = serve(&client).await;
+    let id = server
+        .place(&job("fwd", JobType::Service, vec![sh_task("t", "echo via-forward; sleep 30")], restart_policy(0, 0)), client.node_id())
+        .await;
+    wait_until("the task wrote", || log_file(root.path(), &id, "t", "stdout").contains("via-forward")).await;
+
+    // A server-only agent that can find the alloc's node forwards there.
+    let locator = std::sync::Arc::new(Locator(server.store(), client_addr.clone()));
+    let server_agent = serve_router(router(ClientHttp { client: None, locator: Some(locator), own_addr: "127.0.0.1:1".into() })).await;
+    let (code, body) = request("GET", &format!("http://{server_agent}/v1/client/fs/logs/{id}?task=t&type=stdout&plain=true"), "").await;
+    assert_eq!((code, body.as_str()), (200, "via-forward\n"));
+    let (code, body) = request("GET", &format!("http://{server_agent}/v1/client/fs/logs/nope?task=t&type=stdout"), "").await;
+    assert_eq!((code, body.as_str()), (404, "Unknown allocation \"nope\""));
+
+    // One that cannot find it explains where the request must go.
+    let bare = serve_router(router(ClientHttp { client: None, locator: None, own_addr: String::new() })).await;
+    let (code, body) = request("GET", &format!("http://{bare}/v1/client/fs/logs/{id}?task=t&type=stdout"), "").await;
+    assert_eq!(code, 400);
+    assert!(body.contains("HTTPAddr"), "{body}");
+    client.shutdown_destroying_allocs().await;
+}

@@ -44,3 +44,18 @@ async fn the_node_registers_with_its_fingerprint_and_becomes_ready() {
     assert_eq!(server.store().snapshot().nodes().count(), 1);
     client.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_the_servers_forgot_registers_again() {
+    let server = TestServer::start().await;
+    let root = tempfile::tempdir().unwrap();
+    let client = start_client(root.path(), &server).await;
+    wait_ready(&server, &client).await;
+    let registrations = client.stats().registrations;
+
+    server.apply(nomad_server::fsm::Command::NodeDeregister { node_ids: vec![client.node_id().to_string()], evals: vec![] }).await;
+    assert!(server.store().snapshot().node(client.node_id()).is_none());
+    crate::support::wait_until("the client registered again", || client.stats().registrations > registrations).await;
+    wait_ready(&server, &client).await;
+    client.shutdown().await;
+}

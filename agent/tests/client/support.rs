@@ -107,6 +107,7 @@ impl AllocRpc for GatedRpc {
     }
 }
 
+#[derive(Debug)]
 enum ServerCmd {
     Apply(Command, oneshot::Sender<Result<u64, String>>),
 }
@@ -232,7 +233,7 @@ impl TestServer {
     pub async fn apply(&self, cmd: Command) -> u64 {
         let (tx, rx) = oneshot::channel();
         let running = self.running.as_ref().expect("server running");
-        running.commands.send(ServerCmd::Apply(cmd, tx)).ok().expect("server thread alive");
+        running.commands.send(ServerCmd::Apply(cmd, tx)).expect("server thread alive");
         rx.await.expect("server answered").expect("command applied")
     }
 
