@@ -2,14 +2,19 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use nomad_server::http::AgentInfo;
 use nomad_server::server::{Server, ServerConfig};
+use nomad_server::state::StateStore;
 use tokio::net::TcpListener;
 
+use crate::client::driver::{DriverOptions, DriverRegistry};
+use crate::client::http::{AllocLocator, ClientHttp};
+use crate::client::{Client, ClientConfig};
 use crate::config::{AgentConfig, AgentFlags};
 
 /// Flags of `nomad-rs agent`.
@@ -87,7 +92,8 @@ impl AgentArgs {
 /// Runs the agent until SIGINT or SIGTERM.
 pub async fn run(args: AgentArgs) -> Result<()> {
     // Dev mode keeps its state in a temp dir removed on exit.
-    let dev_dir = if args.dev && args.data_dir.is_none() { Some(tempfile::Builder::new().prefix("nomad-rs-dev-").tempdir()?) } else { None };
+    let dev_dir =
+        if args.dev && args.data_dir.is_none() { Some(tempfile::Builder::new().prefix("nomad-rs-dev-").tempdir()?) } else { None };
     let mut cfg = AgentConfig::resolve(&args.flags(), dev_dir.as_ref().map(|d| d.path().to_path_buf()))?;
     crate::logging::init(&cfg.log_level);
     if !cfg.sources.is_empty() {
@@ -103,8 +109,15 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         let rpc_bind = SocketAddr::new(cfg.bind_addr, cfg.rpc_port);
         let listener = TcpListener::bind(rpc_bind).await.with_context(|| format!("binding the RPC listener on {rpc_bind}"))?;
         if cfg.rpc_port == 0 {
-            // An ephemeral port (tests): advertise the one the kernel picked.
-            cfg.advertise_rpc = listener.local_addr()?.to_string();
+            // An ephemeral port (tests): advertise the one the kernel picked, also to the
+            // in-process client that was told to use this server.
+            let picked = listener.local_addr()?.to_string();
+            if let Some(c) = cfg.client.as_mut() {
+                for addr in c.servers.iter_mut().filter(|a| **a == cfg.advertise_rpc) {
+                    *addr = picked.clone();
+                }
+            }
+            cfg.advertise_rpc = picked;
         }
         let mut sc = ServerConfig::new(&s.data_dir, cfg.advertise_rpc.clone());
         sc.region = cfg.region.clone();
@@ -133,6 +146,16 @@ pub async fn run(args: AgentArgs) -> Result<()> {
     if cfg.http_port == 0 {
         cfg.advertise_http = http_addr.to_string();
     }
+
+    // The client role starts after the server (in -dev it talks to it) and before the HTTP
+    // listener serves, so its routes are there from the first request.
+    let client = match cfg.client.clone() {
+        Some(settings) => Some(start_client(&cfg, settings).await?),
+        None => None,
+    };
+    let locator = server.as_ref().map(|s| Arc::new(StoreLocator(s.store().clone())) as Arc<dyn AllocLocator>);
+    router =
+        router.merge(crate::client::http::router(ClientHttp { client: client.clone(), locator, own_addr: cfg.advertise_http.clone() }));
     let http = tokio::spawn(async move {
         if let Err(e) = axum::serve(http_listener, router).await {
             tracing::error!(error = %e, "http listener stopped");
@@ -140,20 +163,49 @@ pub async fn run(args: AgentArgs) -> Result<()> {
     });
 
     print_banner(&cfg, http_addr, server.as_ref().map(|s| s.rpc_addr()));
-    if let Some(srv) = &server {
-        if !srv.wait_for_leadership(Duration::from_secs(2)).await && cfg.server.as_ref().is_some_and(|s| s.bootstrap_expect > 1) {
-            println!("    Waiting for {} servers to form a cluster...", cfg.server.as_ref().map_or(1, |s| s.bootstrap_expect));
-        }
+    if let Some(srv) = &server
+        && !srv.wait_for_leadership(Duration::from_secs(2)).await
+        && cfg.server.as_ref().is_some_and(|s| s.bootstrap_expect > 1)
+    {
+        println!("    Waiting for {} servers to form a cluster...", cfg.server.as_ref().map_or(1, |s| s.bootstrap_expect));
     }
 
     wait_for_signal().await;
     println!("==> Caught signal, shutting down...");
     http.abort();
+    if let Some(client) = client {
+        if cfg.dev {
+            // A dev agent's state is temporary, so its allocs go with it (as Nomad's do).
+            client.shutdown_destroying_allocs().await;
+        } else {
+            // Tasks keep running; the next agent on this data dir reattaches to them.
+            client.shutdown().await;
+        }
+    }
     if let Some(srv) = server {
         srv.shutdown().await;
     }
     drop(dev_dir);
     Ok(())
+}
+
+/// Starts the client role with the agent's settings.
+async fn start_client(cfg: &AgentConfig, settings: crate::config::ClientSettings) -> Result<Client> {
+    let mut cc = ClientConfig::new(settings, &cfg.name, &cfg.datacenter, &cfg.region, &cfg.advertise_http);
+    cc.dev_mode = cfg.dev;
+    let drivers = DriverRegistry::new(&DriverOptions::new(cfg.plugin_enabled("raw_exec")));
+    Client::start(cc, drivers).await.context("starting the client")
+}
+
+/// Finds an alloc's node through the server role's state, for forwarding client requests.
+struct StoreLocator(Arc<StateStore>);
+
+impl AllocLocator for StoreLocator {
+    fn node_http_addr(&self, alloc_id: &str) -> Option<String> {
+        let snap = self.0.snapshot();
+        let alloc = snap.alloc(alloc_id)?;
+        Some(snap.node(&alloc.node_id).map(|n| n.http_addr.clone()).unwrap_or_default())
+    }
 }
 
 fn print_banner(cfg: &AgentConfig, http: SocketAddr, rpc: Option<SocketAddr>) {

@@ -1,3 +1,371 @@
 //! The client role: runs allocations on this host.
+//!
+//! ```text
+//!  Client::start
+//!    ├─ local state (redb): node identity, allocs, task states and handles, hook states
+//!    ├─ restore: every stored alloc gets its runner back before any server is contacted
+//!    ├─ heartbeat.rs  register, then heartbeat every TTL        ──▶ Node.Register / UpdateStatus
+//!    ├─ watch.rs      blocking GetClientAllocs, pull, diff      ──▶ Node.GetClientAllocs / Alloc.GetAllocs
+//!    │      └─ add / update (reconnect.rs decides) / remove alloc runners
+//!    ├─ sync.rs       batched client alloc states every 200 ms  ──▶ Node.UpdateAlloc
+//!    └─ driver fingerprints, periodically; a change re-registers the node
+//!
+//!  allocrunner/ ─▶ hooks ─▶ taskrunner/ ─▶ hooks ─▶ driver/ ─▶ executor (outlives the agent)
+//! ```
+//!
+//! The client keeps running its tasks while it cannot reach any server; it catches up (and the
+//! servers' reconnect protocol sorts out the order) when a server answers again.
 
+pub mod allocrunner;
+pub mod base64;
+pub mod context;
 pub mod driver;
+pub mod fingerprint;
+pub mod heartbeat;
+pub mod http;
+pub mod reconnect;
+pub mod register;
+pub mod servers;
+pub mod state;
+pub mod sync;
+pub mod taskrunner;
+pub mod watch;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use nomad_proto::{Allocation, Node};
+use tokio::sync::{Notify, mpsc, watch as tokio_watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use self::allocrunner::AllocRunner;
+use self::context::ClientContext;
+use self::driver::DriverRegistry;
+use self::fingerprint::{apply_drivers, drivers_changed};
+use self::servers::Servers;
+use self::state::{NodeIdentity, StateDb, StateError};
+use self::taskrunner::lock;
+use crate::config::ClientSettings;
+
+/// Everything the client role runs with.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// `client { ... }` and `-servers`.
+    pub settings: ClientSettings,
+    /// Node name.
+    pub node_name: String,
+    /// Datacenter.
+    pub datacenter: String,
+    /// Region.
+    pub region: String,
+    /// The agent's advertised HTTP address (the node's `HTTPAddr`).
+    pub http_addr: String,
+    /// Dev mode: retries every second, no heartbeat stagger.
+    pub dev_mode: bool,
+    /// Mount task secrets dirs as tmpfs where the platform allows.
+    pub secrets_tmpfs: bool,
+    /// Upper bound on any task's `kill_timeout`.
+    pub max_kill_timeout: Duration,
+    /// How often pending alloc updates are sent.
+    pub sync_interval: Duration,
+    /// How often drivers are fingerprinted again.
+    pub driver_fingerprint_interval: Duration,
+    /// Longest a blocking alloc query waits on the servers.
+    pub max_query_time: Duration,
+}
+
+impl ClientConfig {
+    /// Nomad's defaults around the given settings.
+    pub fn new(settings: ClientSettings, node_name: &str, datacenter: &str, region: &str, http_addr: &str) -> ClientConfig {
+        ClientConfig {
+            settings,
+            node_name: node_name.to_string(),
+            datacenter: datacenter.to_string(),
+            region: region.to_string(),
+            http_addr: http_addr.to_string(),
+            dev_mode: false,
+            secrets_tmpfs: true,
+            max_kill_timeout: Duration::from_secs(30),
+            sync_interval: Duration::from_millis(200),
+            driver_fingerprint_interval: Duration::from_secs(30),
+            max_query_time: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Why the client could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The local state could not be opened or read.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// A directory could not be created.
+    #[error("create {path}: {source}")]
+    Dir {
+        /// The directory.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// Counters, for tests and diagnostics.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Successful registrations.
+    pub registrations: AtomicU64,
+    /// Successful heartbeats.
+    pub heartbeats: AtomicU64,
+    /// Completed alloc watch passes.
+    pub alloc_pulls: AtomicU64,
+    /// Syncer ticks.
+    pub sync_ticks: AtomicU64,
+    /// Alloc updates the servers accepted.
+    pub alloc_updates_sent: AtomicU64,
+    /// Allocs waiting to be sent at the last tick.
+    pub sync_pending: AtomicU64,
+}
+
+/// A snapshot of [`Stats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Successful registrations.
+    pub registrations: u64,
+    /// Successful heartbeats.
+    pub heartbeats: u64,
+    /// Completed alloc watch passes.
+    pub alloc_pulls: u64,
+    /// Syncer ticks.
+    pub sync_ticks: u64,
+    /// Alloc updates the servers accepted.
+    pub alloc_updates_sent: u64,
+    /// Allocs waiting to be sent at the last tick.
+    pub sync_pending: u64,
+}
+
+/// The client's shared core.
+pub(crate) struct ClientInner {
+    config: ClientConfig,
+    ctx: Arc<ClientContext>,
+    identity: NodeIdentity,
+    servers: Servers,
+    allocs: Mutex<BTreeMap<String, Arc<AllocRunner>>>,
+    invalid_allocs: Mutex<BTreeSet<String>>,
+    servers_contacted: tokio_watch::Sender<bool>,
+    /// Successful registrations so far (the alloc watch waits for the first).
+    registered: tokio_watch::Sender<u64>,
+    node_changed: Notify,
+    stats: Stats,
+}
+
+/// A running client role. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<ClientInner>,
+}
+
+impl Client {
+    /// Starts the client: opens the local state, restores every stored alloc (reattaching to
+    /// running tasks) before talking to any server, then registers, heartbeats, watches allocs
+    /// and syncs their state in the background.
+    pub async fn start(config: ClientConfig, drivers: DriverRegistry) -> Result<Client, ClientError> {
+        let s = &config.settings;
+        for dir in [&s.state_dir, &s.alloc_dir] {
+            std::fs::create_dir_all(dir).map_err(|source| ClientError::Dir { path: dir.display().to_string(), source })?;
+        }
+        let state = Arc::new(StateDb::open(&s.state_dir)?);
+        let identity = register::load_or_create_identity(&state)?;
+        let driver_infos = drivers.fingerprint_all().await;
+        let node = register::node(&config, &identity, &driver_infos);
+        let (updates_tx, updates_rx) = mpsc::unbounded_channel();
+        let ctx = Arc::new(ClientContext {
+            state: state.clone(),
+            drivers,
+            node: RwLock::new(Arc::new(node)),
+            alloc_root: s.alloc_dir.clone(),
+            task_state_root: s.state_dir.join("tasks"),
+            region: config.region.clone(),
+            secrets_tmpfs: config.secrets_tmpfs,
+            max_kill_timeout: config.max_kill_timeout,
+            host_env: taskrunner::env::host_env(),
+            updates: updates_tx,
+            shutdown: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+        });
+        let inner = Arc::new(ClientInner {
+            servers: Servers::new(config.settings.servers.clone()),
+            config,
+            ctx: ctx.clone(),
+            identity,
+            allocs: Mutex::new(BTreeMap::new()),
+            invalid_allocs: Mutex::new(BTreeSet::new()),
+            servers_contacted: tokio_watch::channel(false).0,
+            registered: tokio_watch::channel(0).0,
+            node_changed: Notify::new(),
+            stats: Stats::default(),
+        });
+
+        // Restore before any server is contacted: tasks are reattached, or their exits
+        // recorded, from local state alone.
+        for alloc in state.allocs()? {
+            let id = alloc.id.clone();
+            match AllocRunner::new(ctx.clone(), alloc, true) {
+                Ok(runner) => {
+                    lock(&inner.allocs).insert(id, runner.clone());
+                    ctx.tracker.spawn(runner.run());
+                }
+                Err(e) => tracing::error!(alloc_id = %id, error = %e, "restoring an alloc failed"),
+            }
+        }
+        tracing::info!(node_id = %inner.identity.node_id, allocs = lock(&inner.allocs).len(), "client started");
+
+        ctx.tracker.spawn(inner.clone().register_and_heartbeat());
+        ctx.tracker.spawn(inner.clone().watch_allocations());
+        ctx.tracker.spawn(inner.clone().sync_allocs(updates_rx));
+        ctx.tracker.spawn(inner.clone().fingerprint_drivers());
+        Ok(Client { inner })
+    }
+
+    /// The node ID.
+    pub fn node_id(&self) -> &str {
+        &self.inner.identity.node_id
+    }
+
+    /// The node as last registered.
+    pub fn node(&self) -> Arc<Node> {
+        self.inner.ctx.node()
+    }
+
+    /// The runner of a local alloc.
+    pub fn alloc_runner(&self, alloc_id: &str) -> Option<Arc<AllocRunner>> {
+        lock(&self.inner.allocs).get(alloc_id).cloned()
+    }
+
+    /// IDs of the local allocs.
+    pub fn alloc_ids(&self) -> Vec<String> {
+        lock(&self.inner.allocs).keys().cloned().collect()
+    }
+
+    /// The servers the client knows, current first-come order.
+    pub fn servers(&self) -> Vec<String> {
+        self.inner.servers.all()
+    }
+
+    /// True once an alloc pull succeeded (the syncer may send).
+    pub fn servers_contacted(&self) -> bool {
+        *self.inner.servers_contacted.borrow()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> StatsSnapshot {
+        let s = &self.inner.stats;
+        StatsSnapshot {
+            registrations: s.registrations.load(Ordering::Relaxed),
+            heartbeats: s.heartbeats.load(Ordering::Relaxed),
+            alloc_pulls: s.alloc_pulls.load(Ordering::Relaxed),
+            sync_ticks: s.sync_ticks.load(Ordering::Relaxed),
+            alloc_updates_sent: s.alloc_updates_sent.load(Ordering::Relaxed),
+            sync_pending: s.sync_pending.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Destroys every alloc (tasks killed, alloc dirs removed), then shuts down: what a dev
+    /// agent does, since its state dir goes away with it.
+    pub async fn shutdown_destroying_allocs(&self) {
+        let runners: Vec<Arc<AllocRunner>> = lock(&self.inner.allocs).values().cloned().collect();
+        futures::future::join_all(runners.iter().map(|r| r.destroy())).await;
+        self.shutdown().await;
+    }
+
+    /// Stops the client role and waits until every runner and loop has stopped. Tasks keep
+    /// running: a client started later on the same state dir reattaches to them. The local
+    /// state is closed once the last clone of this client is dropped.
+    pub async fn shutdown(&self) {
+        let ctx = &self.inner.ctx;
+        ctx.shutdown.cancel();
+        ctx.tracker.close();
+        ctx.tracker.wait().await;
+        lock(&self.inner.allocs).clear();
+    }
+}
+
+impl ClientInner {
+    fn known_allocs(&self) -> BTreeMap<String, u64> {
+        lock(&self.allocs).iter().map(|(id, r)| (id.clone(), r.alloc().alloc_modify_index)).collect()
+    }
+
+    /// Applies one alloc watch pass.
+    fn run_allocs(&self, diff: watch::Diff) {
+        for id in diff.removed {
+            let Some(runner) = lock(&self.allocs).remove(&id) else { continue };
+            tracing::info!(alloc_id = %id, "alloc removed by the servers; destroying it");
+            self.ctx.tracker.spawn(async move { runner.destroy().await });
+        }
+        for alloc in diff.updated {
+            self.update_alloc(alloc);
+        }
+        for alloc in diff.added {
+            self.add_alloc(alloc);
+        }
+    }
+
+    fn update_alloc(&self, update: Allocation) {
+        let Some(runner) = lock(&self.allocs).get(&update.id).cloned() else { return };
+        if reconnect::should_reconnect(runner.alloc().alloc_modify_index, &update) {
+            tracing::info!(alloc_id = %update.id, "reconnecting an alloc the servers marked unknown");
+            if let Err(e) = runner.reconnect(&update) {
+                tracing::error!(alloc_id = %update.id, error = %e, "reconnecting the alloc failed");
+            }
+            return;
+        }
+        if let Err(e) = self.ctx.state.put_alloc(&update) {
+            tracing::error!(alloc_id = %update.id, error = %e, "persisting the updated alloc failed");
+        }
+        runner.update(update);
+    }
+
+    fn add_alloc(&self, alloc: Allocation) {
+        let id = alloc.id.clone();
+        if lock(&self.allocs).contains_key(&id) {
+            return;
+        }
+        // Stored before the runner exists, so a crash right after still knows the alloc.
+        if let Err(e) = self.ctx.state.put_alloc(&alloc) {
+            tracing::error!(alloc_id = %id, error = %e, "persisting the new alloc failed");
+            return;
+        }
+        match AllocRunner::new(self.ctx.clone(), alloc, false) {
+            Ok(runner) => {
+                lock(&self.allocs).insert(id, runner.clone());
+                self.ctx.tracker.spawn(runner.run());
+            }
+            Err(e) => {
+                tracing::error!(alloc_id = %id, error = %e, "creating the alloc runner failed");
+                lock(&self.invalid_allocs).insert(id);
+            }
+        }
+    }
+
+    /// Fingerprints the drivers again every interval; a change updates the node and registers it
+    /// again.
+    async fn fingerprint_drivers(self: Arc<Self>) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(self.config.driver_fingerprint_interval) => {}
+                _ = self.ctx.shutdown.cancelled() => return,
+            }
+            let infos = self.ctx.drivers.fingerprint_all().await;
+            let current = self.ctx.node();
+            if !drivers_changed(&current.drivers, &infos) {
+                continue;
+            }
+            let mut node = (*current).clone();
+            apply_drivers(&mut node, &infos);
+            *self.ctx.node.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(node);
+            self.node_changed.notify_one();
+        }
+    }
+}

@@ -1,10 +1,8 @@
 //! raw_exec driver: exit status, logs and rotation, stop escalation, errors.
 
-mod driver_support;
-
 use std::time::{Duration, Instant};
 
-use driver_support::{log, options, task, wait_for_output};
+use crate::support::{log, options, task, wait_for_output};
 use nix::sys::signal::Signal;
 use nomad_agent::client::driver::{DriverError, DriverRegistry, LogConfig};
 use serde_json::json;

@@ -1,5 +1,5 @@
 //! Shared fixtures for the driver tests: a task in its own temp dir, log readers, condition waits.
-#![allow(dead_code)] // each test crate uses a different subset
+#![allow(dead_code)] // not every helper is used by every module
 
 use std::collections::BTreeMap;
 use std::fs;

@@ -1,13 +1,11 @@
 //! exec driver: namespaces, chroot, cgroup limits, user switch. Needs root (these hosts are).
 
-mod driver_support;
-
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use driver_support::{is_root, log, options, task, wait_for_output};
+use crate::support::{is_root, log, options, task, wait_for_output};
 use nomad_agent::client::driver::{
     CgroupVersion, Driver, DriverError, DriverOptions, DriverRegistry, DriverState, TaskHandle, TaskResources,
 };

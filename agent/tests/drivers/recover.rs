@@ -1,12 +1,10 @@
 //! Tasks outlive the agent (decision 7): the executor keeps supervising and logging without it,
 //! and a restarted agent reattaches from the serialized handle alone.
 
-mod driver_support;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
-use driver_support::{executor_path, log, options, task, wait_for_output, wait_until};
+use crate::support::{executor_path, log, options, task, wait_for_output, wait_until};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use nomad_agent::client::driver::{DriverRegistry, ExitResult, ProcessRef, Recovered, TaskHandle};

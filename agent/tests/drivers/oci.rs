@@ -1,14 +1,12 @@
 //! oci driver: busybox containers run by runc, limits, stop escalation, OCI image layouts.
 //! Needs root, runc and busybox-static (scripts install them); skips with a message without.
 
-mod driver_support;
-
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use driver_support::{is_root, log, options, task, wait_for_output};
+use crate::support::{is_root, log, options, task, wait_for_output};
 use nix::sys::signal::Signal;
 use nomad_agent::client::driver::{Driver, DriverError, DriverOptions, DriverRegistry, DriverState, TaskHandle};
 use serde_json::json;

@@ -1,0 +1,55 @@
+//! What alloc and task runners share with the client: local state, drivers, the node, the
+//! channel to the alloc syncer, and the shutdown signal.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use nomad_proto::{Allocation, Node};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::driver::DriverRegistry;
+use super::state::StateDb;
+
+/// Shared by every runner of one client.
+pub struct ClientContext {
+    /// Local state.
+    pub state: Arc<StateDb>,
+    /// Task drivers.
+    pub drivers: DriverRegistry,
+    /// This node as last registered (attributes and meta for interpolation).
+    pub node: RwLock<Arc<Node>>,
+    /// Where alloc dirs go: `<alloc_root>/<alloc_id>`.
+    pub alloc_root: PathBuf,
+    /// Agent-private per-task dirs: `<task_state_root>/<alloc_id>/<task>`.
+    pub task_state_root: PathBuf,
+    /// Region (`NOMAD_REGION`).
+    pub region: String,
+    /// Mount task secrets dirs as tmpfs where possible.
+    pub secrets_tmpfs: bool,
+    /// Upper bound on any task's `kill_timeout` (Nomad's `max_kill_timeout`, 30 s).
+    pub max_kill_timeout: Duration,
+    /// The agent's environment for raw_exec tasks (deny-listed variables removed).
+    pub host_env: BTreeMap<String, String>,
+    /// Client-side alloc states for the syncer.
+    pub updates: mpsc::UnboundedSender<Allocation>,
+    /// Fires when the agent shuts down: runners stop without touching their tasks.
+    pub shutdown: CancellationToken,
+    /// Every runner task, so shutdown can wait for all of them.
+    pub tracker: TaskTracker,
+}
+
+impl ClientContext {
+    /// The node as last registered.
+    pub fn node(&self) -> Arc<Node> {
+        self.node.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// `<alloc_root>/<alloc_id>`.
+    pub fn alloc_dir(&self, alloc_id: &str) -> PathBuf {
+        self.alloc_root.join(alloc_id)
+    }
+}

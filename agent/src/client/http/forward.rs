@@ -1,0 +1,39 @@
+//! Forwarding a `/v1/client` request to the client that runs the alloc, once.
+
+use axum::body::Body;
+use axum::http::{HeaderValue, Request, StatusCode};
+use axum::response::Response;
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use nomad_server::http::util::HttpError;
+
+/// Marks a forwarded request, so it is never forwarded again.
+const FORWARDED: &str = "x-nomad-rs-forwarded";
+
+/// Finds where an alloc runs.
+pub trait AllocLocator: Send + Sync {
+    /// `None` when the alloc is unknown; otherwise its node's `HTTPAddr` (empty when unknown).
+    fn node_http_addr(&self, alloc_id: &str) -> Option<String>;
+}
+
+pub(super) fn already_forwarded(req: &Request<Body>) -> bool {
+    req.headers().contains_key(FORWARDED)
+}
+
+/// Sends `req` to `addr` and streams the answer back.
+pub(super) async fn forward(addr: &str, req: Request<Body>) -> Result<Response, HttpError> {
+    let (mut parts, body) = req.into_parts();
+    let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    parts.uri =
+        format!("http://{addr}{path}").parse().map_err(|e| HttpError::bad_request(format!("node address {addr:?} is not usable: {e}")))?;
+    parts.headers.insert(FORWARDED, HeaderValue::from_static("1"));
+    parts.headers.remove("host");
+    let client: Client<_, Body> = Client::builder(TokioExecutor::new()).build_http();
+    let resp = client
+        .request(Request::from_parts(parts, body))
+        .await
+        .map_err(|e| HttpError { code: StatusCode::BAD_GATEWAY, message: format!("forwarding to the client at {addr}: {e}") })?;
+    let (parts, body) = resp.into_parts();
+    Ok(Response::from_parts(parts, Body::new(body.map_err(axum::Error::new))))
+}

@@ -1,0 +1,310 @@
+//! Task runner hooks: small traits run in one ordered list (decision 6).
+//!
+//! A hook implements [`TaskHook`] (its name) and returns the phases it takes part in:
+//! - **prestart**, before every start of the task. Runs in order and stops at the first error.
+//!   A hook that answers `done` is skipped from then on, across agent restarts (its state is
+//!   persisted under its name).
+//! - **poststart**, after the driver started the task. Every hook runs; errors are collected.
+//! - **exited**, after the task exited (before the restart decision). Every hook runs.
+//! - **stop**, once the task is dead for good. Every hook runs. Must be idempotent; may run
+//!   without prestart having run (a task killed before it started).
+//!
+//! Hooks do short, blocking file-system work; none of them talks to the network.
+
+mod dispatch_payload;
+mod task_dir;
+mod validate;
+
+use std::collections::BTreeMap;
+
+use nomad_proto::{Allocation, Task, TaskEvent};
+
+pub use dispatch_payload::DispatchPayloadHook;
+pub use task_dir::{TaskDirHook, mount_secrets_tmpfs};
+pub use validate::ValidateHook;
+
+use crate::client::driver::{Driver, TaskConfig};
+use crate::client::state::HookState;
+
+/// What every phase gets.
+pub struct HookRequest<'a> {
+    /// The alloc.
+    pub alloc: &'a Allocation,
+    /// The task.
+    pub task: &'a Task,
+    /// What the driver will be given (interpolated config, environment, directories).
+    pub config: &'a TaskConfig,
+    /// The task's driver, when it exists.
+    pub driver: Option<&'a dyn Driver>,
+    /// Mount the secrets dir as a tmpfs where the platform allows.
+    pub secrets_tmpfs: bool,
+    /// The hook's state from its last run (also across agent restarts).
+    pub previous: Option<&'a HookState>,
+}
+
+/// What a prestart hook hands back.
+#[derive(Debug, Default)]
+pub struct PrestartResponse {
+    /// Never run this hook again for this task.
+    pub done: bool,
+    /// Hook data to persist under its name.
+    pub data: BTreeMap<String, String>,
+    /// Events to record on the task.
+    pub events: Vec<TaskEvent>,
+}
+
+/// Why a hook failed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HookError {
+    /// What went wrong.
+    pub message: String,
+    /// Trying again may work (counted by the restart policy); otherwise the task fails.
+    pub recoverable: bool,
+    /// The event to record instead of a generic `Setup Failure`.
+    pub event: Option<Box<TaskEvent>>,
+}
+
+impl HookError {
+    /// A failure that retrying will not fix.
+    pub fn fatal(message: impl Into<String>) -> HookError {
+        HookError { message: message.into(), recoverable: false, event: None }
+    }
+
+    /// A failure that may pass on retry.
+    pub fn recoverable(message: impl Into<String>) -> HookError {
+        HookError { message: message.into(), recoverable: true, event: None }
+    }
+}
+
+/// A task hook: its name, and the phases it implements.
+pub trait TaskHook: Send + Sync {
+    /// Stable name: the key of its persisted state.
+    fn name(&self) -> &'static str;
+    /// Prestart phase.
+    fn prestart(&self) -> Option<&dyn PrestartHook> {
+        None
+    }
+    /// Poststart phase.
+    fn poststart(&self) -> Option<&dyn PoststartHook> {
+        None
+    }
+    /// Exited phase.
+    fn exited(&self) -> Option<&dyn ExitedHook> {
+        None
+    }
+    /// Stop phase.
+    fn stop(&self) -> Option<&dyn StopHook> {
+        None
+    }
+}
+
+/// Runs before each start of the task.
+pub trait PrestartHook {
+    /// Prepares the task. An error stops the prestart phase.
+    fn prestart(&self, req: &HookRequest<'_>) -> Result<PrestartResponse, HookError>;
+}
+
+/// Runs after the task started.
+pub trait PoststartHook {
+    /// Reacts to the start.
+    fn poststart(&self, req: &HookRequest<'_>) -> Result<(), HookError>;
+}
+
+/// Runs after the task exited.
+pub trait ExitedHook {
+    /// Reacts to the exit.
+    fn exited(&self, req: &HookRequest<'_>) -> Result<(), HookError>;
+}
+
+/// Runs once the task is dead for good. Idempotent; may run without prestart.
+pub trait StopHook {
+    /// Cleans up.
+    fn stop(&self, req: &HookRequest<'_>) -> Result<(), HookError>;
+}
+
+/// The task hooks, in the order every phase runs them.
+///
+/// Why this order:
+/// 1. `validate` first: a task whose driver is missing or whose config has the wrong shape can
+///    never run, and nothing should be built on disk for it.
+/// 2. `task_dir` next: it builds `local/`, `secrets/` and `tmp/`, which every later hook and the
+///    task itself write into.
+/// 3. `dispatch_payload` last: it writes into the task's `local/` dir, so it needs `task_dir`.
+pub fn init_hooks(task: &Task) -> Vec<Box<dyn TaskHook>> {
+    let mut hooks: Vec<Box<dyn TaskHook>> = vec![Box::new(ValidateHook), Box::new(TaskDirHook)];
+    if task.dispatch_payload.is_some() {
+        hooks.push(Box::new(DispatchPayloadHook));
+    }
+    hooks
+}
+
+/// Runs the prestart phase: in order, skipping hooks marked done, stopping at the first error.
+/// Each hook's new state is written into `states` (the caller persists it). Returns the events
+/// to record, or the failing hook's name and error.
+pub fn run_prestart(
+    hooks: &[Box<dyn TaskHook>],
+    req: &HookRequest<'_>,
+    states: &mut BTreeMap<String, HookState>,
+) -> Result<Vec<TaskEvent>, (&'static str, HookError)> {
+    let mut events = Vec::new();
+    for hook in hooks {
+        let Some(phase) = hook.prestart() else { continue };
+        let previous = states.get(hook.name());
+        if previous.is_some_and(|s| s.done) {
+            continue;
+        }
+        let req = HookRequest { previous, ..*req };
+        let resp = phase.prestart(&req).map_err(|e| (hook.name(), e))?;
+        events.extend(resp.events);
+        states.insert(hook.name().to_string(), HookState { done: resp.done, data: resp.data });
+    }
+    Ok(events)
+}
+
+/// Which post phase to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PostPhase {
+    /// After start.
+    Poststart,
+    /// After exit.
+    Exited,
+    /// Dead for good.
+    Stop,
+}
+
+/// Runs a post phase: every hook, in order, collecting the errors.
+pub fn run_post(
+    hooks: &[Box<dyn TaskHook>],
+    phase: PostPhase,
+    req: &HookRequest<'_>,
+    states: &BTreeMap<String, HookState>,
+) -> Vec<(&'static str, HookError)> {
+    let mut errors = Vec::new();
+    for hook in hooks {
+        let req = HookRequest { previous: states.get(hook.name()), ..*req };
+        let result = match phase {
+            PostPhase::Poststart => hook.poststart().map(|h| h.poststart(&req)),
+            PostPhase::Exited => hook.exited().map(|h| h.exited(&req)),
+            PostPhase::Stop => hook.stop().map(|h| h.stop(&req)),
+        };
+        if let Some(Err(e)) = result {
+            errors.push((hook.name(), e));
+        }
+    }
+    errors
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// Records the order hooks ran in; fails when told to.
+    struct Probe {
+        name: &'static str,
+        fail: bool,
+        done: bool,
+        log: std::sync::Arc<Mutex<Vec<String>>>,
+    }
+
+    impl TaskHook for Probe {
+        fn name(&self) -> &'static str {
+            self.name
+        }
+        fn prestart(&self) -> Option<&dyn PrestartHook> {
+            Some(self)
+        }
+        fn stop(&self) -> Option<&dyn StopHook> {
+            Some(self)
+        }
+    }
+
+    impl PrestartHook for Probe {
+        fn prestart(&self, _req: &HookRequest<'_>) -> Result<PrestartResponse, HookError> {
+            self.log.lock().unwrap().push(format!("prestart {}", self.name));
+            if self.fail {
+                return Err(HookError::fatal(format!("{} failed", self.name)));
+            }
+            Ok(PrestartResponse { done: self.done, ..PrestartResponse::default() })
+        }
+    }
+
+    impl StopHook for Probe {
+        fn stop(&self, _req: &HookRequest<'_>) -> Result<(), HookError> {
+            self.log.lock().unwrap().push(format!("stop {}", self.name));
+            if self.fail { Err(HookError::fatal(format!("{} failed", self.name))) } else { Ok(()) }
+        }
+    }
+
+    fn fixture() -> (Allocation, Task, TaskConfig) {
+        let task = Task { name: "t".into(), ..Task::default() };
+        let config = TaskConfig {
+            alloc_id: "a".into(),
+            task_name: "t".into(),
+            alloc_dir: "/nonexistent".into(),
+            state_dir: "/nonexistent".into(),
+            driver_config: Default::default(),
+            env: Default::default(),
+            user: None,
+            resources: Default::default(),
+            logs: Default::default(),
+            kill_signal: nix::sys::signal::Signal::SIGINT,
+            kill_timeout: std::time::Duration::from_secs(1),
+        };
+        (Allocation::default(), task, config)
+    }
+
+    #[test]
+    fn prestart_stops_at_the_first_error_and_skips_done_hooks_while_stop_runs_every_hook() {
+        let log = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let probe = |name, fail, done| Box::new(Probe { name, fail, done, log: log.clone() }) as Box<dyn TaskHook>;
+        let hooks = vec![probe("a", false, true), probe("b", true, false), probe("c", false, false)];
+        let (alloc, task, config) = fixture();
+        let req = HookRequest { alloc: &alloc, task: &task, config: &config, driver: None, secrets_tmpfs: false, previous: None };
+        let mut states = BTreeMap::new();
+        let err = run_prestart(&hooks, &req, &mut states).unwrap_err();
+        assert_eq!(err.0, "b");
+        assert!(states["a"].done);
+        assert_eq!(*log.lock().unwrap(), ["prestart a", "prestart b"], "c never ran");
+
+        log.lock().unwrap().clear();
+        let _ = run_prestart(&hooks, &req, &mut states);
+        assert_eq!(*log.lock().unwrap(), ["prestart b"], "a is done and skipped");
+
+        log.lock().unwrap().clear();
+        let errors = run_post(&hooks, PostPhase::Stop, &req, &states);
+        assert_eq!(errors.iter().map(|e| e.0).collect::<Vec<_>>(), ["b"]);
+        assert_eq!(*log.lock().unwrap(), ["stop a", "stop b", "stop c"], "stop runs every hook despite b's error");
+    }
+
+    #[test]
+    fn the_hook_list_is_fixed_plus_conditional_hooks() {
+        let names = |t: &Task| init_hooks(t).iter().map(|h| h.name()).collect::<Vec<_>>();
+        assert_eq!(names(&Task::default()), ["validate", "task_dir"]);
+        let t = Task { dispatch_payload: Some(serde_json::json!({"File": "in.txt"})), ..Task::default() };
+        assert_eq!(names(&t), ["validate", "task_dir", "dispatch_payload"]);
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests_support {
+    use crate::client::driver::TaskConfig;
+
+    /// A task config rooted nowhere in particular; tests point `alloc_dir` at a temp dir.
+    pub(crate) fn config() -> TaskConfig {
+        TaskConfig {
+            alloc_id: "a".into(),
+            task_name: "t".into(),
+            alloc_dir: "/nonexistent".into(),
+            state_dir: "/nonexistent".into(),
+            driver_config: Default::default(),
+            env: Default::default(),
+            user: None,
+            resources: Default::default(),
+            logs: Default::default(),
+            kill_signal: nix::sys::signal::Signal::SIGINT,
+            kill_timeout: std::time::Duration::from_secs(1),
+        }
+    }
+}

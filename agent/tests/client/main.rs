@@ -1,0 +1,11 @@
+//! Client role tests, one binary: a real server (Raft in a temp dir) and a real client on a temp
+//! dir running raw_exec tasks under real executors.
+
+mod bad_input;
+mod http;
+mod reconnect;
+mod register;
+mod restore;
+mod run;
+mod support;
+mod sync;
