@@ -30,7 +30,9 @@ impl TestServer {
         let consensus = Arc::new(LocalConsensus::with_events(store.clone(), events.clone()));
         let heartbeats = Arc::new(Heartbeater::new(HeartbeatConfig::default()));
         heartbeats.arm(Vec::<String>::new());
-        let endpoints = Endpoints::new(store.clone(), consensus.clone(), heartbeats, EndpointConfig::default()).with_events(events);
+        let endpoints = Endpoints::new(store.clone(), consensus.clone(), heartbeats, EndpointConfig::default())
+            .with_events(events)
+            .with_scheduler(Arc::new(crate::scheduler::BuiltinScheduler));
         TestServer { store, consensus, endpoints }
     }
 

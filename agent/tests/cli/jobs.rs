@@ -129,12 +129,12 @@ async fn an_ambiguous_job_prefix_lists_the_candidates() {
 }
 
 #[tokio::test]
-async fn job_plan_against_a_server_without_plans_exits_255_with_a_clear_message() {
+async fn job_plan_dry_runs_the_scheduler_and_exits_1_when_allocations_would_change() {
     let api = Api::start().await;
-    api.nomad(&["job", "plan", &example("hello.nomad.hcl")])
-        .await
-        .expect_code(255)
-        .stderr_has("Error during plan: this server does not support job plans yet");
+    let out = api.nomad(&["job", "plan", &example("hello.nomad.hcl")]).await;
+    // No nodes: the plan shows the placement it could not make; nothing is registered.
+    out.expect_code(1).stdout_has("+ Job: \"hello\"").stdout_has("failed to place 1 allocation");
+    api.nomad(&["job", "status", "hello"]).await.expect_code(1);
 }
 
 #[tokio::test]

@@ -1,5 +1,7 @@
 //! A server killed with `kill -9` comes back with every acknowledged write.
 
+use nomad_e2e::wait_for;
+
 use crate::{SETTLE, job_json, single_server};
 
 #[test]
@@ -12,6 +14,13 @@ fn a_killed_server_restarts_with_the_same_jobs_and_indexes() {
         let r = http.put_json("/v1/jobs", &job_json(&format!("web-{i}"))).unwrap();
         evals.push(r["EvalID"].as_str().unwrap().to_string());
     }
+    // Let the scheduler finish with the registrations (no clients: the evals block).
+    wait_for("every eval to be processed", SETTLE, || {
+        let evals = http.get_json("/v1/evaluations").ok()?;
+        let all = evals.as_array()?;
+        (all.len() >= 5 && all.iter().all(|e| e["Status"] != "pending")).then_some(())
+    })
+    .unwrap();
     let before = http.get("/v1/jobs").unwrap();
     let jobs_before = before.json().unwrap();
     let index_before = before.index();

@@ -89,9 +89,4 @@ async fn bad_plan_requests_get_nomads_answers() {
         assert_eq!(status, code, "{method} {path} {body}: {got}");
         assert!(got.contains(text), "{method} {path} {body}: {got}");
     }
-    // A server without a scheduler says so instead of pretending.
-    let bare = TestServer::new();
-    let (status, got) = call(&bare, Method::PUT, "/v1/job/web/plan", json!({"Job": job("web", 1)}).to_string()).await;
-    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert!(got.contains("no scheduler"), "{got}");
 }
