@@ -20,19 +20,9 @@ fn main() {
         .name("Raft")
         .package("nomad.raft")
         .comment("Server-to-server RPCs: Raft replication plus forwarding, joining and bootstrap discovery.")
-        .method(unary(
-            "append_entries",
-            "AppendEntries",
-            "AppendEntriesArgs",
-            "AppendEntriesReply",
-        ))
+        .method(unary("append_entries", "AppendEntries", "AppendEntriesArgs", "AppendEntriesReply"))
         .method(unary("vote", "Vote", "VoteArgs", "VoteReply"))
-        .method(unary(
-            "install_snapshot",
-            "InstallSnapshot",
-            "InstallSnapshotArgs",
-            "InstallSnapshotReply",
-        ))
+        .method(unary("install_snapshot", "InstallSnapshot", "InstallSnapshotArgs", "InstallSnapshotReply"))
         .method(unary("forward", "Forward", "ForwardRequest", "ForwardReply"))
         .method(unary("join", "Join", "JoinRequest", "JoinReply"))
         .method(unary("info", "Info", "InfoRequest", "InfoReply"))

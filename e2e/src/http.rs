@@ -67,7 +67,8 @@ impl HttpClient {
         let mut r = BufReader::new(s);
         let mut line = String::new();
         r.read_line(&mut line)?;
-        let status: u16 = line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).with_context(|| format!("bad status line {line:?}"))?;
+        let status: u16 =
+            line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).with_context(|| format!("bad status line {line:?}"))?;
         let mut headers = Vec::new();
         loop {
             line.clear();

@@ -80,7 +80,8 @@ impl Agent {
     /// Starts an agent whose state lives in `dir` (created if needed).
     pub fn start(name: &str, dir: &Path, opts: AgentOptions) -> Result<Agent> {
         std::fs::create_dir_all(dir)?;
-        let mut a = Agent { name: name.to_string(), dir: dir.to_path_buf(), child: None, opts, http_addr: String::new(), rpc_addr: String::new() };
+        let mut a =
+            Agent { name: name.to_string(), dir: dir.to_path_buf(), child: None, opts, http_addr: String::new(), rpc_addr: String::new() };
         a.spawn()?;
         Ok(a)
     }

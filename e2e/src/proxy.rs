@@ -45,7 +45,12 @@ impl FaultProxy {
     pub fn start(target: &str) -> std::io::Result<FaultProxy> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let addr = listener.local_addr()?.to_string();
-        let shared = Arc::new(Shared { mode: AtomicU8::new(Mode::Open as u8), target: target.to_string(), conns: Mutex::new(Vec::new()), stopped: AtomicBool::new(false) });
+        let shared = Arc::new(Shared {
+            mode: AtomicU8::new(Mode::Open as u8),
+            target: target.to_string(),
+            conns: Mutex::new(Vec::new()),
+            stopped: AtomicBool::new(false),
+        });
         let s = shared.clone();
         thread::spawn(move || {
             for conn in listener.incoming() {

@@ -6,8 +6,7 @@
 //! Defaults that depend on other fields are filled here.
 
 use crate::job::{
-    DEFAULT_NAMESPACE, DEFAULT_NODE_POOL, DEFAULT_REGION, Job, JobType, ReschedulePolicy, RestartPolicy, RESTART_MODE_FAIL,
-    UpdateStrategy,
+    DEFAULT_NAMESPACE, DEFAULT_NODE_POOL, DEFAULT_REGION, Job, JobType, RESTART_MODE_FAIL, ReschedulePolicy, RestartPolicy, UpdateStrategy,
 };
 use crate::service::{SERVICE_PROVIDER_CONSUL, Service};
 
@@ -66,8 +65,7 @@ impl Job {
                     _ => ReschedulePolicy::default_service(),
                 });
                 if resched.delay_function.is_empty() {
-                    resched.delay_function =
-                        if job_type == JobType::Batch { "constant" } else { "exponential" }.to_string();
+                    resched.delay_function = if job_type == JobType::Batch { "constant" } else { "exponential" }.to_string();
                 }
             }
             if job_type == JobType::Service && g.migrate.is_none() {

@@ -534,12 +534,26 @@ pub struct ReschedulePolicy {
 impl ReschedulePolicy {
     /// Nomad's default for service jobs: unlimited, 30 s exponential up to 1 h.
     pub fn default_service() -> ReschedulePolicy {
-        ReschedulePolicy { attempts: 0, interval: 0, delay: 30 * NS, delay_function: "exponential".into(), max_delay: 3600 * NS, unlimited: true }
+        ReschedulePolicy {
+            attempts: 0,
+            interval: 0,
+            delay: 30 * NS,
+            delay_function: "exponential".into(),
+            max_delay: 3600 * NS,
+            unlimited: true,
+        }
     }
 
     /// Nomad's default for batch jobs: once in 24 h after 5 s.
     pub fn default_batch() -> ReschedulePolicy {
-        ReschedulePolicy { attempts: 1, interval: 24 * 3600 * NS, delay: 5 * NS, delay_function: "constant".into(), max_delay: 0, unlimited: false }
+        ReschedulePolicy {
+            attempts: 1,
+            interval: 24 * 3600 * NS,
+            delay: 5 * NS,
+            delay_function: "constant".into(),
+            max_delay: 0,
+            unlimited: false,
+        }
     }
 
     /// True when the policy allows any rescheduling at all.

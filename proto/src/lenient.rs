@@ -28,11 +28,7 @@ pub struct DecodeError {
 
 impl fmt::Display for DecodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.path.is_empty() || self.path == "." {
-            write!(f, "{}", self.message)
-        } else {
-            write!(f, "{}: {}", self.path, self.message)
-        }
+        if self.path.is_empty() || self.path == "." { write!(f, "{}", self.message) } else { write!(f, "{}: {}", self.path, self.message) }
     }
 }
 
@@ -40,19 +36,14 @@ impl std::error::Error for DecodeError {}
 
 /// Decodes a JSON document with Go's case-insensitive, null-tolerant rules.
 pub fn from_slice<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
-    let value: Value = serde_json::from_slice(bytes).map_err(|e| DecodeError {
-        path: String::new(),
-        message: format!("invalid JSON: {e}"),
-    })?;
+    let value: Value =
+        serde_json::from_slice(bytes).map_err(|e| DecodeError { path: String::new(), message: format!("invalid JSON: {e}") })?;
     from_value(value)
 }
 
 /// Decodes an already parsed JSON value with the same rules as [`from_slice`].
 pub fn from_value<T: DeserializeOwned>(value: Value) -> Result<T, DecodeError> {
-    serde_path_to_error::deserialize(Lenient(value)).map_err(|e| DecodeError {
-        path: e.path().to_string(),
-        message: e.inner().to_string(),
-    })
+    serde_path_to_error::deserialize(Lenient(value)).map_err(|e| DecodeError { path: e.path().to_string(), message: e.inner().to_string() })
 }
 
 /// A [`Value`] that deserializes with Go's manners.

@@ -26,9 +26,14 @@ pub mod time;
 pub mod validate;
 pub mod volume;
 
-pub use alloc::{AllocListStub, AllocMetric, AllocState, AllocStubFields, Allocation, ClientStatus, DesiredStatus, DesiredTransition, TaskEvent, TaskState};
+pub use alloc::{
+    AllocListStub, AllocMetric, AllocState, AllocStubFields, Allocation, ClientStatus, DesiredStatus, DesiredTransition, TaskEvent,
+    TaskState,
+};
 pub use eval::{EvalStatus, Evaluation};
-pub use job::{Affinity, Constraint, Job, JobStatus, JobType, LogConfig, ReschedulePolicy, RestartPolicy, Spread, Task, TaskGroup, TaskLifecycle};
+pub use job::{
+    Affinity, Constraint, Job, JobStatus, JobType, LogConfig, ReschedulePolicy, RestartPolicy, Spread, Task, TaskGroup, TaskLifecycle,
+};
 pub use namespace::Namespace;
 pub use node::{ApiNode, DriverInfo, Node, NodeEvent, NodeListStub, NodeStatus, NodeStubFields, SchedulingEligibility};
 pub use plan::{Plan, PlanResult};

@@ -286,9 +286,7 @@ pub struct HostVolume {
 impl Node {
     /// Ready, not draining and eligible: new allocs may go here.
     pub fn is_ready_for_placement(&self) -> bool {
-        self.status == NodeStatus::Ready
-            && self.drain_strategy.is_none()
-            && self.scheduling_eligibility == SchedulingEligibility::Eligible
+        self.status == NodeStatus::Ready && self.drain_strategy.is_none() && self.scheduling_eligibility == SchedulingEligibility::Eligible
     }
 
     /// The node's datacenter matches one of `patterns` (`*` globs, as Nomad 1.5+).

@@ -73,12 +73,7 @@ impl Timestamp {
         let days = secs.div_euclid(86_400);
         let rem = secs.rem_euclid(86_400);
         let (y, m, d) = civil_from_days(days);
-        let mut s = format!(
-            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}",
-            rem / 3600,
-            (rem % 3600) / 60,
-            rem % 60
-        );
+        let mut s = format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}", rem / 3600, (rem % 3600) / 60, rem % 60);
         if nanos != 0 {
             let frac = format!("{nanos:09}");
             s.push('.');
@@ -92,12 +87,17 @@ impl Timestamp {
     pub fn parse_rfc3339(s: &str) -> Result<Timestamp, TimeParseError> {
         let err = || TimeParseError(s.to_string());
         let b = s.as_bytes();
-        if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !(b[10] == b'T' || b[10] == b't' || b[10] == b' ') || b[13] != b':' || b[16] != b':' {
+        if b.len() < 20
+            || b[4] != b'-'
+            || b[7] != b'-'
+            || !(b[10] == b'T' || b[10] == b't' || b[10] == b' ')
+            || b[13] != b':'
+            || b[16] != b':'
+        {
             return Err(err());
         }
-        let num = |r: std::ops::Range<usize>| -> Result<i64, TimeParseError> {
-            s.get(r).and_then(|p| p.parse::<i64>().ok()).ok_or_else(err)
-        };
+        let num =
+            |r: std::ops::Range<usize>| -> Result<i64, TimeParseError> { s.get(r).and_then(|p| p.parse::<i64>().ok()).ok_or_else(err) };
         let (y, mo, d, h, mi, se) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
         if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || se > 60 {
             return Err(err());
@@ -135,10 +135,7 @@ impl Timestamp {
         }
         let days = days_from_civil(y, mo, d);
         let secs = days * 86_400 + h * 3600 + mi * 60 + se - offset_secs;
-        secs.checked_mul(1_000_000_000)
-            .and_then(|v| v.checked_add(nanos))
-            .map(Timestamp)
-            .ok_or_else(err)
+        secs.checked_mul(1_000_000_000).and_then(|v| v.checked_add(nanos)).map(Timestamp).ok_or_else(err)
     }
 }
 

@@ -3,13 +3,30 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::job::{Job, JobType, MAX_JOB_PRIORITY, RESTART_MODE_DELAY, RESTART_MODE_FAIL, TaskGroup, Task, lifecycle_hook};
+use crate::job::{Job, JobType, MAX_JOB_PRIORITY, RESTART_MODE_DELAY, RESTART_MODE_FAIL, Task, TaskGroup, lifecycle_hook};
 use crate::service::{SERVICE_PROVIDER_CONSUL, SERVICE_PROVIDER_NOMAD, Service};
 
 /// Constraint operators the scheduler understands.
 pub const CONSTRAINT_OPERANDS: &[&str] = &[
-    "=", "==", "is", "!=", "not", "<", "<=", ">", ">=", "regexp", "version", "semver", "set_contains",
-    "set_contains_all", "set_contains_any", "is_set", "is_not_set", "distinct_hosts", "distinct_property",
+    "=",
+    "==",
+    "is",
+    "!=",
+    "not",
+    "<",
+    "<=",
+    ">",
+    ">=",
+    "regexp",
+    "version",
+    "semver",
+    "set_contains",
+    "set_contains_all",
+    "set_contains_any",
+    "is_set",
+    "is_not_set",
+    "distinct_hosts",
+    "distinct_property",
 ];
 
 /// Lowest memory a task may ask for, MiB.
@@ -204,7 +221,14 @@ fn validate_group(job: &Job, g: &TaskGroup) -> Vec<String> {
             errs.push(format!("Volume {name} has an empty source"));
         }
         if v.volume_type == "csi" {
-            let modes = ["", "single-node-reader-only", "single-node-writer", "multi-node-reader-only", "multi-node-single-writer", "multi-node-multi-writer"];
+            let modes = [
+                "",
+                "single-node-reader-only",
+                "single-node-writer",
+                "multi-node-reader-only",
+                "multi-node-single-writer",
+                "multi-node-multi-writer",
+            ];
             if !modes.contains(&v.access_mode.as_str()) {
                 errs.push(format!("Volume {name} has an invalid access mode {:?}", v.access_mode));
             }
@@ -314,7 +338,8 @@ fn validate_service(s: &Service, g: &TaskGroup, task: Option<&Task>) -> Vec<Stri
         errs.push(format!("Service name must be valid per RFC 1123 and can contain only alphanumeric characters or dashes: {:?}", s.name));
     }
     if !s.port_label.is_empty() && s.port_label.parse::<u16>().is_err() {
-        let in_group = g.networks.iter().flat_map(|n| n.reserved_ports.iter().chain(n.dynamic_ports.iter())).any(|p| p.label == s.port_label);
+        let in_group =
+            g.networks.iter().flat_map(|n| n.reserved_ports.iter().chain(n.dynamic_ports.iter())).any(|p| p.label == s.port_label);
         let in_task = task.is_some_and(|t| {
             t.resources.networks.iter().flat_map(|n| n.reserved_ports.iter().chain(n.dynamic_ports.iter())).any(|p| p.label == s.port_label)
         });
@@ -354,7 +379,11 @@ pub fn validate_constraint(c: &crate::Constraint) -> Result<(), String> {
             Ok(())
         }
         "is_set" | "is_not_set" => {
-            if c.l_target.is_empty() { Err("No LTarget provided but is required by constraint".to_string()) } else { Ok(()) }
+            if c.l_target.is_empty() {
+                Err("No LTarget provided but is required by constraint".to_string())
+            } else {
+                Ok(())
+            }
         }
         "regexp" => {
             if c.l_target.is_empty() {
@@ -375,7 +404,23 @@ pub fn validate_constraint(c: &crate::Constraint) -> Result<(), String> {
 }
 
 fn validate_affinity(a: &crate::Affinity) -> Result<(), String> {
-    let ok_ops = ["=", "==", "is", "!=", "not", "<", "<=", ">", ">=", "regexp", "version", "semver", "set_contains_all", "set_contains", "set_contains_any"];
+    let ok_ops = [
+        "=",
+        "==",
+        "is",
+        "!=",
+        "not",
+        "<",
+        "<=",
+        ">",
+        ">=",
+        "regexp",
+        "version",
+        "semver",
+        "set_contains_all",
+        "set_contains",
+        "set_contains_any",
+    ];
     if !ok_ops.contains(&a.operand.as_str()) {
         return Err(format!("Unknown affinity operator {:?}", a.operand));
     }
@@ -412,12 +457,10 @@ mod tests {
 
     #[test]
     fn each_problem_is_named() {
-        let j = job(
-            r#"{"ID":"has space","Priority":0,"TaskGroups":[
+        let j = job(r#"{"ID":"has space","Priority":0,"TaskGroups":[
                 {"Name":"g","Count":-1,"MaxClientDisconnect":1,"StopAfterClientDisconnect":1,
                  "Tasks":[{"Name":"t","Resources":{"MemoryMB":1}}]},
-                {"Name":"g","Tasks":[]}]}"#,
-        );
+                {"Name":"g","Tasks":[]}]}"#);
         let err = j.validate().unwrap_err();
         let text = err.to_string();
         for needle in [

@@ -293,8 +293,11 @@ async fn run(args: Args) {
     leader_task.abort();
 
     let rate = placed as f64 / elapsed.as_secs_f64();
-    let (entries, plan_entries, plans) =
-        (consensus.entries.load(Ordering::Relaxed), consensus.plan_entries.load(Ordering::Relaxed), consensus.plans.load(Ordering::Relaxed));
+    let (entries, plan_entries, plans) = (
+        consensus.entries.load(Ordering::Relaxed),
+        consensus.plan_entries.load(Ordering::Relaxed),
+        consensus.plans.load(Ordering::Relaxed),
+    );
     println!(
         "nodes={} allocs={} jobs={} consensus={} workers={} in_flight={} max_plans_per_entry={} pipeline={} job_rate={} scheduler=\"{}\" | \
          placed={} in {:.2}s (jobs submitted in {:.2}s) evals_with_failures={} raft_entries={} plan_entries={} plans_per_entry={:.1} | \

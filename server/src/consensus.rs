@@ -113,11 +113,7 @@ impl Consensus for LocalConsensus {
     }
 
     fn leader_rpc_addr(&self) -> Option<String> {
-        if self.is_leader() {
-            Some(self.addr.clone())
-        } else {
-            self.remote_leader.lock().unwrap_or_else(|e| e.into_inner()).clone()
-        }
+        if self.is_leader() { Some(self.addr.clone()) } else { self.remote_leader.lock().unwrap_or_else(|e| e.into_inner()).clone() }
     }
 
     fn peers(&self) -> Vec<String> {

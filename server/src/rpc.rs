@@ -11,9 +11,9 @@ use std::sync::{Arc, Mutex};
 use nomad_proto::rpc::codec::MAX_MESSAGE_BYTES;
 use nomad_proto::rpc::{
     AllocClient, AllocRpc, AllocServer, AllocUpdateRequest, AllocsGetRequest, AllocsGetResponse, GenericResponse, NodeClient,
-    NodeClientAllocsResponse, NodeRegisterRequest, NodeRpc, NodeServer, NodeSpecificRequest, NodeUpdateResponse,
-    NodeUpdateStatusRequest, ServiceRegistrationClient, ServiceRegistrationDeleteRequest, ServiceRegistrationRpc,
-    ServiceRegistrationServer, ServiceRegistrationUpsertRequest,
+    NodeClientAllocsResponse, NodeRegisterRequest, NodeRpc, NodeServer, NodeSpecificRequest, NodeUpdateResponse, NodeUpdateStatusRequest,
+    ServiceRegistrationClient, ServiceRegistrationDeleteRequest, ServiceRegistrationRpc, ServiceRegistrationServer,
+    ServiceRegistrationUpsertRequest,
 };
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use nomad_proto::plan::{DesiredUpdates, PlanAnnotations};
 use nomad_proto::resources::{AllocatedCpuResources, AllocatedMemoryResources, AllocatedTaskResources};
 use nomad_proto::{
-    AllocMetric, AllocatedResources, Allocation, ClientStatus, DesiredStatus, EvalStatus, Evaluation, Job, Node, NodeStatus, Plan, TaskGroup,
-    Timestamp,
+    AllocMetric, AllocatedResources, Allocation, ClientStatus, DesiredStatus, EvalStatus, Evaluation, Job, Node, NodeStatus, Plan,
+    TaskGroup, Timestamp,
 };
 
 use crate::heartbeat::HeartbeatExpiry;
@@ -51,7 +51,8 @@ trait Placer {
 /// place what is missing where the placer says, block on the rest.
 fn reconcile(state: &State, eval: &Evaluation, now: Timestamp, placer: &mut dyn Placer) -> ScheduleOutcome {
     let job = state.job(&eval.namespace, &eval.job_id).cloned();
-    let mut plan = Plan { job: job.clone(), priority: eval.priority, all_at_once: job.as_ref().is_some_and(|j| j.all_at_once), ..Plan::default() };
+    let mut plan =
+        Plan { job: job.clone(), priority: eval.priority, all_at_once: job.as_ref().is_some_and(|j| j.all_at_once), ..Plan::default() };
     let mut update = eval.clone();
     update.status = EvalStatus::Complete;
     update.status_description.clear();
@@ -111,7 +112,10 @@ fn reconcile(state: &State, eval: &Evaluation, now: Timestamp, placer: &mut dyn 
                     desired.place += 1;
                 }
                 if unplaced > 0 {
-                    failed.insert(tg.name.clone(), AllocMetric { nodes_evaluated: state.node_count() as i64, coalesced_failures: unplaced - 1, ..Default::default() });
+                    failed.insert(
+                        tg.name.clone(),
+                        AllocMetric { nodes_evaluated: state.node_count() as i64, coalesced_failures: unplaced - 1, ..Default::default() },
+                    );
                     update.queued_allocations.insert(tg.name.clone(), unplaced);
                 }
             }
@@ -235,7 +239,10 @@ impl Placer for Probe {
                     disk_mb: s.disk_mb + u.disk_mb,
                 })
             });
-            if planned.cpu + ask.cpu <= cap.cpu && planned.memory_mb + ask.memory_mb <= cap.memory_mb && planned.disk_mb + ask.disk_mb <= cap.disk_mb {
+            if planned.cpu + ask.cpu <= cap.cpu
+                && planned.memory_mb + ask.memory_mb <= cap.memory_mb
+                && planned.disk_mb + ask.disk_mb <= cap.disk_mb
+            {
                 planned.cpu += ask.cpu;
                 planned.memory_mb += ask.memory_mb;
                 planned.disk_mb += ask.disk_mb;

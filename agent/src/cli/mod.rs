@@ -223,9 +223,10 @@ mod tests {
 
     #[test]
     fn single_dash_long_flags_become_double_dash() {
-        assert_eq!(norm(&["nomad-rs", "agent", "-dev", "-config=a.hcl", "--bind", "x", "-h", "-1", "-"]), vec![
-            "nomad-rs", "agent", "--dev", "--config=a.hcl", "--bind", "x", "-h", "-1", "-"
-        ]);
+        assert_eq!(
+            norm(&["nomad-rs", "agent", "-dev", "-config=a.hcl", "--bind", "x", "-h", "-1", "-"]),
+            vec!["nomad-rs", "agent", "--dev", "--config=a.hcl", "--bind", "x", "-h", "-1", "-"]
+        );
         assert_eq!(norm(&["job", "run", "--", "-not-a-flag"]), vec!["job", "run", "--", "-not-a-flag"]);
     }
 

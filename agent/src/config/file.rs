@@ -249,7 +249,8 @@ pub fn read(path: &Path) -> Result<Value, ConfigError> {
 
 /// Parses HCL text (named `path` in errors) into a JSON value.
 pub fn parse_str(src: &str, path: &Path) -> Result<Value, ConfigError> {
-    let value: Value = hcl::from_str(src).map_err(|e| ConfigError::Parse { path: path.to_path_buf(), message: e.to_string().trim().to_string() })?;
+    let value: Value =
+        hcl::from_str(src).map_err(|e| ConfigError::Parse { path: path.to_path_buf(), message: e.to_string().trim().to_string() })?;
     if !value.is_object() {
         return Err(ConfigError::Parse { path: path.to_path_buf(), message: "expected attributes and blocks at the top level".into() });
     }

@@ -159,7 +159,8 @@ impl AgentConfig {
         let ports = f.ports.unwrap_or_default();
         let http_port = flags.http_port.or(ports.http).unwrap_or(DEFAULT_HTTP_PORT);
         let rpc_port = flags.rpc_port.or(ports.rpc).unwrap_or(DEFAULT_RPC_PORT);
-        let advertise_host = if bind_addr.is_unspecified() { local_ip().unwrap_or_else(|| "127.0.0.1".into()) } else { bind_addr.to_string() };
+        let advertise_host =
+            if bind_addr.is_unspecified() { local_ip().unwrap_or_else(|| "127.0.0.1".into()) } else { bind_addr.to_string() };
         let advertise = f.advertise.unwrap_or_default();
         let advertise_http = advertise.http.unwrap_or_else(|| format!("{advertise_host}:{http_port}"));
         let advertise_rpc = advertise.rpc.unwrap_or_else(|| format!("{advertise_host}:{rpc_port}"));
@@ -332,7 +333,11 @@ mod tests {
     use super::*;
 
     fn resolve(src: &str, flags: AgentFlags) -> Result<AgentConfig, ConfigError> {
-        let file = if src.is_empty() { FileConfig::default() } else { file::decode(file::parse_str(src, std::path::Path::new("a.hcl"))?, "a.hcl")? };
+        let file = if src.is_empty() {
+            FileConfig::default()
+        } else {
+            file::decode(file::parse_str(src, std::path::Path::new("a.hcl"))?, "a.hcl")?
+        };
         AgentConfig::from_parts(file, &flags, Some(PathBuf::from("/tmp/dev")))
     }
 
@@ -351,7 +356,13 @@ mod tests {
     fn flags_override_files() {
         let c = resolve(
             "datacenter = \"dc9\"\ndata_dir = \"/a\"\nserver {\n  enabled = true\n  heartbeat_grace = \"1s\"\n}\n",
-            AgentFlags { dc: Some("dc2".into()), data_dir: Some("/b".into()), bootstrap_expect: Some(3), join: vec!["x:1".into()], ..Default::default() },
+            AgentFlags {
+                dc: Some("dc2".into()),
+                data_dir: Some("/b".into()),
+                bootstrap_expect: Some(3),
+                join: vec!["x:1".into()],
+                ..Default::default()
+            },
         )
         .unwrap();
         assert_eq!(c.datacenter, "dc2");
@@ -370,9 +381,13 @@ mod tests {
         assert!(e.contains("Must specify data directory"), "{e}");
         let e = resolve("data_dir = \"/a\"\n", AgentFlags { client: true, ..Default::default() }).unwrap_err().to_string();
         assert!(e.contains("client.servers"), "{e}");
-        let e = resolve("data_dir = \"/a\"\nbind_addr = \"nowhere\"\n", AgentFlags { server: true, ..Default::default() }).unwrap_err().to_string();
+        let e = resolve("data_dir = \"/a\"\nbind_addr = \"nowhere\"\n", AgentFlags { server: true, ..Default::default() })
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("bind_addr"), "{e}");
-        let e = resolve("data_dir = \"/a\"\nlog_level = \"LOUD\"\n", AgentFlags { server: true, ..Default::default() }).unwrap_err().to_string();
+        let e = resolve("data_dir = \"/a\"\nlog_level = \"LOUD\"\n", AgentFlags { server: true, ..Default::default() })
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("log_level"), "{e}");
     }
 }

@@ -54,10 +54,9 @@ impl TaskCgroup {
     pub fn create(root: &Path, parent: &str, name: &str, limits: &CgroupLimits) -> io::Result<TaskCgroup> {
         let version = detect_version(root);
         let cgroup = match version {
-            CgroupVersion::V1 => TaskCgroup {
-                version,
-                dirs: V1_CONTROLLERS.iter().map(|c| root.join(c).join(parent).join(name)).collect(),
-            },
+            CgroupVersion::V1 => {
+                TaskCgroup { version, dirs: V1_CONTROLLERS.iter().map(|c| root.join(c).join(parent).join(name)).collect() }
+            }
             CgroupVersion::V2 => {
                 // Controllers must be enabled in every ancestor's subtree_control to reach the leaf.
                 let parent_dir = root.join(parent);
@@ -173,9 +172,7 @@ pub fn read_oom_kills(files: &[PathBuf]) -> u64 {
     files
         .iter()
         .filter_map(|f| fs::read_to_string(f).ok())
-        .flat_map(|text| {
-            text.lines().filter_map(|l| l.strip_prefix("oom_kill ")?.trim().parse::<u64>().ok()).collect::<Vec<_>>()
-        })
+        .flat_map(|text| text.lines().filter_map(|l| l.strip_prefix("oom_kill ")?.trim().parse::<u64>().ok()).collect::<Vec<_>>())
         .sum()
 }
 

@@ -84,13 +84,11 @@ pub fn prepare(spec: &IsolationSpec) -> Result<Prepared, String> {
     for link in &spec.symlinks {
         let path = inside(&link.path);
         if fs::symlink_metadata(&path).is_err() {
-            std::os::unix::fs::symlink(&link.target, &path)
-                .map_err(|e| format!("create symlink {}: {e}", path.display()))?;
+            std::os::unix::fs::symlink(&link.target, &path).map_err(|e| format!("create symlink {}: {e}", path.display()))?;
         }
     }
     for bind in &spec.binds {
-        let meta = fs::metadata(&bind.source)
-            .map_err(|e| format!("chroot source {} does not exist: {e}", bind.source.display()))?;
+        let meta = fs::metadata(&bind.source).map_err(|e| format!("chroot source {} does not exist: {e}", bind.source.display()))?;
         let target = inside(&bind.target);
         make_mount_point(&target, meta.is_dir())?;
         binds.push((cstring(&bind.source)?, cstring(&target)?, bind.read_only));
@@ -139,8 +137,7 @@ fn make_mount_point(path: &Path, dir: bool) -> Result<(), String> {
 }
 
 fn cstring(path: &Path) -> Result<CString, String> {
-    CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| format!("path {} contains a NUL byte", path.display()))
+    CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| format!("path {} contains a NUL byte", path.display()))
 }
 
 impl Prepared {
@@ -157,14 +154,8 @@ impl Prepared {
             .map_err(|e| ("make mounts private".to_string(), e))?;
         for (source, target, read_only) in &self.binds {
             let step = || format!("bind {} to {}", source.to_string_lossy(), target.to_string_lossy());
-            mount(
-                Some(source.as_c_str()),
-                target.as_c_str(),
-                None::<&str>,
-                MsFlags::MS_BIND | MsFlags::MS_REC,
-                None::<&str>,
-            )
-            .map_err(|e| (step(), e))?;
+            mount(Some(source.as_c_str()), target.as_c_str(), None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
+                .map_err(|e| (step(), e))?;
             if *read_only {
                 let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
                 mount(None::<&str>, target.as_c_str(), None::<&str>, flags, None::<&str>).map_err(|e| (step(), e))?;

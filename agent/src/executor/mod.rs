@@ -181,20 +181,9 @@ fn supervise(spec_path: &Path) -> Result<(), String> {
     report(&StartReport::Started(task));
     detach_stdout();
 
-    let mut stdout_log = RotatingLog::new(
-        &spec.log_dir,
-        &format!("{}.stdout", spec.task_name),
-        spec.log_max_files,
-        spec.log_max_file_size,
-    );
-    let mut stderr_log = RotatingLog::new(
-        &spec.log_dir,
-        &format!("{}.stderr", spec.task_name),
-        spec.log_max_files,
-        spec.log_max_file_size,
-    );
-    let (status, finished_at) =
-        pump_until_exit(task_pid, [(out_reader, &mut stdout_log), (err_reader, &mut stderr_log)]);
+    let mut stdout_log = RotatingLog::new(&spec.log_dir, &format!("{}.stdout", spec.task_name), spec.log_max_files, spec.log_max_file_size);
+    let mut stderr_log = RotatingLog::new(&spec.log_dir, &format!("{}.stderr", spec.task_name), spec.log_max_files, spec.log_max_file_size);
+    let (status, finished_at) = pump_until_exit(task_pid, [(out_reader, &mut stdout_log), (err_reader, &mut stderr_log)]);
 
     let mut result = match status {
         Some(WaitStatus::Exited(_, code)) => ExitResult { exit_code: code, ..ExitResult::default() },
@@ -226,13 +215,9 @@ fn detach_stdout() {
 
 /// Copies both pipes into their logs until the task has exited and the pipes are drained (or
 /// the drain grace ran out); returns the task's wait status and when it was reaped.
-fn pump_until_exit(
-    task_pid: i32,
-    streams: [(OwnedFd, &mut RotatingLog); 2],
-) -> (Option<WaitStatus>, Timestamp) {
+fn pump_until_exit(task_pid: i32, streams: [(OwnedFd, &mut RotatingLog); 2]) -> (Option<WaitStatus>, Timestamp) {
     let pidfd = pidfd_open(task_pid).ok();
-    let mut streams: Vec<(Option<OwnedFd>, &mut RotatingLog)> =
-        streams.into_iter().map(|(fd, log)| (Some(fd), log)).collect();
+    let mut streams: Vec<(Option<OwnedFd>, &mut RotatingLog)> = streams.into_iter().map(|(fd, log)| (Some(fd), log)).collect();
     let mut status: Option<WaitStatus> = None;
     let mut finished_at = Timestamp::ZERO;
     let mut task_gone = false;

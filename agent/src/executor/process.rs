@@ -103,8 +103,7 @@ impl ProcessRef {
             return;
         }
         // SAFETY: the AsyncFd owns this OwnedFd, so the fd stays open and unchanged while registered.
-        let registered =
-            unsafe { tokio::io::unix::AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) };
+        let registered = unsafe { tokio::io::unix::AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) };
         match registered {
             Ok(fd) => {
                 // Readable means exited; the guard is dropped without clearing on purpose.

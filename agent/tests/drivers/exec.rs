@@ -55,13 +55,8 @@ async fn the_task_is_pid_1_in_a_chroot_and_cannot_see_host_processes() {
     let out = log(&task, "stdout", 0);
     assert!(exit.successful(), "{exit:?} stderr: {}", log(&task, "stderr", 0));
     assert!(out.contains("pid=1\n"), "{out}");
-    let procs: Vec<u32> = out
-        .lines()
-        .find_map(|l| l.strip_prefix("procs="))
-        .unwrap()
-        .split_whitespace()
-        .map(|p| p.parse().unwrap())
-        .collect();
+    let procs: Vec<u32> =
+        out.lines().find_map(|l| l.strip_prefix("procs=")).unwrap().split_whitespace().map(|p| p.parse().unwrap()).collect();
     assert!(procs.contains(&1), "{out}");
     assert!(!procs.contains(&marker.id()), "host process {} visible: {out}", marker.id());
     assert!(procs.iter().all(|p| *p < 20), "only the namespace's own PIDs: {out}");
@@ -74,11 +69,7 @@ async fn the_task_is_pid_1_in_a_chroot_and_cannot_see_host_processes() {
 async fn cgroup_limits_are_written_and_removed_on_destroy() {
     require_root!();
     let dir = tempfile::tempdir().unwrap();
-    let mut task = task(
-        dir.path(),
-        "limited",
-        json!({"command": "/bin/sh", "args": ["-c", "echo ready; while :; do sleep 1; done"]}),
-    );
+    let mut task = task(dir.path(), "limited", json!({"command": "/bin/sh", "args": ["-c", "echo ready; while :; do sleep 1; done"]}));
     task.resources = TaskResources { cpu_mhz: 250, memory_mib: 64, memory_max_mib: 0, pids_max: 32 };
     let driver = exec_driver(&options(false));
     let handle = driver.start(&task).await.unwrap();
@@ -146,10 +137,8 @@ async fn a_missing_chroot_source_fails_clearly_and_leaves_no_cgroup() {
     let dir = tempfile::tempdir().unwrap();
     let mut options = options(false);
     let missing = PathBuf::from("/nonexistent-chroot-source-xyz");
-    options.exec.chroot_env = Some(BTreeMap::from([
-        (PathBuf::from("/usr"), PathBuf::from("/usr")),
-        (missing.clone(), PathBuf::from("/opt/tool")),
-    ]));
+    options.exec.chroot_env =
+        Some(BTreeMap::from([(PathBuf::from("/usr"), PathBuf::from("/usr")), (missing.clone(), PathBuf::from("/opt/tool"))]));
     let task = task(dir.path(), "broken", json!({"command": "/bin/true"}));
     let err = exec_driver(&options).start(&task).await.unwrap_err();
     assert!(matches!(&err, DriverError::MissingChrootSource(p) if *p == missing), "{err:?}");

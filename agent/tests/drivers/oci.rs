@@ -88,11 +88,7 @@ async fn memory_limit_is_applied_and_stop_escalates_to_kill() {
     let dir = tempfile::tempdir().unwrap();
     let rootfs = busybox_rootfs(dir.path());
     // As PID 1 without a handler, sh ignores SIGTERM: only SIGKILL ends it.
-    let mut task = task(
-        dir.path(),
-        "stubborn",
-        json!({"image": rootfs, "command": "/bin/sh", "args": ["-c", "echo ready; sleep 600"]}),
-    );
+    let mut task = task(dir.path(), "stubborn", json!({"image": rootfs, "command": "/bin/sh", "args": ["-c", "echo ready; sleep 600"]}));
     task.resources.memory_mib = 48;
     task.resources.pids_max = 20;
     let driver = oci_driver(&oci_options(dir.path()));
@@ -100,9 +96,7 @@ async fn memory_limit_is_applied_and_stop_escalates_to_kill() {
     wait_for_output(&task, "ready").await;
 
     let id = container_id(&handle);
-    if nomad_agent::executor::cgroups::detect_version(Path::new("/sys/fs/cgroup"))
-        == nomad_agent::client::driver::CgroupVersion::V1
-    {
+    if nomad_agent::executor::cgroups::detect_version(Path::new("/sys/fs/cgroup")) == nomad_agent::client::driver::CgroupVersion::V1 {
         let cgroup = Path::new("/sys/fs/cgroup/memory/nomad-rs").join(&id);
         let limit = fs::read_to_string(cgroup.join("memory.limit_in_bytes")).unwrap();
         assert_eq!(limit.trim(), (48u64 << 20).to_string());
@@ -187,10 +181,10 @@ fn image_layout(dir: &Path) -> PathBuf {
         add_blob(&layout, "application/vnd.oci.image.layer.v1.tar+gzip", &base),
         add_blob(&layout, "application/vnd.oci.image.layer.v1.tar+gzip", &whiteout),
     ];
-    let manifest = json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json", "config": config, "layers": layers});
+    let manifest =
+        json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json", "config": config, "layers": layers});
     let manifest = add_blob(&layout, "application/vnd.oci.image.manifest.v1+json", manifest.to_string().as_bytes());
-    let index =
-        json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [manifest]});
+    let index = json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [manifest]});
     fs::write(layout.join("index.json"), index.to_string()).unwrap();
     fs::write(layout.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
     layout
@@ -230,11 +224,9 @@ async fn a_corrupt_image_layout_fails_with_a_clear_message() {
 
     // A layer whose bytes were changed after its digest was recorded.
     let tampered = image_layout(&dir.path().join("t"));
-    let index: serde_json::Value =
-        serde_json::from_str(&fs::read_to_string(tampered.join("index.json")).unwrap()).unwrap();
+    let index: serde_json::Value = serde_json::from_str(&fs::read_to_string(tampered.join("index.json")).unwrap()).unwrap();
     let manifest_hex = index["manifests"][0]["digest"].as_str().unwrap().trim_start_matches("sha256:").to_string();
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&fs::read(tampered.join("blobs/sha256").join(manifest_hex)).unwrap()).unwrap();
+    let manifest: serde_json::Value = serde_json::from_slice(&fs::read(tampered.join("blobs/sha256").join(manifest_hex)).unwrap()).unwrap();
     let layer_hex = manifest["layers"][1]["digest"].as_str().unwrap().trim_start_matches("sha256:").to_string();
     let layer_path = tampered.join("blobs/sha256").join(&layer_hex);
     let mut bytes = fs::read(&layer_path).unwrap();

@@ -14,8 +14,7 @@ fn raw_exec() -> std::sync::Arc<dyn nomad_agent::client::driver::Driver> {
 #[tokio::test]
 async fn exit_code_and_output_land_in_the_result_and_the_logs() {
     let dir = tempfile::tempdir().unwrap();
-    let task =
-        task(dir.path(), "web", json!({"command": "sh", "args": ["-c", "echo to-stdout; echo to-stderr >&2; exit 3"]}));
+    let task = task(dir.path(), "web", json!({"command": "sh", "args": ["-c", "echo to-stdout; echo to-stderr >&2; exit 3"]}));
     let driver = raw_exec();
     let handle = driver.start(&task).await.unwrap();
     let exit = driver.wait(&handle).await.unwrap();

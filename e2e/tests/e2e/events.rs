@@ -25,7 +25,8 @@ fn a_subscriber_resumes_across_a_server_restart_without_gaps_or_repeats() {
     server.wait_for_leader(SETTLE).unwrap();
     server.http().put_json("/v1/jobs", &job_json("c")).unwrap();
 
-    let mut resumed = server.http().stream_lines(&format!("/v1/event/stream?topic=Job&index={}", last + 1), Duration::from_secs(20)).unwrap();
+    let mut resumed =
+        server.http().stream_lines(&format!("/v1/event/stream?topic=Job&index={}", last + 1), Duration::from_secs(20)).unwrap();
     let b = resumed.next_batch().unwrap();
     assert!(b["Index"].as_u64().unwrap() > last, "nothing already seen comes back: {b}");
     assert_eq!(b["Events"][0]["Key"], "c");

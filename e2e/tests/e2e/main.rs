@@ -2,8 +2,8 @@
 
 mod events;
 mod python_nomad;
-mod servers;
 mod server_restart;
+mod servers;
 
 use std::time::Duration;
 

@@ -16,12 +16,7 @@ fn python() -> String {
 fn run_script(script: &str, addr: &str) -> String {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("python").join(script);
     let (host, port) = addr.rsplit_once(':').unwrap();
-    let out = Command::new(python())
-        .arg(&path)
-        .env("NOMAD_HOST", host)
-        .env("NOMAD_PORT", port)
-        .output()
-        .expect("running python");
+    let out = Command::new(python()).arg(&path).env("NOMAD_HOST", host).env("NOMAD_PORT", port).output().expect("running python");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{script} failed:\nstdout:\n{stdout}\nstderr:\n{}", String::from_utf8_lossy(&out.stderr));
     stdout

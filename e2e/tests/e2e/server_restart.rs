@@ -33,7 +33,9 @@ fn a_killed_server_restarts_with_the_same_jobs_and_indexes() {
         let after = http.get("/v1/jobs").unwrap();
         assert_eq!(after.index(), index_before, "round {round}: the jobs table index survives");
         let jobs_after = after.json().unwrap();
-        let ids = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|j| (j["ID"].clone(), j["JobModifyIndex"].clone())).collect::<Vec<_>>();
+        let ids = |v: &serde_json::Value| {
+            v.as_array().unwrap().iter().map(|j| (j["ID"].clone(), j["JobModifyIndex"].clone())).collect::<Vec<_>>()
+        };
         assert_eq!(ids(&jobs_after), ids(&jobs_before), "round {round}");
         for e in &evals {
             let eval = http.get_json(&format!("/v1/evaluation/{e}")).unwrap();

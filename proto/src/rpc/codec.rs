@@ -50,9 +50,7 @@ impl<U: DeserializeOwned> Decoder for JsonDecoder<U> {
         if !buf.has_remaining() {
             return Ok(None);
         }
-        serde_json::from_reader(buf.reader())
-            .map(Some)
-            .map_err(|e| Status::invalid_argument(format!("decoding rpc message: {e}")))
+        serde_json::from_reader(buf.reader()).map(Some).map_err(|e| Status::invalid_argument(format!("decoding rpc message: {e}")))
     }
 }
 

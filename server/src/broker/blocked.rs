@@ -151,13 +151,7 @@ impl BlockedEvals {
         let slot = inner.unblock_indexes.entry(class.to_string()).or_default();
         *slot = (*slot).max(index);
         let mut ids: Vec<String> = inner.escaped.keys().cloned().collect();
-        ids.extend(
-            inner
-                .captured
-                .values()
-                .filter(|e| e.class_eligibility.get(class).copied().unwrap_or(true))
-                .map(|e| e.id.clone()),
-        );
+        ids.extend(inner.captured.values().filter(|e| e.class_eligibility.get(class).copied().unwrap_or(true)).map(|e| e.id.clone()));
         ids.into_iter().filter_map(|id| inner.remove(&id)).collect()
     }
 

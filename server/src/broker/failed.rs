@@ -50,7 +50,8 @@ pub async fn reap_failed_evals(broker: Arc<EvalBroker>, writer: EvalWriter) {
         } else {
             config.failed_followup_range.mul_f64(rand::rng().random::<f64>())
         };
-        let updates = failed_eval_updates(&delivery.eval, config.delivery_limit, config.failed_followup_baseline + jitter, Timestamp::now());
+        let updates =
+            failed_eval_updates(&delivery.eval, config.delivery_limit, config.failed_followup_baseline + jitter, Timestamp::now());
         tracing::warn!(eval_id = %delivery.eval.id, "eval reached its delivery limit, marking it failed");
         match writer.write(updates).await {
             // On failure the delivery times out and comes back through the failed queue.

@@ -28,7 +28,7 @@ mod tests;
 
 use std::time::Duration;
 
-pub use blocked::{BlockedEvals, BlockedStats, BlockEffects};
+pub use blocked::{BlockEffects, BlockedEvals, BlockedStats};
 pub use eval_broker::{BrokerError, BrokerStats, Delivery, EvalBroker};
 pub use eval_writer::{EvalWriter, MAX_EVALS_PER_WRITE};
 pub use failed::reap_failed_evals;

@@ -390,8 +390,10 @@ async fn restore_on_enable_loads_pending_and_blocked_evals_only() {
 #[tokio::test]
 async fn new_pending_evals_are_enqueued_and_blocked_ones_tracked() {
     let h = harness();
-    h.step(Command::EvalUpsert { evals: vec![stored_eval("p1", "web", EvalStatus::Pending), stored_eval("b1", "db", EvalStatus::Blocked)] })
-        .await;
+    h.step(Command::EvalUpsert {
+        evals: vec![stored_eval("p1", "web", EvalStatus::Pending), stored_eval("b1", "db", EvalStatus::Blocked)],
+    })
+    .await;
     assert_eq!(next(&h.broker).await.eval.id, "p1");
     assert_eq!(h.blocked.stats().captured, 1);
     // A later complete eval with everything placed cancels the job's blocked eval.
@@ -440,7 +442,14 @@ async fn an_ineligible_node_does_not_unblock_until_it_becomes_eligible() {
 async fn allocs_finishing_on_a_node_unblock() {
     let h = harness();
     h.step(Command::NodeRegister { node: crate::sim::ready_node("n1"), evals: vec![], now: Timestamp::now() }).await;
-    let alloc = Allocation { id: "a1".into(), namespace: "default".into(), job_id: "old".into(), node_id: "n1".into(), task_group: "g".into(), ..Allocation::default() };
+    let alloc = Allocation {
+        id: "a1".into(),
+        namespace: "default".into(),
+        job_id: "old".into(),
+        node_id: "n1".into(),
+        task_group: "g".into(),
+        ..Allocation::default()
+    };
     h.step(Command::PlanApply(crate::fsm::PlanApply { allocs_upserted: vec![alloc.clone()], ..Default::default() })).await;
     // Blocked after the scheduler saw the node and its alloc.
     let mut b1 = stored_eval("b1", "web", EvalStatus::Blocked);

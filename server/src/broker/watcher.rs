@@ -132,9 +132,7 @@ fn capacity_appeared(before: Option<&Node>, node: &Node, state: &State) -> Optio
     }
     // A client alloc update landed; did it finish any alloc?
     let since = before.map_or(0, |b| b.last_alloc_update_index);
-    if node.last_alloc_update_index > since
-        && state.allocs_by_node(&node.id).any(|a| a.modify_index > since && a.client_terminal())
-    {
+    if node.last_alloc_update_index > since && state.allocs_by_node(&node.id).any(|a| a.modify_index > since && a.client_terminal()) {
         return Some(node.last_alloc_update_index);
     }
     None

@@ -41,17 +41,11 @@ impl Endpoints {
             ..Evaluation::default()
         };
         let eval_id = eval.id.clone();
-        let transition = DesiredTransition {
-            migrate: Some(true),
-            no_shutdown_delay: no_shutdown_delay.then_some(true),
-            ..DesiredTransition::default()
-        };
+        let transition =
+            DesiredTransition { migrate: Some(true), no_shutdown_delay: no_shutdown_delay.then_some(true), ..DesiredTransition::default() };
         let index = self
             .consensus
-            .apply(Command::AllocDesiredTransition {
-                transitions: BTreeMap::from([(alloc_id.to_string(), transition)]),
-                evals: vec![eval],
-            })
+            .apply(Command::AllocDesiredTransition { transitions: BTreeMap::from([(alloc_id.to_string(), transition)]), evals: vec![eval] })
             .await?;
         Ok(AllocStopResponse { eval_id, index })
     }

@@ -74,7 +74,13 @@ impl Endpoints {
         };
         let mut meta = req.meta.clone();
         meta.retain(|k, _| !k.is_empty());
-        let event = message.map(|m| NodeEvent { message: m.into(), subsystem: event_subsystem::DRAIN.into(), timestamp: now, details: meta, ..NodeEvent::default() });
+        let event = message.map(|m| NodeEvent {
+            message: m.into(),
+            subsystem: event_subsystem::DRAIN.into(),
+            timestamp: now,
+            details: meta,
+            ..NodeEvent::default()
+        });
         let becomes_eligible = drain.is_none() && req.mark_eligible && node.scheduling_eligibility == SchedulingEligibility::Ineligible;
         if event.is_none() && !becomes_eligible {
             return Ok(NodeWriteResponse { node_modify_index: node.modify_index, index: snap.index, ..Default::default() });

@@ -40,13 +40,15 @@ impl Endpoints {
             return Ok(NodeEligibilityUpdateResponse { node_modify_index: node.modify_index, index: snap.index, ..Default::default() });
         }
         let now = Timestamp::now();
-        let evals = if eligibility == SchedulingEligibility::Eligible { create_node_evals(&snap, &node, snap.index + 1, now) } else { Vec::new() };
+        let evals =
+            if eligibility == SchedulingEligibility::Eligible { create_node_evals(&snap, &node, snap.index + 1, now) } else { Vec::new() };
         let eval_ids: Vec<String> = evals.iter().map(|e| e.id.clone()).collect();
         let message = match eligibility {
             SchedulingEligibility::Eligible => "Node marked as eligible for scheduling",
             SchedulingEligibility::Ineligible => "Node marked as ineligible for scheduling",
         };
-        let event = NodeEvent { message: message.into(), subsystem: event_subsystem::SCHEDULER.into(), timestamp: now, ..NodeEvent::default() };
+        let event =
+            NodeEvent { message: message.into(), subsystem: event_subsystem::SCHEDULER.into(), timestamp: now, ..NodeEvent::default() };
         let index = self
             .consensus
             .apply(Command::NodeUpdateEligibility { node_id: node_id.to_string(), eligibility, event: Some(event), evals, now })

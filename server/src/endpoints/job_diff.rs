@@ -218,7 +218,13 @@ pub fn job_diff(old: Option<&Job>, new: &Job, annotations: Option<&PlanAnnotatio
         for (tname, to, tn) in paired(o.unwrap_or(&null), n.unwrap_or(&null), "Tasks") {
             let (tf, tob) = diff_fields(&object(to), &object(tn));
             let changed = !tf.is_empty() || !tob.is_empty();
-            tasks.push(TaskDiff { diff_type: kind(to.is_some(), tn.is_some(), changed), name: tname, fields: tf, objects: tob, annotations: None });
+            tasks.push(TaskDiff {
+                diff_type: kind(to.is_some(), tn.is_some(), changed),
+                name: tname,
+                fields: tf,
+                objects: tob,
+                annotations: None,
+            });
         }
         let changed = !f.is_empty() || !ob.is_empty() || tasks.iter().any(|t| t.diff_type != "None");
         let mut updates = BTreeMap::new();
@@ -237,7 +243,14 @@ pub fn job_diff(old: Option<&Job>, new: &Job, annotations: Option<&PlanAnnotatio
                 }
             }
         }
-        task_groups.push(TaskGroupDiff { diff_type: kind(o.is_some(), n.is_some(), changed), name, fields: f, objects: ob, tasks, updates });
+        task_groups.push(TaskGroupDiff {
+            diff_type: kind(o.is_some(), n.is_some(), changed),
+            name,
+            fields: f,
+            objects: ob,
+            tasks,
+            updates,
+        });
     }
     let changed = !fields.is_empty() || !objects.is_empty() || task_groups.iter().any(|t| t.diff_type != "None");
     JobDiff { diff_type: kind(old.is_some(), true, changed), id: new.id.clone(), fields, objects, task_groups }

@@ -7,22 +7,22 @@
 
 mod alloc;
 mod drain;
-mod error;
 mod eligibility;
+mod error;
 mod job;
-mod namespace;
 mod job_diff;
 mod job_plan;
+mod namespace;
 mod node;
 mod node_evals;
 mod services;
 
 use std::sync::Arc;
 
-pub use error::EndpointError;
 pub use alloc::AllocStopResponse;
 pub use drain::{DrainRequest, DrainSpec, NodeWriteResponse};
 pub use eligibility::NodeEligibilityUpdateResponse;
+pub use error::EndpointError;
 pub use job::{JobDeregisterResponse, JobRegisterOptions, JobRegisterResponse};
 pub use job_plan::JobPlanResponse;
 pub use node_evals::{create_node_evals, should_create_node_eval};

@@ -27,7 +27,12 @@ use crate::heartbeat::HeartbeatExpiry;
 use crate::state::{State, Table};
 
 impl Endpoints {
-    pub(super) fn authenticate_node<'s>(&self, state: &'s State, node_id: &str, secret: &str) -> Result<&'s std::sync::Arc<Node>, EndpointError> {
+    pub(super) fn authenticate_node<'s>(
+        &self,
+        state: &'s State,
+        node_id: &str,
+        secret: &str,
+    ) -> Result<&'s std::sync::Arc<Node>, EndpointError> {
         if node_id.is_empty() {
             return Err(EndpointError::BadRequest("missing node ID".into()));
         }
@@ -159,10 +164,7 @@ impl Endpoints {
             };
             eval_ids = evals.iter().map(|e| e.id.clone()).collect();
             let updated_at = if updated_at == 0 { now.unix_secs() } else { updated_at };
-            index = self
-                .consensus
-                .apply(Command::NodeUpdateStatus { node_id: node.id.clone(), status, event, updated_at, evals })
-                .await?;
+            index = self.consensus.apply(Command::NodeUpdateStatus { node_id: node.id.clone(), status, event, updated_at, evals }).await?;
         }
         let ttl = if status == NodeStatus::Down {
             self.heartbeats.remove(&node.id);
@@ -196,9 +198,9 @@ impl Endpoints {
         };
         let now = Timestamp::now();
         let can_disconnect = !matches!(node.status, NodeStatus::Down | NodeStatus::Initializing)
-            && snap.allocs_by_node(node_id).any(|a| {
-                a.max_client_disconnect().is_some_and(|d| d > 0) && a.desired_status == DesiredStatus::Run && !a.expired(now)
-            });
+            && snap
+                .allocs_by_node(node_id)
+                .any(|a| a.max_client_disconnect().is_some_and(|d| d > 0) && a.desired_status == DesiredStatus::Run && !a.expired(now));
         let status = if can_disconnect { NodeStatus::Disconnected } else { NodeStatus::Down };
         let event = NodeEvent {
             message: "Node heartbeat missed".into(),
@@ -253,9 +255,7 @@ impl Endpoints {
                 trigger::JOB_DEREGISTER
             } else if stored.client_status == ClientStatus::Unknown {
                 trigger::RECONNECT
-            } else if update.client_status == ClientStatus::Failed
-                && stored.followup_eval_id.is_empty()
-                && reschedule_eligible(stored, now)
+            } else if update.client_status == ClientStatus::Failed && stored.followup_eval_id.is_empty() && reschedule_eligible(stored, now)
             {
                 trigger::RETRY_FAILED_ALLOC
             } else {
@@ -352,7 +352,8 @@ fn strip_client_update(a: nomad_proto::Allocation) -> nomad_proto::Allocation {
 
 /// The group's reschedule policy allows another attempt now.
 fn reschedule_eligible(alloc: &nomad_proto::Allocation, now: Timestamp) -> bool {
-    let Some(policy) = alloc.job.as_ref().and_then(|j| j.lookup_task_group(&alloc.task_group)).and_then(|g| g.reschedule_policy.as_ref()) else {
+    let Some(policy) = alloc.job.as_ref().and_then(|j| j.lookup_task_group(&alloc.task_group)).and_then(|g| g.reschedule_policy.as_ref())
+    else {
         return false;
     };
     if policy.unlimited {
@@ -362,11 +363,8 @@ fn reschedule_eligible(alloc: &nomad_proto::Allocation, now: Timestamp) -> bool 
         return false;
     }
     let window_start = now.unix_nanos() - policy.interval;
-    let used = alloc
-        .reschedule_tracker
-        .as_ref()
-        .map(|t| t.events.iter().filter(|e| e.reschedule_time >= window_start).count())
-        .unwrap_or(0);
+    let used =
+        alloc.reschedule_tracker.as_ref().map(|t| t.events.iter().filter(|e| e.reschedule_time >= window_start).count()).unwrap_or(0);
     (used as i64) < policy.attempts
 }
 

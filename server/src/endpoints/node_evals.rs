@@ -109,7 +109,8 @@ mod tests {
     fn evals_cover_jobs_with_allocs_and_matching_system_jobs_once_each() {
         let store = StateStore::new();
         let node = Node { id: "n1".into(), datacenter: "dc1".into(), node_pool: "default".into(), ..Node::default() };
-        let mut service = Job { id: "web".into(), task_groups: vec![TaskGroup { name: "g".into(), ..TaskGroup::default() }], ..Job::default() };
+        let mut service =
+            Job { id: "web".into(), task_groups: vec![TaskGroup { name: "g".into(), ..TaskGroup::default() }], ..Job::default() };
         service.canonicalize();
         let sys = system_job("default", "logs", &["dc*"]);
         let elsewhere = system_job("default", "other-dc", &["dc2"]);

@@ -15,7 +15,10 @@ impl Endpoints {
         let node = self.authenticate_node(&snap, &req.node_id, &req.secret_id)?;
         for s in &req.services {
             if s.id.is_empty() || s.service_name.is_empty() || s.alloc_id.is_empty() {
-                return Err(EndpointError::BadRequest(format!("service registration {:?} needs an ID, a service name and an alloc ID", s.id)));
+                return Err(EndpointError::BadRequest(format!(
+                    "service registration {:?} needs an ID, a service name and an alloc ID",
+                    s.id
+                )));
             }
             if s.node_id != node.id {
                 return Err(EndpointError::PermissionDenied(format!("service {} is not on node {}", s.id, node.id)));

@@ -74,7 +74,12 @@ async fn every_node_rpc_refuses_a_wrong_secret_and_changes_nothing() {
     denied(ts.endpoints.node_update_status(heartbeat("n1", "wrong")).await.map(|_| ()));
     let mut up = a.clone();
     up.client_status = ClientStatus::Running;
-    denied(ts.endpoints.node_update_alloc(AllocUpdateRequest { alloc: vec![up], secret_id: "wrong".into(), ..Default::default() }).await.map(|_| ()));
+    denied(
+        ts.endpoints
+            .node_update_alloc(AllocUpdateRequest { alloc: vec![up], secret_id: "wrong".into(), ..Default::default() })
+            .await
+            .map(|_| ()),
+    );
     denied(
         ts.endpoints
             .node_get_client_allocs(NodeSpecificRequest { node_id: "n1".into(), secret_id: "wrong".into(), ..Default::default() })
@@ -83,7 +88,12 @@ async fn every_node_rpc_refuses_a_wrong_secret_and_changes_nothing() {
     );
     denied(
         ts.endpoints
-            .alloc_get_allocs(AllocsGetRequest { alloc_ids: vec![a.id.clone()], node_id: "n1".into(), secret_id: String::new(), ..Default::default() })
+            .alloc_get_allocs(AllocsGetRequest {
+                alloc_ids: vec![a.id.clone()],
+                node_id: "n1".into(),
+                secret_id: String::new(),
+                ..Default::default()
+            })
             .await
             .map(|_| ()),
     );
@@ -93,7 +103,12 @@ async fn every_node_rpc_refuses_a_wrong_secret_and_changes_nothing() {
     // The right secret works.
     let got = ts
         .endpoints
-        .alloc_get_allocs(AllocsGetRequest { alloc_ids: vec![a.id.clone()], node_id: "n1".into(), secret_id: n.secret_id.clone(), ..Default::default() })
+        .alloc_get_allocs(AllocsGetRequest {
+            alloc_ids: vec![a.id.clone()],
+            node_id: "n1".into(),
+            secret_id: n.secret_id.clone(),
+            ..Default::default()
+        })
         .await
         .unwrap();
     assert_eq!(got.allocs.len(), 1);
@@ -201,7 +216,10 @@ async fn update_alloc_of_an_unknown_alloc_creates_a_reconnect_eval() {
     let a = place_alloc(&ts, "n1", Some(3_600_000_000_000), ClientStatus::Unknown).await;
     let mut up = a.clone();
     up.client_status = ClientStatus::Running;
-    ts.endpoints.node_update_alloc(AllocUpdateRequest { alloc: vec![up], secret_id: n.secret_id.clone(), ..Default::default() }).await.unwrap();
+    ts.endpoints
+        .node_update_alloc(AllocUpdateRequest { alloc: vec![up], secret_id: n.secret_id.clone(), ..Default::default() })
+        .await
+        .unwrap();
     let s = ts.store.snapshot();
     assert!(s.evals().any(|e| e.triggered_by == "reconnect" && e.job_id == "web"));
     assert_eq!(s.alloc(&a.id).unwrap().client_status, ClientStatus::Running);
@@ -305,7 +323,11 @@ mod services {
         assert!(matches!(register(&ts, &wrong_secret, vec![reg(&a, "api")]).await, Err(EndpointError::PermissionDenied(_))));
         assert!(matches!(register(&ts, &n1, vec![]).await, Err(EndpointError::BadRequest(_))));
         ts.endpoints
-            .service_delete_by_alloc(ServiceRegistrationDeleteRequest { alloc_ids: vec![a.id.clone()], node_id: "n1".into(), secret_id: n1.secret_id.clone() })
+            .service_delete_by_alloc(ServiceRegistrationDeleteRequest {
+                alloc_ids: vec![a.id.clone()],
+                node_id: "n1".into(),
+                secret_id: n1.secret_id.clone(),
+            })
             .await
             .unwrap();
         assert_eq!(ts.store.snapshot().service_registrations().count(), 0);
@@ -341,7 +363,10 @@ mod services {
         register(&ts, &n1, vec![reg(&a, "web")]).await.unwrap();
         let mut done = a.clone();
         done.client_status = ClientStatus::Complete;
-        ts.endpoints.node_update_alloc(AllocUpdateRequest { alloc: vec![done], secret_id: n1.secret_id.clone(), ..Default::default() }).await.unwrap();
+        ts.endpoints
+            .node_update_alloc(AllocUpdateRequest { alloc: vec![done], secret_id: n1.secret_id.clone(), ..Default::default() })
+            .await
+            .unwrap();
         assert_eq!(ts.store.snapshot().service_registrations().count(), 0);
     }
 }

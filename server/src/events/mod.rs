@@ -14,7 +14,7 @@
 mod broker;
 mod build;
 
-pub use broker::{EventBroker, Subscription, SubscribeError, TopicFilter};
+pub use broker::{EventBroker, SubscribeError, Subscription, TopicFilter};
 pub use build::batch_for;
 
 use serde::Serialize;

@@ -10,9 +10,7 @@ use nomad_proto::{AllocStubFields, Job, JobSummary};
 use serde::Deserialize;
 
 use super::HttpState;
-use super::util::{
-    HttpError, HttpResult, QueryOptions, decode_body, json_response, list_response, paginate, read_body, require_method,
-};
+use super::util::{HttpError, HttpResult, QueryOptions, decode_body, json_response, list_response, paginate, read_body, require_method};
 use crate::endpoints::JobRegisterOptions;
 use crate::state::Table;
 
@@ -128,7 +126,8 @@ pub async fn jobs_parse(State(_s): State<HttpState>, method: Method, uri: Uri, b
         if !req.variables.trim().is_empty() {
             opts.var_files.push(("variables.hcl".into(), req.variables.clone()));
         }
-        let mut job = nomad_proto::jobspec::parse(&req.job_hcl, &opts).map_err(|e| HttpError::bad_request(format!("Failed to parse job: {e}")))?;
+        let mut job =
+            nomad_proto::jobspec::parse(&req.job_hcl, &opts).map_err(|e| HttpError::bad_request(format!("Failed to parse job: {e}")))?;
         if req.canonicalize {
             job.canonicalize();
         }
@@ -178,7 +177,26 @@ pub async fn job_specific(State(s): State<HttpState>, method: Method, uri: Uri, 
     super::respond(async {
         let q = QueryOptions::parse(&uri)?;
         let path = uri.path().strip_prefix("/v1/job/").unwrap_or_default().to_string();
-        let (id, action) = split_action(&path, &["allocations", "evaluations", "summary", "plan", "versions", "evaluate", "deployments", "deployment", "scale", "services", "submission", "periodic/force", "dispatch", "revert", "stable"]);
+        let (id, action) = split_action(
+            &path,
+            &[
+                "allocations",
+                "evaluations",
+                "summary",
+                "plan",
+                "versions",
+                "evaluate",
+                "deployments",
+                "deployment",
+                "scale",
+                "services",
+                "submission",
+                "periodic/force",
+                "dispatch",
+                "revert",
+                "stable",
+            ],
+        );
         if id.is_empty() {
             return Err(HttpError::not_found("missing job ID"));
         }

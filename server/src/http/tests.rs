@@ -507,7 +507,13 @@ mod event_stream {
 async fn drain_sets_and_cancels_with_events_and_eligibility() {
     let ts = TestServer::new();
     ts.register_node(node("n1")).await;
-    let r = call(&ts, Method::PUT, "/v1/node/n1/drain", r#"{"DrainSpec":{"Deadline":3600000000000,"IgnoreSystemJobs":true},"Meta":{"why":"kernel"}}"#).await;
+    let r = call(
+        &ts,
+        Method::PUT,
+        "/v1/node/n1/drain",
+        r#"{"DrainSpec":{"Deadline":3600000000000,"IgnoreSystemJobs":true},"Meta":{"why":"kernel"}}"#,
+    )
+    .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     let n = get(&ts, "/v1/node/n1").await.json();
     assert_eq!(n["Drain"], true);
@@ -564,7 +570,11 @@ async fn service_routes_list_and_read_registrations() {
     };
     ts.store
         .write(10, |tx| {
-            tx.upsert_service_registrations(&[reg("s1", "default", "web", "a"), reg("s2", "default", "web", "b"), reg("s3", "prod", "db", "c")]);
+            tx.upsert_service_registrations(&[
+                reg("s1", "default", "web", "a"),
+                reg("s2", "default", "web", "b"),
+                reg("s3", "prod", "db", "c"),
+            ]);
             Ok(())
         })
         .unwrap();

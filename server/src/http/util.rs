@@ -142,9 +142,8 @@ impl QueryOptions {
         match self.params.get(name) {
             None => Ok(default),
             Some(v) if v.is_empty() => Ok(default),
-            Some(v) => parse_bool(v).ok_or_else(|| {
-                HttpError::bad_request(format!("Failed to parse value of {name:?} ({v}) as a bool: invalid syntax"))
-            }),
+            Some(v) => parse_bool(v)
+                .ok_or_else(|| HttpError::bad_request(format!("Failed to parse value of {name:?} ({v}) as a bool: invalid syntax"))),
         }
     }
 
@@ -185,15 +184,13 @@ fn percent_decode(s: &str) -> String {
     while i < bytes.len() {
         match bytes[i] {
             b'+' => out.push(b' '),
-            b'%' => {
-                match (bytes.get(i + 1).and_then(|b| hex(*b)), bytes.get(i + 2).and_then(|b| hex(*b))) {
-                    (Some(h), Some(l)) => {
-                        out.push((h * 16 + l) as u8);
-                        i += 2;
-                    }
-                    _ => out.push(b'%'),
+            b'%' => match (bytes.get(i + 1).and_then(|b| hex(*b)), bytes.get(i + 2).and_then(|b| hex(*b))) {
+                (Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 2;
                 }
-            }
+                _ => out.push(b'%'),
+            },
             b => out.push(b),
         }
         i += 1;
@@ -240,8 +237,8 @@ pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, HttpError> {
 /// Reads the body, refusing anything over [`MAX_BODY_BYTES`].
 pub async fn read_body(body: Body) -> Result<bytes::Bytes, HttpError> {
     axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|e| {
-        let too_big = std::error::Error::source(&e).is_some_and(|s| s.to_string().contains("length limit"))
-            || e.to_string().contains("length limit");
+        let too_big =
+            std::error::Error::source(&e).is_some_and(|s| s.to_string().contains("length limit")) || e.to_string().contains("length limit");
         if too_big {
             HttpError {
                 code: StatusCode::PAYLOAD_TOO_LARGE,

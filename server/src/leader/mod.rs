@@ -11,7 +11,7 @@ use nomad_proto::NodeStatus;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-use crate::broker::{BlockedEvals, BrokerConfig, ChangeWatcher, EvalBroker, EvalWriter, reap_failed_evals, CANCELED_SUPERSEDED};
+use crate::broker::{BlockedEvals, BrokerConfig, CANCELED_SUPERSEDED, ChangeWatcher, EvalBroker, EvalWriter, reap_failed_evals};
 use crate::consensus::Consensus;
 use crate::heartbeat::{HeartbeatExpiry, Heartbeater};
 use crate::plan_apply::{PlanApplierConfig, spawn_plan_applier};

@@ -149,7 +149,11 @@ async fn losing_leadership_stops_everything_and_winning_it_again_restores_pendin
     j.canonicalize();
     let e = Evaluation::for_job(&j, trigger::JOB_REGISTER, Timestamp::now());
     let index = ts.store.snapshot().index + 1;
-    crate::fsm::Fsm::apply(&crate::fsm::ServerFsm::new(ts.store.clone()), index, &Command::JobRegister { job: j, eval: Some(e.clone()), now: Timestamp::now() });
+    crate::fsm::Fsm::apply(
+        &crate::fsm::ServerFsm::new(ts.store.clone()),
+        index,
+        &Command::JobRegister { job: j, eval: Some(e.clone()), now: Timestamp::now() },
+    );
     assert_eq!(leader.broker().stats(), crate::broker::BrokerStats::default(), "a follower queues nothing");
 
     ts.consensus.set_leader(true);
@@ -176,7 +180,8 @@ async fn racing_evals_fill_nodes_without_overcommitting_them() {
     for id in ["n1", "n2"] {
         ts.consensus.apply(Command::NodeRegister { node: ready_node(id), evals: vec![], now: Timestamp::now() }).await.unwrap();
     }
-    let (_leader, task) = start_leader(&ts, Arc::new(crate::sim::RandomFit::new(8)), LeaderConfig { num_schedulers: 2, evals_in_flight: 8, ..config() });
+    let (_leader, task) =
+        start_leader(&ts, Arc::new(crate::sim::RandomFit::new(8)), LeaderConfig { num_schedulers: 2, evals_in_flight: 8, ..config() });
     // 6 jobs × 12 allocs × 300 MiB: 72 allocs where 2 × 27 fit. Workers plan on stale
     // snapshots and race at the applier; only the applier's re-check keeps nodes from filling twice.
     let mut evals = Vec::new();

@@ -67,7 +67,8 @@ fn is_live(state: &State, overlays: &[&Overlay], node_id: &str, id: &str) -> boo
 
 /// What the live allocs on a node hold, by alloc ID, as `state` plus `overlays` (in order) have it.
 fn held_on<'a>(state: &'a State, overlays: &[&'a Overlay], node_id: &str) -> HashMap<&'a str, Held> {
-    let mut held: HashMap<&str, Held> = state.allocs_by_node(node_id).filter(|a| !a.terminal()).map(|a| (a.id.as_str(), Held::of(a))).collect();
+    let mut held: HashMap<&str, Held> =
+        state.allocs_by_node(node_id).filter(|a| !a.terminal()).map(|a| (a.id.as_str(), Held::of(a))).collect();
     for o in overlays {
         if let Some(n) = o.nodes.get(node_id) {
             for id in &n.stops {

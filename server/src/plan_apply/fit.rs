@@ -82,7 +82,9 @@ impl Held {
     /// What `a` holds.
     pub fn of(a: &Allocation) -> Held {
         let (ports, cores) = match &a.allocated_resources {
-            Some(r) => (r.host_ports().into_iter().collect(), r.tasks.values().flat_map(|t| t.cpu.reserved_cores.iter().copied()).collect()),
+            Some(r) => {
+                (r.host_ports().into_iter().collect(), r.tasks.values().flat_map(|t| t.cpu.reserved_cores.iter().copied()).collect())
+            }
             None => (Vec::new(), Vec::new()),
         };
         Held { usage: alloc_usage(a), ports, cores, terminal: a.terminal() }
@@ -100,11 +102,7 @@ pub fn allocs_fit<'a>(node: &Node, allocs: impl IntoIterator<Item = &'a Allocati
 pub fn fits<'a>(node: &Node, held: impl IntoIterator<Item = &'a Held>) -> Result<(), String> {
     let capacity = node_capacity(node);
     let mut used = Usage::default();
-    let mut ports = node
-        .reserved_resources
-        .as_ref()
-        .map(|r| parse_port_list(&r.networks.reserved_host_ports))
-        .unwrap_or_default();
+    let mut ports = node.reserved_resources.as_ref().map(|r| parse_port_list(&r.networks.reserved_host_ports)).unwrap_or_default();
     let mut cores = BTreeSet::new();
     for h in held {
         used.cpu += h.usage.cpu;
@@ -135,8 +133,8 @@ pub fn fits<'a>(node: &Node, held: impl IntoIterator<Item = &'a Held>) -> Result
 
 #[cfg(test)]
 pub(super) mod tests {
-    use nomad_proto::resources::{AllocatedCpuResources, AllocatedMemoryResources, AllocatedPortMapping, AllocatedTaskResources};
     use nomad_proto::AllocatedResources;
+    use nomad_proto::resources::{AllocatedCpuResources, AllocatedMemoryResources, AllocatedPortMapping, AllocatedTaskResources};
 
     use super::*;
 

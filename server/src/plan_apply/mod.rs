@@ -324,7 +324,8 @@ fn entry_for(sub: &PlanSubmission, result: &PlanResult) -> Option<PlanApply> {
             a
         })
         .collect();
-    let allocs_stopped: Vec<AllocStop> = result.node_update.values().chain(result.node_preemptions.values()).flatten().map(stop_of).collect();
+    let allocs_stopped: Vec<AllocStop> =
+        result.node_update.values().chain(result.node_preemptions.values()).flatten().map(stop_of).collect();
     let (eval, evals) = if complete { (sub.eval_update.clone(), sub.new_evals.clone()) } else { (None, Vec::new()) };
     if allocs_upserted.is_empty() && allocs_stopped.is_empty() && eval.is_none() && evals.is_empty() {
         return None;

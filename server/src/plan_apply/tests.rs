@@ -121,7 +121,13 @@ fn place(plan: &mut Plan, a: Allocation) {
 }
 
 fn completed(plan: &Plan) -> PlanSubmission {
-    let update = Evaluation { id: plan.eval_id.clone(), namespace: "default".into(), job_id: format!("job-{}", plan.eval_id), status: EvalStatus::Complete, ..Evaluation::default() };
+    let update = Evaluation {
+        id: plan.eval_id.clone(),
+        namespace: "default".into(),
+        job_id: format!("job-{}", plan.eval_id),
+        status: EvalStatus::Complete,
+        ..Evaluation::default()
+    };
     PlanSubmission { plan: plan.clone(), eval_update: Some(update), new_evals: vec![] }
 }
 
@@ -184,8 +190,14 @@ async fn in_place_updates_pass_on_an_ineligible_node_but_new_placements_do_not()
     let s = setup();
     s.node("n1", NodeStatus::Ready).await;
     s.write(Command::PlanApply(PlanApply { allocs_upserted: vec![placement("existing", "n1", 100, 100)], ..Default::default() })).await;
-    s.write(Command::NodeUpdateEligibility { node_id: "n1".into(), eligibility: SchedulingEligibility::Ineligible, event: None, evals: vec![], now: Timestamp::now() })
-        .await;
+    s.write(Command::NodeUpdateEligibility {
+        node_id: "n1".into(),
+        eligibility: SchedulingEligibility::Ineligible,
+        event: None,
+        evals: vec![],
+        now: Timestamp::now(),
+    })
+    .await;
     let state = s.store.snapshot();
     let mut update = Plan::default();
     place(&mut update, placement("existing", "n1", 200, 100));
@@ -273,7 +285,13 @@ async fn a_partly_refused_plan_commits_the_rest_and_asks_for_a_refresh() {
     place(&mut plan, placement("fits", "n1", 100, 100));
     place(&mut plan, placement("refused", "n2", 100, 100));
     let mut sub = completed(&plan);
-    sub.new_evals.push(Evaluation { id: "blocked".into(), namespace: "default".into(), job_id: "job-e1".into(), status: EvalStatus::Blocked, ..Evaluation::default() });
+    sub.new_evals.push(Evaluation {
+        id: "blocked".into(),
+        namespace: "default".into(),
+        job_id: "job-e1".into(),
+        status: EvalStatus::Blocked,
+        ..Evaluation::default()
+    });
     let r = s.plans.submit(sub).await.unwrap();
     assert_eq!(placed(&r), ["fits"]);
     assert!(r.refresh_index >= r.alloc_index && r.alloc_index > 0);

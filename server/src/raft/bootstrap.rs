@@ -38,18 +38,14 @@ pub(crate) fn node_id(raft_dir: &Path, configured: Option<NodeId>) -> Result<Nod
     };
     match std::fs::read_to_string(&path) {
         Ok(text) => {
-            let stored = text.trim().parse::<NodeId>().map_err(|e| {
-                RaftError::Config(format!(
-                    "{} holds {:?}, not a node id: {e}",
-                    path.display(),
-                    text.trim()
-                ))
-            })?;
+            let stored = text
+                .trim()
+                .parse::<NodeId>()
+                .map_err(|e| RaftError::Config(format!("{} holds {:?}, not a node id: {e}", path.display(), text.trim())))?;
             match configured {
-                Some(id) if id != stored => Err(RaftError::Config(format!(
-                    "node id {id} was configured but {} holds {stored}",
-                    path.display()
-                ))),
+                Some(id) if id != stored => {
+                    Err(RaftError::Config(format!("node id {id} was configured but {} holds {stored}", path.display())))
+                }
                 _ => Ok(stored),
             }
         }
@@ -57,9 +53,7 @@ pub(crate) fn node_id(raft_dir: &Path, configured: Option<NodeId>) -> Result<Nod
             let id = configured.unwrap_or_else(rand::random);
             let temp = raft_dir.join(format!("{NODE_ID_FILE}.tmp"));
             std::fs::write(&temp, format!("{id}\n")).map_err(io_error("writing"))?;
-            std::fs::File::open(&temp)
-                .and_then(|f| f.sync_all())
-                .map_err(io_error("syncing"))?;
+            std::fs::File::open(&temp).and_then(|f| f.sync_all()).map_err(io_error("syncing"))?;
             std::fs::rename(&temp, &path).map_err(io_error("renaming to"))?;
             Ok(id)
         }
@@ -103,11 +97,8 @@ async fn step(shared: &Shared, expect: usize, join: &[String]) -> Result<(), Str
     if expect < 2 {
         return Err(format!("no initialized server among {join:?} to join"));
     }
-    let servers: BTreeMap<NodeId, BasicNode> = peers
-        .iter()
-        .map(|peer| (peer.node_id, BasicNode::new(&peer.addr)))
-        .chain([(shared.id, BasicNode::new(&shared.addr))])
-        .collect();
+    let servers: BTreeMap<NodeId, BasicNode> =
+        peers.iter().map(|peer| (peer.node_id, BasicNode::new(&peer.addr))).chain([(shared.id, BasicNode::new(&shared.addr))]).collect();
     if servers.len() < expect {
         return Err(format!("found {} of {expect} expected servers", servers.len()));
     }
@@ -137,19 +128,11 @@ async fn discover(shared: &Shared, join: &[String]) -> Vec<InfoReply> {
         }
     });
     let replies = futures::future::join_all(calls).await;
-    replies
-        .into_iter()
-        .flatten()
-        .filter(|reply| reply.node_id != shared.id)
-        .collect()
+    replies.into_iter().flatten().filter(|reply| reply.node_id != shared.id).collect()
 }
 
 async fn request_join(shared: &Shared, via: &str) -> Result<(), String> {
-    let request = JoinRequest {
-        node_id: shared.id,
-        addr: shared.addr.clone(),
-        forwarded: false,
-    };
+    let request = JoinRequest { node_id: shared.id, addr: shared.addr.clone(), forwarded: false };
     let mut client = shared.pool.client(via).map_err(|e| format!("joining via {via}: {e}"))?;
     match tokio::time::timeout(shared.apply_timeout, client.join(request)).await {
         Ok(Ok(reply)) => match reply.into_inner() {

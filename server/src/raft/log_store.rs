@@ -10,9 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
-use openraft::{
-    AnyError, Entry, ErrorSubject, ErrorVerb, LogId, LogState, RaftLogReader, StorageError, StorageIOError, Vote,
-};
+use openraft::{AnyError, Entry, ErrorSubject, ErrorVerb, LogId, LogState, RaftLogReader, StorageError, StorageIOError, Vote};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -99,14 +97,9 @@ impl LogStore {
     }
 
     /// Runs blocking redb work off the async runtime.
-    async fn blocking<T: Send + 'static>(
-        &self,
-        work: impl FnOnce(&Database) -> StoreResult<T> + Send + 'static,
-    ) -> StoreResult<T> {
+    async fn blocking<T: Send + 'static>(&self, work: impl FnOnce(&Database) -> StoreResult<T> + Send + 'static) -> StoreResult<T> {
         let db = self.db.clone();
-        tokio::task::spawn_blocking(move || work(&db))
-            .await
-            .map_err(|e| StoreError::Task(e.to_string()))?
+        tokio::task::spawn_blocking(move || work(&db)).await.map_err(|e| StoreError::Task(e.to_string()))?
     }
 
     async fn write_meta<T: Serialize>(&self, key: &'static str, value: &T) -> StoreResult<()> {
@@ -159,17 +152,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let last_purged_log_id = read_meta::<LogId<NodeId>>(db, LAST_PURGED)?;
             let txn = db.begin_read()?;
             let last_entry = match txn.open_table(LOGS)?.last()? {
-                Some((index, bytes)) => Some(decode::<Entry<TypeConfig>>(
-                    || format!("log entry {}", index.value()),
-                    bytes.value(),
-                )?),
+                Some((index, bytes)) => Some(decode::<Entry<TypeConfig>>(|| format!("log entry {}", index.value()), bytes.value())?),
                 None => None,
             };
             let last_log_id = last_entry.map(|e| e.log_id).or(last_purged_log_id);
-            Ok(LogState {
-                last_purged_log_id,
-                last_log_id,
-            })
+            Ok(LogState { last_purged_log_id, last_log_id })
         })
         .await
         .map_err(|e| storage_error(ErrorSubject::Logs, ErrorVerb::Read, e))
@@ -180,23 +167,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
-        self.write_meta(VOTE, vote)
-            .await
-            .map_err(|e| storage_error(ErrorSubject::Vote, ErrorVerb::Write, e))
+        self.write_meta(VOTE, vote).await.map_err(|e| storage_error(ErrorSubject::Vote, ErrorVerb::Write, e))
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
-        self.blocking(|db| read_meta(db, VOTE))
-            .await
-            .map_err(|e| storage_error(ErrorSubject::Vote, ErrorVerb::Read, e))
+        self.blocking(|db| read_meta(db, VOTE)).await.map_err(|e| storage_error(ErrorSubject::Vote, ErrorVerb::Read, e))
     }
 
     /// Persisting the committed pointer lets a restarted server re-apply
     /// committed entries at start, before it hears from a leader.
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<(), StorageError<NodeId>> {
-        self.write_meta(COMMITTED, &committed)
-            .await
-            .map_err(|e| storage_error(ErrorSubject::Store, ErrorVerb::Write, e))
+        self.write_meta(COMMITTED, &committed).await.map_err(|e| storage_error(ErrorSubject::Store, ErrorVerb::Write, e))
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError<NodeId>> {

@@ -34,16 +34,12 @@ impl PeerPool {
         let channel = match channels.get(addr) {
             Some(channel) => channel.clone(),
             None => {
-                let channel = Endpoint::from_shared(format!("http://{addr}"))?
-                    .connect_timeout(CONNECT_TIMEOUT)
-                    .connect_lazy();
+                let channel = Endpoint::from_shared(format!("http://{addr}"))?.connect_timeout(CONNECT_TIMEOUT).connect_lazy();
                 channels.insert(addr.to_string(), channel.clone());
                 channel
             }
         };
-        Ok(RaftClient::new(channel)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES))
+        Ok(RaftClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES))
     }
 }
 
@@ -75,12 +71,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerConnection;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerConnection {
-        PeerConnection {
-            local_id: self.local_id,
-            target,
-            node: node.clone(),
-            pool: self.pool.clone(),
-        }
+        PeerConnection { local_id: self.local_id, target, node: node.clone(), pool: self.pool.clone() }
     }
 }
 
@@ -107,19 +98,11 @@ impl PeerConnection {
         let client = self.pool.client(&self.node.addr).map_err(|e| Unreachable::new(&e))?;
         let timeout = option.hard_ttl();
         match tokio::time::timeout(timeout, call(client)).await {
-            Err(_) => Err(Timeout {
-                action,
-                id: self.local_id,
-                target: self.target,
-                timeout,
-            }
-            .into()),
+            Err(_) => Err(Timeout { action, id: self.local_id, target: self.target, timeout }.into()),
             // Any transport failure means "try again later": Unreachable makes openraft back off
             // rather than retry at once in a tight loop.
             Ok(Err(status)) => Err(Unreachable::new(&status).into()),
-            Ok(Ok(reply)) => reply
-                .into_inner()
-                .map_err(|e| RemoteError::new_with_node(self.target, self.node.clone(), e).into()),
+            Ok(Ok(reply)) => reply.into_inner().map_err(|e| RemoteError::new_with_node(self.target, self.node.clone(), e).into()),
         }
     }
 }
@@ -130,22 +113,15 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         rpc: AppendEntriesArgs,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call(RPCTypes::AppendEntries, &option, |mut client| async move {
-            client.append_entries(rpc).await
-        })
-        .await
+        self.call(RPCTypes::AppendEntries, &option, |mut client| async move { client.append_entries(rpc).await }).await
     }
 
     async fn install_snapshot(
         &mut self,
         rpc: InstallSnapshotArgs,
         option: RPCOption,
-    ) -> Result<InstallSnapshotResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>>
-    {
-        self.call(RPCTypes::InstallSnapshot, &option, |mut client| async move {
-            client.install_snapshot(rpc).await
-        })
-        .await
+    ) -> Result<InstallSnapshotResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>> {
+        self.call(RPCTypes::InstallSnapshot, &option, |mut client| async move { client.install_snapshot(rpc).await }).await
     }
 
     async fn vote(
@@ -153,11 +129,6 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         rpc: VoteArgs,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call(
-            RPCTypes::Vote,
-            &option,
-            |mut client| async move { client.vote(rpc).await },
-        )
-        .await
+        self.call(RPCTypes::Vote, &option, |mut client| async move { client.vote(rpc).await }).await
     }
 }

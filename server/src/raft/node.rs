@@ -58,10 +58,7 @@ impl Shared {
     /// Writes through the local Raft, which must be the leader.
     pub(crate) async fn write_local(&self, command: Command) -> Result<Applied, Refusal> {
         match self.raft.client_write(command).await {
-            Ok(response) => Ok(Applied {
-                index: response.log_id.index,
-                result: response.data,
-            }),
+            Ok(response) => Ok(Applied { index: response.log_id.index, result: response.data }),
             Err(e) => Err(refusal(e)),
         }
     }
@@ -76,10 +73,7 @@ impl Shared {
     }
 
     async fn forward(&self, leader: &str, command: Command, timeout: Duration) -> Attempt {
-        let forward_error = |message: String| RaftError::Forward {
-            leader: leader.to_string(),
-            message,
-        };
+        let forward_error = |message: String| RaftError::Forward { leader: leader.to_string(), message };
         let mut client = match self.pool.client(leader) {
             Ok(client) => client,
             Err(e) => return Attempt::Failed(forward_error(e.to_string())),
@@ -108,19 +102,11 @@ impl Shared {
         }
         let (_, leader) = self.leader().ok_or(Refusal::NotLeader)?;
         let mut client = self.pool.client(&leader).map_err(|e| Refusal::Failed(e.to_string()))?;
-        let forwarded = JoinRequest {
-            forwarded: true,
-            ..request
-        };
+        let forwarded = JoinRequest { forwarded: true, ..request };
         match tokio::time::timeout(self.apply_timeout, client.join(forwarded)).await {
             Ok(Ok(reply)) => reply.into_inner(),
-            Ok(Err(status)) => Err(Refusal::Failed(format!(
-                "forwarding join to leader {leader}: {}",
-                status.message()
-            ))),
-            Err(_) => Err(Refusal::Failed(format!(
-                "forwarding join to leader {leader}: timed out"
-            ))),
+            Ok(Err(status)) => Err(Refusal::Failed(format!("forwarding join to leader {leader}: {}", status.message()))),
+            Err(_) => Err(Refusal::Failed(format!("forwarding join to leader {leader}: timed out"))),
         }
     }
 
@@ -136,15 +122,9 @@ impl Shared {
         if membership.membership().get_node(&id).is_none() {
             // Not blocking: committing the joint configuration needs a majority of the old voters and
             // of the new set, which the old voters give on their own; the learner catches up meanwhile.
-            self.raft
-                .add_learner(id, BasicNode::new(addr), false)
-                .await
-                .map_err(refusal)?;
+            self.raft.add_learner(id, BasicNode::new(addr), false).await.map_err(refusal)?;
         }
-        self.raft
-            .change_membership(ChangeMembers::AddVoterIds([id].into()), false)
-            .await
-            .map_err(refusal)?;
+        self.raft.change_membership(ChangeMembers::AddVoterIds([id].into()), false).await.map_err(refusal)?;
         tracing::info!(node_id = id, addr, "added server to the raft cluster");
         Ok(())
     }
@@ -171,10 +151,8 @@ impl RaftNode {
     /// Binds no port: serve [`RaftNode::service`] on the server's RPC listener.
     pub async fn start(cfg: RaftConfig, fsm: Arc<dyn Fsm>) -> Result<RaftNode, RaftError> {
         let raft_dir = cfg.data_dir.join("raft");
-        std::fs::create_dir_all(&raft_dir).map_err(|source| RaftError::Io {
-            context: format!("creating {}", raft_dir.display()),
-            source,
-        })?;
+        std::fs::create_dir_all(&raft_dir)
+            .map_err(|source| RaftError::Io { context: format!("creating {}", raft_dir.display()), source })?;
         let id = bootstrap::node_id(&raft_dir, cfg.node_id)?;
         let log_store = LogStore::open(&raft_dir.join("raft.redb"))?;
         let state_machine = StateMachine::open(raft_dir.join("snapshots"), fsm)?;
@@ -183,18 +161,8 @@ impl RaftNode {
         let raft = Raft::new(id, openraft_config(&cfg)?, network, log_store, state_machine)
             .await
             .map_err(|e| RaftError::Storage(format!("starting raft: {e}")))?;
-        let shared = Arc::new(Shared {
-            id,
-            addr: cfg.advertise_rpc.clone(),
-            raft,
-            pool,
-            apply_timeout: cfg.apply_timeout(),
-        });
-        let initialized = shared
-            .raft
-            .is_initialized()
-            .await
-            .map_err(|e| RaftError::Raft(e.to_string()))?;
+        let shared = Arc::new(Shared { id, addr: cfg.advertise_rpc.clone(), raft, pool, apply_timeout: cfg.apply_timeout() });
+        let initialized = shared.raft.is_initialized().await.map_err(|e| RaftError::Raft(e.to_string()))?;
         tracing::info!(node_id = id, addr = %shared.addr, initialized, "raft started");
 
         let (leader, leader_task) = watch_leader(&shared.raft);
@@ -202,25 +170,13 @@ impl RaftNode {
         if !initialized {
             if cfg.bootstrap_expect == 1 {
                 let members = BTreeMap::from([(id, BasicNode::new(&shared.addr))]);
-                shared
-                    .raft
-                    .initialize(members)
-                    .await
-                    .map_err(|e| RaftError::Raft(format!("initializing: {e}")))?;
+                shared.raft.initialize(members).await.map_err(|e| RaftError::Raft(format!("initializing: {e}")))?;
                 tracing::info!(node_id = id, "initialized a single-server raft cluster");
             } else {
-                tasks.push(tokio::spawn(bootstrap::form_cluster(
-                    shared.clone(),
-                    cfg.bootstrap_expect,
-                    cfg.join,
-                )));
+                tasks.push(tokio::spawn(bootstrap::form_cluster(shared.clone(), cfg.bootstrap_expect, cfg.join)));
             }
         }
-        Ok(RaftNode {
-            shared,
-            leader,
-            tasks: Arc::new(Mutex::new(tasks)),
-        })
+        Ok(RaftNode { shared, leader, tasks: Arc::new(Mutex::new(tasks)) })
     }
 
     /// The `Raft` gRPC service, to mount beside the client-facing services.
@@ -284,10 +240,7 @@ impl RaftNode {
     pub fn peers(&self) -> Vec<String> {
         let membership = self.shared.raft.metrics().borrow().membership_config.clone();
         let membership = membership.membership();
-        membership
-            .voter_ids()
-            .filter_map(|id| membership.get_node(&id).map(|node| node.addr.clone()))
-            .collect()
+        membership.voter_ids().filter_map(|id| membership.get_node(&id).map(|node| node.addr.clone())).collect()
     }
 
     /// Raft's metrics (state, term, log indexes, membership), for status endpoints.
@@ -333,10 +286,7 @@ fn openraft_config(cfg: &RaftConfig) -> Result<Arc<Config>, RaftError> {
         max_in_snapshot_log_to_keep: cfg.snapshot_logs.min(1000),
         ..Config::default()
     };
-    config
-        .validate()
-        .map(Arc::new)
-        .map_err(|e| RaftError::Config(e.to_string()))
+    config.validate().map(Arc::new).map_err(|e| RaftError::Config(e.to_string()))
 }
 
 /// Mirrors openraft's metrics into a channel that changes only when the leader does.

@@ -5,8 +5,7 @@
 
 use openraft::error::{InstallSnapshotError, RaftError};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
-    VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest, VoteResponse,
 };
 use serde::{Deserialize, Serialize};
 

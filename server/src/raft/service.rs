@@ -12,8 +12,8 @@ use tonic::{Request, Response, Status};
 
 use super::node::Shared;
 use super::rpc::{
-    AppendEntriesArgs, AppendEntriesReply, ForwardReply, ForwardRequest, InfoReply, InfoRequest, InstallSnapshotArgs,
-    InstallSnapshotReply, JoinReply, JoinRequest, RaftRpc, RaftServer, VoteArgs, VoteReply,
+    AppendEntriesArgs, AppendEntriesReply, ForwardReply, ForwardRequest, InfoReply, InfoRequest, InstallSnapshotArgs, InstallSnapshotReply,
+    JoinReply, JoinRequest, RaftRpc, RaftServer, VoteArgs, VoteReply,
 };
 
 /// Serves one server's Raft to its peers.
@@ -23,40 +23,26 @@ pub struct RaftService {
 
 impl RaftService {
     pub(crate) fn server(shared: Arc<Shared>) -> RaftServer<RaftService> {
-        RaftServer::new(RaftService { shared })
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+        RaftServer::new(RaftService { shared }).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES)
     }
 }
 
 #[tonic::async_trait]
 impl RaftRpc for RaftService {
-    async fn append_entries(
-        &self,
-        request: Request<AppendEntriesArgs>,
-    ) -> Result<Response<AppendEntriesReply>, Status> {
-        Ok(Response::new(
-            self.shared.raft.append_entries(request.into_inner()).await,
-        ))
+    async fn append_entries(&self, request: Request<AppendEntriesArgs>) -> Result<Response<AppendEntriesReply>, Status> {
+        Ok(Response::new(self.shared.raft.append_entries(request.into_inner()).await))
     }
 
     async fn vote(&self, request: Request<VoteArgs>) -> Result<Response<VoteReply>, Status> {
         Ok(Response::new(self.shared.raft.vote(request.into_inner()).await))
     }
 
-    async fn install_snapshot(
-        &self,
-        request: Request<InstallSnapshotArgs>,
-    ) -> Result<Response<InstallSnapshotReply>, Status> {
-        Ok(Response::new(
-            self.shared.raft.install_snapshot(request.into_inner()).await,
-        ))
+    async fn install_snapshot(&self, request: Request<InstallSnapshotArgs>) -> Result<Response<InstallSnapshotReply>, Status> {
+        Ok(Response::new(self.shared.raft.install_snapshot(request.into_inner()).await))
     }
 
     async fn forward(&self, request: Request<ForwardRequest>) -> Result<Response<ForwardReply>, Status> {
-        Ok(Response::new(
-            self.shared.write_local(request.into_inner().command).await,
-        ))
+        Ok(Response::new(self.shared.write_local(request.into_inner().command).await))
     }
 
     async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinReply>, Status> {
@@ -64,16 +50,7 @@ impl RaftRpc for RaftService {
     }
 
     async fn info(&self, _: Request<InfoRequest>) -> Result<Response<InfoReply>, Status> {
-        let initialized = self
-            .shared
-            .raft
-            .is_initialized()
-            .await
-            .map_err(|e| Status::unavailable(e.to_string()))?;
-        Ok(Response::new(InfoReply {
-            node_id: self.shared.id,
-            addr: self.shared.addr.clone(),
-            initialized,
-        }))
+        let initialized = self.shared.raft.is_initialized().await.map_err(|e| Status::unavailable(e.to_string()))?;
+        Ok(Response::new(InfoReply { node_id: self.shared.id, addr: self.shared.addr.clone(), initialized }))
     }
 }

@@ -52,13 +52,7 @@ impl SnapshotStore {
         }
         let current = read(&dir.join(CURRENT))?;
         let saved = current.as_ref().and_then(|(meta, _)| meta.last_log_id);
-        Ok((
-            SnapshotStore {
-                dir,
-                saved: tokio::sync::Mutex::new(saved),
-            },
-            current,
-        ))
+        Ok((SnapshotStore { dir, saved: tokio::sync::Mutex::new(saved) }, current))
     }
 
     /// Reads the current snapshot.
@@ -83,13 +77,10 @@ impl SnapshotStore {
     }
 }
 
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, SnapshotError> + Send + 'static,
-) -> Result<T, SnapshotError> {
-    tokio::task::spawn_blocking(work).await.map_err(|e| SnapshotError::Io {
-        context: "snapshot file task".to_string(),
-        source: io::Error::other(e.to_string()),
-    })?
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T, SnapshotError> + Send + 'static) -> Result<T, SnapshotError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| SnapshotError::Io { context: "snapshot file task".to_string(), source: io::Error::other(e.to_string()) })?
 }
 
 fn write(dir: &Path, id: &str, meta: &[u8], data: &[u8]) -> Result<(), SnapshotError> {
@@ -110,10 +101,7 @@ fn write(dir: &Path, id: &str, meta: &[u8], data: &[u8]) -> Result<(), SnapshotE
     })();
     result.map_err(|source| {
         let _ = fs::remove_file(&temp);
-        SnapshotError::Io {
-            context: format!("writing snapshot {}", current.display()),
-            source,
-        }
+        SnapshotError::Io { context: format!("writing snapshot {}", current.display()), source }
     })
 }
 
@@ -122,16 +110,10 @@ fn read(path: &Path) -> Result<Option<Stored>, SnapshotError> {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(source) => {
-            return Err(SnapshotError::Io {
-                context: format!("reading {}", path.display()),
-                source,
-            });
+            return Err(SnapshotError::Io { context: format!("reading {}", path.display()), source });
         }
     };
-    let corrupt = |reason: &str| SnapshotError::Corrupt {
-        path: path.display().to_string(),
-        reason: reason.to_string(),
-    };
+    let corrupt = |reason: &str| SnapshotError::Corrupt { path: path.display().to_string(), reason: reason.to_string() };
     if bytes.len() < HEADER_LEN || &bytes[..MAGIC.len()] != MAGIC {
         return Err(corrupt("not a snapshot file"));
     }
@@ -155,7 +137,5 @@ fn read(path: &Path) -> Result<Option<Stored>, SnapshotError> {
 
 /// FNV-1a: cheap and dependency-free; catches torn or damaged files, not tampering.
 fn checksum(meta: &[u8], data: &[u8]) -> u64 {
-    meta.iter().chain(data).fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-    })
+    meta.iter().chain(data).fold(0xcbf2_9ce4_8422_2325, |hash, &byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3))
 }

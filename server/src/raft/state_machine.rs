@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use openraft::storage::RaftStateMachine;
 use openraft::{
-    AnyError, BasicNode, Entry, EntryPayload, ErrorSubject, ErrorVerb, LogId, RaftSnapshotBuilder, Snapshot,
-    SnapshotMeta, StorageError, StorageIOError, StoredMembership,
+    AnyError, BasicNode, Entry, EntryPayload, ErrorSubject, ErrorVerb, LogId, RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError,
+    StorageIOError, StoredMembership,
 };
 
 use super::snapshot_store::{Meta, SnapshotError, SnapshotStore};
@@ -44,19 +44,11 @@ impl StateMachine {
         let (snapshots, current) = SnapshotStore::open(dir).map_err(|e| RaftError::Snapshot(e.to_string()))?;
         let mut applied = Applied::default();
         if let Some((meta, data)) = current {
-            fsm.restore(&data)
-                .map_err(|e| RaftError::Snapshot(format!("restoring {}: {e}", meta.snapshot_id)))?;
+            fsm.restore(&data).map_err(|e| RaftError::Snapshot(format!("restoring {}: {e}", meta.snapshot_id)))?;
             tracing::info!(snapshot = %meta, "restored fsm from snapshot");
-            applied = Applied {
-                last_log_id: meta.last_log_id,
-                membership: meta.last_membership,
-            };
+            applied = Applied { last_log_id: meta.last_log_id, membership: meta.last_membership };
         }
-        Ok(StateMachine {
-            fsm,
-            applied: Arc::new(Mutex::new(applied)),
-            snapshots: Arc::new(snapshots),
-        })
+        Ok(StateMachine { fsm, applied: Arc::new(Mutex::new(applied)), snapshots: Arc::new(snapshots) })
     }
 }
 
@@ -68,9 +60,7 @@ fn lock(applied: &Mutex<Applied>) -> MutexGuard<'_, Applied> {
 impl RaftStateMachine<TypeConfig> for StateMachine {
     type SnapshotBuilder = SnapshotBuilder;
 
-    async fn applied_state(
-        &mut self,
-    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>), StorageError<NodeId>> {
+    async fn applied_state(&mut self) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>), StorageError<NodeId>> {
         let applied = lock(&self.applied);
         Ok((applied.last_log_id, applied.membership.clone()))
     }
@@ -97,49 +87,32 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
-        SnapshotBuilder {
-            fsm: self.fsm.clone(),
-            applied: self.applied.clone(),
-            snapshots: self.snapshots.clone(),
-        }
+        SnapshotBuilder { fsm: self.fsm.clone(), applied: self.applied.clone(), snapshots: self.snapshots.clone() }
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
         Ok(Box::new(Cursor::new(Vec::new())))
     }
 
-    async fn install_snapshot(
-        &mut self,
-        meta: &Meta,
-        snapshot: Box<Cursor<Vec<u8>>>,
-    ) -> Result<(), StorageError<NodeId>> {
+    async fn install_snapshot(&mut self, meta: &Meta, snapshot: Box<Cursor<Vec<u8>>>) -> Result<(), StorageError<NodeId>> {
         let data = snapshot.into_inner();
         {
             let mut applied = lock(&self.applied);
-            self.fsm
-                .restore(&data)
-                .map_err(|e| snapshot_storage_error(Some(meta), format!("restoring fsm: {e}")))?;
-            *applied = Applied {
-                last_log_id: meta.last_log_id,
-                membership: meta.last_membership.clone(),
-            };
+            self.fsm.restore(&data).map_err(|e| snapshot_storage_error(Some(meta), format!("restoring fsm: {e}")))?;
+            *applied = Applied { last_log_id: meta.last_log_id, membership: meta.last_membership.clone() };
         }
         tracing::info!(snapshot = %meta, "installed snapshot from leader");
-        self.snapshots
-            .save(meta, data)
-            .await
-            .map_err(|e| snapshot_storage_error(Some(meta), e))?;
+        self.snapshots.save(meta, data).await.map_err(|e| snapshot_storage_error(Some(meta), e))?;
         Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
-        let current = self.snapshots.load().await.map_err(|e: SnapshotError| {
-            StorageIOError::new(ErrorSubject::Snapshot(None), ErrorVerb::Read, AnyError::new(&e))
-        })?;
-        Ok(current.map(|(meta, data)| Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(data)),
-        }))
+        let current = self
+            .snapshots
+            .load()
+            .await
+            .map_err(|e: SnapshotError| StorageIOError::new(ErrorSubject::Snapshot(None), ErrorVerb::Read, AnyError::new(&e)))?;
+        Ok(current.map(|(meta, data)| Snapshot { meta, snapshot: Box::new(Cursor::new(data)) }))
     }
 }
 
@@ -155,10 +128,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         // Serialize under the apply lock so the bytes match `last_log_id` exactly; write the file outside it.
         let (meta, data) = {
             let applied = lock(&self.applied);
-            let data = self
-                .fsm
-                .snapshot()
-                .map_err(|e| snapshot_storage_error(None, format!("fsm snapshot: {e}")))?;
+            let data = self.fsm.snapshot().map_err(|e| snapshot_storage_error(None, format!("fsm snapshot: {e}")))?;
             let index = applied.last_log_id.map_or(0, |id| id.index);
             let meta = SnapshotMeta {
                 last_log_id: applied.last_log_id,
@@ -167,15 +137,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             };
             (meta, data)
         };
-        let data = self
-            .snapshots
-            .save(&meta, data)
-            .await
-            .map_err(|e| snapshot_storage_error(Some(&meta), e))?;
+        let data = self.snapshots.save(&meta, data).await.map_err(|e| snapshot_storage_error(Some(&meta), e))?;
         tracing::info!(snapshot = %meta, bytes = data.len(), "built snapshot");
-        Ok(Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(data)),
-        })
+        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) })
     }
 }

@@ -61,17 +61,11 @@ impl Fsm for TestFsm {
 }
 
 fn command(n: usize) -> Command {
-    Command::EvalDelete {
-        eval_ids: vec![format!("eval-{n}")],
-        alloc_ids: Vec::new(),
-    }
+    Command::EvalDelete { eval_ids: vec![format!("eval-{n}")], alloc_ids: Vec::new() }
 }
 
 fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .try_init();
+    let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).try_init();
 }
 
 /// Test timings: fast elections, but loose enough for a busy 2-core machine.
@@ -98,11 +92,7 @@ async fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
 
 /// A runtime of its own, so dropping it kills every Raft task mid-flight like a crash.
 fn crashable_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
 
 async fn apply_all(node: &RaftNode, commands: impl IntoIterator<Item = usize>) -> Vec<(u64, Command)> {
@@ -123,36 +113,21 @@ fn single_server_rebuilds_fsm_from_log_after_crash() {
 
     let runtime = crashable_runtime();
     let written = runtime.block_on(async {
-        let node = RaftNode::start(config(dir.path(), UNUSED_ADDR), before.clone())
-            .await
-            .unwrap();
+        let node = RaftNode::start(config(dir.path(), UNUSED_ADDR), before.clone()).await.unwrap();
         apply_all(&node, 0..20).await
     });
     drop(runtime); // crash: no shutdown, tasks dropped wherever they were
 
-    assert!(
-        written.windows(2).all(|w| w[0].0 < w[1].0),
-        "indexes increase: {written:?}"
-    );
-    assert_eq!(
-        before.entries(),
-        written,
-        "the fsm saw every write, in order, at its index"
-    );
+    assert!(written.windows(2).all(|w| w[0].0 < w[1].0), "indexes increase: {written:?}");
+    assert_eq!(before.entries(), written, "the fsm saw every write, in order, at its index");
 
     let after = Arc::new(TestFsm::default());
     let runtime = crashable_runtime();
     runtime.block_on(async {
-        let node = RaftNode::start(config(dir.path(), UNUSED_ADDR), after.clone())
-            .await
-            .unwrap();
+        let node = RaftNode::start(config(dir.path(), UNUSED_ADDR), after.clone()).await.unwrap();
         // Rebuilt by the time start() returns, without any new write.
         assert_eq!(after.entries(), written);
-        assert_eq!(
-            after.restores(),
-            0,
-            "no snapshot was taken, so it all came from the log"
-        );
+        assert_eq!(after.restores(), 0, "no snapshot was taken, so it all came from the log");
 
         let (index, _) = node.apply(command(99)).await.unwrap();
         assert!(index > written.last().unwrap().0, "new writes continue the log");
@@ -164,10 +139,7 @@ fn single_server_rebuilds_fsm_from_log_after_crash() {
 fn snapshot_purges_log_and_restart_restores_snapshot_plus_trailing_log() {
     init_tracing();
     let dir = TempDir::new().unwrap();
-    let cfg = RaftConfig {
-        snapshot_logs: 10,
-        ..config(dir.path(), UNUSED_ADDR)
-    };
+    let cfg = RaftConfig { snapshot_logs: 10, ..config(dir.path(), UNUSED_ADDR) };
     let before = Arc::new(TestFsm::default());
 
     let runtime = crashable_runtime();
@@ -192,11 +164,7 @@ fn snapshot_purges_log_and_restart_restores_snapshot_plus_trailing_log() {
     runtime.block_on(async {
         let node = RaftNode::start(cfg, after.clone()).await.unwrap();
         assert_eq!(after.restores(), 1, "started from the snapshot");
-        assert_eq!(
-            after.entries(),
-            written,
-            "snapshot plus trailing log rebuild the same state"
-        );
+        assert_eq!(after.entries(), written, "snapshot plus trailing log rebuild the same state");
         let purged = node.metrics().borrow().purged.expect("the log was purged");
         assert!(purged.index > 1, "the log alone could not have rebuilt the state");
         node.shutdown().await;
@@ -207,9 +175,7 @@ fn snapshot_purges_log_and_restart_restores_snapshot_plus_trailing_log() {
 async fn corrupt_snapshot_fails_start_with_a_clear_error() {
     init_tracing();
     let dir = TempDir::new().unwrap();
-    let node = RaftNode::start(config(dir.path(), UNUSED_ADDR), Arc::new(TestFsm::default()))
-        .await
-        .unwrap();
+    let node = RaftNode::start(config(dir.path(), UNUSED_ADDR), Arc::new(TestFsm::default())).await.unwrap();
     apply_all(&node, 0..3).await;
     node.shared.raft.trigger().snapshot().await.unwrap();
     let metrics = node.metrics();
@@ -221,10 +187,7 @@ async fn corrupt_snapshot_fails_start_with_a_clear_error() {
     *bytes.last_mut().unwrap() ^= 0xff;
     std::fs::write(&path, bytes).unwrap();
 
-    let err = RaftNode::start(config(dir.path(), UNUSED_ADDR), Arc::new(TestFsm::default()))
-        .await
-        .err()
-        .unwrap();
+    let err = RaftNode::start(config(dir.path(), UNUSED_ADDR), Arc::new(TestFsm::default())).await.err().unwrap();
     assert!(matches!(err, RaftError::Snapshot(_)), "{err}");
     assert!(err.to_string().contains("checksum mismatch"), "{err}");
 }
@@ -233,9 +196,7 @@ async fn corrupt_snapshot_fails_start_with_a_clear_error() {
 async fn corrupt_log_entry_fails_start_with_a_clear_error() {
     init_tracing();
     let dir = TempDir::new().unwrap();
-    let node = RaftNode::start(config(dir.path(), UNUSED_ADDR), Arc::new(TestFsm::default()))
-        .await
-        .unwrap();
+    let node = RaftNode::start(config(dir.path(), UNUSED_ADDR), Arc::new(TestFsm::default())).await.unwrap();
     let written = apply_all(&node, 0..3).await;
     node.shutdown().await;
     drop(node);
@@ -243,17 +204,11 @@ async fn corrupt_log_entry_fails_start_with_a_clear_error() {
     let db = Database::create(dir.path().join("raft/raft.redb")).unwrap();
     let txn = db.begin_write().unwrap();
     let logs: TableDefinition<u64, &[u8]> = TableDefinition::new("logs");
-    txn.open_table(logs)
-        .unwrap()
-        .insert(written.last().unwrap().0, b"not json".as_slice())
-        .unwrap();
+    txn.open_table(logs).unwrap().insert(written.last().unwrap().0, b"not json".as_slice()).unwrap();
     txn.commit().unwrap();
     drop(db);
 
-    let err = RaftNode::start(config(dir.path(), UNUSED_ADDR), Arc::new(TestFsm::default()))
-        .await
-        .err()
-        .unwrap();
+    let err = RaftNode::start(config(dir.path(), UNUSED_ADDR), Arc::new(TestFsm::default())).await.err().unwrap();
     assert!(matches!(err, RaftError::Storage(_)), "{err}");
     assert!(err.to_string().contains("decoding log entry"), "{err}");
 }
@@ -262,21 +217,14 @@ async fn corrupt_log_entry_fails_start_with_a_clear_error() {
 async fn log_store_truncates_purges_and_persists() {
     let dir = TempDir::new().unwrap();
     let path = dir.path().join("raft.redb");
-    let entry = |index| Entry::<TypeConfig> {
-        log_id: log_id(1, 7, index),
-        payload: EntryPayload::Normal(command(index as usize)),
-    };
+    let entry = |index| Entry::<TypeConfig> { log_id: log_id(1, 7, index), payload: EntryPayload::Normal(command(index as usize)) };
     let indexes = |entries: Vec<Entry<TypeConfig>>| entries.iter().map(|e| e.log_id.index).collect::<Vec<_>>();
     {
         let mut store = LogStore::open(&path).unwrap();
         store.blocking_append((1..=10).map(entry)).await.unwrap();
         store.truncate(log_id(1, 7, 8)).await.unwrap();
         let state = store.get_log_state().await.unwrap();
-        assert_eq!(
-            state.last_log_id,
-            Some(log_id(1, 7, 7)),
-            "truncate removes 8.. inclusive"
-        );
+        assert_eq!(state.last_log_id, Some(log_id(1, 7, 7)), "truncate removes 8.. inclusive");
 
         store.purge(log_id(1, 7, 3)).await.unwrap();
         store.save_vote(&Vote::new(2, 7)).await.unwrap();
@@ -286,10 +234,7 @@ async fn log_store_truncates_purges_and_persists() {
     let state = store.get_log_state().await.unwrap();
     assert_eq!(state.last_purged_log_id, Some(log_id(1, 7, 3)));
     assert_eq!(state.last_log_id, Some(log_id(1, 7, 7)));
-    assert_eq!(
-        indexes(store.try_get_log_entries(0..100).await.unwrap()),
-        vec![4, 5, 6, 7]
-    );
+    assert_eq!(indexes(store.try_get_log_entries(0..100).await.unwrap()), vec![4, 5, 6, 7]);
     assert_eq!(indexes(store.try_get_log_entries(5..7).await.unwrap()), vec![5, 6]);
     assert_eq!(store.read_vote().await.unwrap(), Some(Vote::new(2, 7)));
     assert_eq!(store.read_committed().await.unwrap(), Some(log_id(1, 7, 6)));
@@ -297,10 +242,7 @@ async fn log_store_truncates_purges_and_persists() {
     // Purging past the last entry (a snapshot from the leader) leaves the pointer as the last log id.
     store.purge(log_id(2, 7, 20)).await.unwrap();
     let state = store.get_log_state().await.unwrap();
-    assert_eq!(
-        (state.last_purged_log_id, state.last_log_id),
-        (Some(log_id(2, 7, 20)), Some(log_id(2, 7, 20)))
-    );
+    assert_eq!((state.last_purged_log_id, state.last_log_id), (Some(log_id(2, 7, 20)), Some(log_id(2, 7, 20))));
     assert!(store.try_get_log_entries(0..100).await.unwrap().is_empty());
 
     store.save_committed(None).await.unwrap();
@@ -314,43 +256,23 @@ async fn write_without_a_leader_fails_within_the_apply_timeout() {
     init_tracing();
     let dir = TempDir::new().unwrap();
     // Expects three servers but knows of none: it never forms a cluster, so there is never a leader.
-    let cfg = RaftConfig {
-        bootstrap_expect: 3,
-        apply_timeout_ms: 300,
-        ..config(dir.path(), UNUSED_ADDR)
-    };
+    let cfg = RaftConfig { bootstrap_expect: 3, apply_timeout_ms: 300, ..config(dir.path(), UNUSED_ADDR) };
     let node = RaftNode::start(cfg, Arc::new(TestFsm::default())).await.unwrap();
 
     let started = tokio::time::Instant::now();
-    let outcome = tokio::time::timeout(DEADLINE, node.apply(command(1)))
-        .await
-        .expect("apply must not hang");
+    let outcome = tokio::time::timeout(DEADLINE, node.apply(command(1))).await.expect("apply must not hang");
     let err = outcome.expect_err("no leader, no write");
     assert!(matches!(err, RaftError::NoLeader), "{err}");
     assert_eq!(err.to_string(), "no cluster leader");
-    assert!(
-        started.elapsed() >= Duration::from_millis(300),
-        "it waited the apply timeout for a leader"
-    );
+    assert!(started.elapsed() >= Duration::from_millis(300), "it waited the apply timeout for a leader");
     node.shutdown().await;
 }
 
 #[tokio::test]
 async fn refused_connection_counts_as_never_sent() {
     // Reserve a port, then free it: nothing listens there.
-    let addr = TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
-    let status = PeerPool::default()
-        .client(&addr)
-        .unwrap()
-        .info(InfoRequest {})
-        .await
-        .err()
-        .unwrap();
+    let addr = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().to_string();
+    let status = PeerPool::default().client(&addr).unwrap().info(InfoRequest {}).await.err().unwrap();
     assert!(never_sent(&status), "{status:?}");
 }
 
@@ -383,24 +305,14 @@ impl TestServer {
                 .await
                 .unwrap();
         });
-        TestServer {
-            node,
-            fsm,
-            addr,
-            stop: Some(stop),
-            serving,
-            dir,
-        }
+        TestServer { node, fsm, addr, stop: Some(stop), serving, dir }
     }
 
     /// Takes the server off the network, then stops its Raft.
     async fn stop(&mut self) {
         let Some(stop) = self.stop.take() else { return };
         let _ = stop.send(());
-        if tokio::time::timeout(Duration::from_secs(5), &mut self.serving)
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(Duration::from_secs(5), &mut self.serving).await.is_err() {
             self.serving.abort();
         }
         self.node.shutdown().await;
@@ -438,20 +350,14 @@ async fn start_cluster(n: usize, snapshot_logs: u64) -> Vec<TestServer> {
 async fn wait_for_leader(servers: &[&TestServer]) -> usize {
     wait_for("one leader all servers agree on", || {
         let leaders: Vec<usize> = (0..servers.len()).filter(|&i| servers[i].node.is_leader()).collect();
-        leaders.len() == 1
-            && servers
-                .iter()
-                .all(|s| s.node.leader_addr() == Some(servers[leaders[0]].addr.clone()))
+        leaders.len() == 1 && servers.iter().all(|s| s.node.leader_addr() == Some(servers[leaders[0]].addr.clone()))
     })
     .await;
     servers.iter().position(|s| s.node.is_leader()).unwrap()
 }
 
 async fn wait_for_fsms(servers: &[&TestServer], expected: &[(u64, Command)]) {
-    wait_for("every fsm to hold exactly the written commands", || {
-        servers.iter().all(|s| s.fsm.entries() == expected)
-    })
-    .await;
+    wait_for("every fsm to hold exactly the written commands", || servers.iter().all(|s| s.fsm.entries() == expected)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -502,9 +408,7 @@ async fn restarted_follower_reapplies_committed_entries_without_a_leader() {
     // persisted tells it how far it may apply.
     let follower = &servers[(leader + 1) % 3];
     let fsm = Arc::new(TestFsm::default());
-    let node = RaftNode::start(config(follower.dir.path(), &follower.addr), fsm.clone())
-        .await
-        .unwrap();
+    let node = RaftNode::start(config(follower.dir.path(), &follower.addr), fsm.clone()).await.unwrap();
     assert_eq!(fsm.entries(), written);
     assert!(!node.is_leader());
     node.shutdown().await;
@@ -530,15 +434,9 @@ async fn fourth_server_joins_and_catches_up_from_a_snapshot() {
     })
     .await;
     let fourth_id = fourth.node.node_id();
-    wait_for("the fourth server to become a voter", || {
-        metrics.borrow().membership_config.voter_ids().any(|id| id == fourth_id)
-    })
-    .await;
+    wait_for("the fourth server to become a voter", || metrics.borrow().membership_config.voter_ids().any(|id| id == fourth_id)).await;
     wait_for_fsms(&[&fourth], &written).await;
-    assert!(
-        fourth.fsm.restores() >= 1,
-        "it caught up by installing the leader's snapshot"
-    );
+    assert!(fourth.fsm.restores() >= 1, "it caught up by installing the leader's snapshot");
 
     written.extend(apply_all(&fourth.node, 40..42).await);
     let mut everyone: Vec<&TestServer> = servers.iter().collect();

@@ -173,7 +173,13 @@ pub(crate) struct RescheduleSplit<'a> {
 /// Splits off allocs to replace now or later. With `disconnecting`, every
 /// live, not-yet-unknown alloc is replaced now whatever its policy, and the
 /// untainted bucket stays empty.
-pub(crate) fn filter_by_rescheduleable<'a>(set: &AllocSet<'a>, batch: bool, disconnecting: bool, now: Timestamp, eval_id: &str) -> RescheduleSplit<'a> {
+pub(crate) fn filter_by_rescheduleable<'a>(
+    set: &AllocSet<'a>,
+    batch: bool,
+    disconnecting: bool,
+    now: Timestamp,
+    eval_id: &str,
+) -> RescheduleSplit<'a> {
     let mut out = RescheduleSplit::default();
     for (&id, &a) in set {
         if disconnecting && a.client_status == ClientStatus::Unknown {

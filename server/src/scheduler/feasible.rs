@@ -26,7 +26,10 @@ pub(crate) mod reason {
 
 /// True when a `distinct_hosts` constraint is on (it defaults to true).
 pub(crate) fn has_distinct_hosts(constraints: &[nomad_proto::Constraint]) -> bool {
-    constraints.iter().find(|c| c.operand == DISTINCT_HOSTS).is_some_and(|c| c.r_target.is_empty() || parse_go_bool(&c.r_target) != Some(false))
+    constraints
+        .iter()
+        .find(|c| c.operand == DISTINCT_HOSTS)
+        .is_some_and(|c| c.r_target.is_empty() || parse_go_bool(&c.r_target) != Some(false))
 }
 
 /// Go's `strconv.ParseBool`.
@@ -81,10 +84,16 @@ impl GroupChecks {
             .map(|d| DeviceAsk { parts: d.name.split('/').map(str::to_string).collect(), count: d.count.max(1) })
             .collect();
         let net = tg.networks.first();
-        let network_mode = net.map(|n| if n.mode.is_empty() { "host".to_string() } else { n.mode.clone() }).unwrap_or_else(|| "host".into());
+        let network_mode =
+            net.map(|n| if n.mode.is_empty() { "host".to_string() } else { n.mode.clone() }).unwrap_or_else(|| "host".into());
         let host_networks = net
             .map(|n| {
-                n.reserved_ports.iter().chain(&n.dynamic_ports).filter(|p| !p.host_network.is_empty()).map(|p| (p.host_network.clone(), p.label.clone())).collect()
+                n.reserved_ports
+                    .iter()
+                    .chain(&n.dynamic_ports)
+                    .filter(|p| !p.host_network.is_empty())
+                    .map(|p| (p.host_network.clone(), p.label.clone()))
+                    .collect()
             })
             .unwrap_or_default();
         let escaped = all.iter().any(|c| constraint::escapes(c)) || host_volumes.iter().any(|v| v.per_alloc);
@@ -131,7 +140,8 @@ impl GroupChecks {
             return Err(reason::NETWORK.into());
         }
         for (alias, label) in &self.host_networks {
-            let found = node.node_resources.iter().flat_map(|r| r.node_networks.iter()).flat_map(|n| n.addresses.iter()).any(|a| &a.alias == alias);
+            let found =
+                node.node_resources.iter().flat_map(|r| r.node_networks.iter()).flat_map(|n| n.addresses.iter()).any(|a| &a.alias == alias);
             if !found {
                 return Err(format!("missing host network {alias:?} for port {label:?}"));
             }
@@ -163,7 +173,8 @@ fn alloc_suffix(name: &str) -> &str {
 
 fn has_device(node: &Node, ask: &DeviceAsk) -> bool {
     let groups = node.node_resources.iter().flat_map(|r| r.devices.iter());
-    groups.filter(|g| device_matches(g, &ask.parts)).map(|g| g.instances.iter().filter(|i| i.healthy).count() as u64).sum::<u64>() >= ask.count
+    groups.filter(|g| device_matches(g, &ask.parts)).map(|g| g.instances.iter().filter(|i| i.healthy).count() as u64).sum::<u64>()
+        >= ask.count
 }
 
 fn device_matches(g: &NodeDeviceResource, parts: &[String]) -> bool {
@@ -227,7 +238,8 @@ impl Feasibility {
         let memo = !class.is_empty();
         let job_memo = memo && !self.job_escaped;
         // Without job constraints there is nothing to remember per class.
-        let job_checked = if self.job_constraints.is_empty() { Some(true) } else { self.job_classes.get(class).copied().filter(|_| job_memo) };
+        let job_checked =
+            if self.job_constraints.is_empty() { Some(true) } else { self.job_classes.get(class).copied().filter(|_| job_memo) };
         match job_checked {
             Some(false) => {
                 filter_node(metric, node, reason::CLASS_INELIGIBLE);

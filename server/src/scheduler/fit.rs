@@ -59,7 +59,13 @@ pub(crate) fn fit(node: &Node, usage: &NodeUsage, tg: &TaskGroup, ask: &GroupAsk
     if let Some(dimension) = usage.collision {
         return Err(dimension.into());
     }
-    let mut fit = Fit { cpu_used: usage.cpu + ask.cpu, memory_used: usage.memory + ask.memory, group_offer: None, task_offers: Vec::new(), cores: Vec::new() };
+    let mut fit = Fit {
+        cpu_used: usage.cpu + ask.cpu,
+        memory_used: usage.memory + ask.memory,
+        group_offer: None,
+        task_offers: Vec::new(),
+        cores: Vec::new(),
+    };
     if ask.needs_ports {
         let mut used = usage.ports.clone();
         let range = ports::dynamic_range(node);

@@ -15,7 +15,10 @@ use super::proposed::Proposed;
 use super::reconcile::{PlaceRequest, ReconcileResults, Reconciler, UpdateKind};
 use super::select::{SelectOptions, Selection, Stack, StackKind, seed_for};
 use super::updates::destructive_change;
-use super::{ALLOC_UPDATING_DESC, BLOCKED_EVAL_FAILED_PLACEMENTS_DESC, ROLLING_UPDATE_FOLLOWUP_DESC, ScheduleOutcome, Scheduler, annotate, finished, refused};
+use super::{
+    ALLOC_UPDATING_DESC, BLOCKED_EVAL_FAILED_PLACEMENTS_DESC, ROLLING_UPDATE_FOLLOWUP_DESC, ScheduleOutcome, Scheduler, annotate, finished,
+    refused,
+};
 use crate::state::State;
 
 /// Triggers the generic scheduler handles.
@@ -91,7 +94,9 @@ impl<'a> GenericRun<'a> {
 
         let live_job = self.job.clone().filter(|j| !j.stop);
         let batch = self.job.as_ref().map_or(self.eval.eval_type == JobType::Batch, |j| j.job_type == JobType::Batch);
-        let mut stack = live_job.as_ref().map(|j| Stack::new(j.clone(), if batch { StackKind::Batch } else { StackKind::Service }, seed_for(&self.eval.id, state.index)));
+        let mut stack = live_job.as_ref().map(|j| {
+            Stack::new(j.clone(), if batch { StackKind::Batch } else { StackKind::Service }, seed_for(&self.eval.id, state.index))
+        });
 
         let results = {
             let job = live_job.as_deref();
@@ -114,7 +119,10 @@ impl<'a> GenericRun<'a> {
             reconciler.compute(&allocs)
         };
 
-        let annotations = self.eval.annotate_plan.then(|| PlanAnnotations { desired_tg_updates: annotate::desired_updates(&results), ..PlanAnnotations::default() });
+        let annotations = self
+            .eval
+            .annotate_plan
+            .then(|| PlanAnnotations { desired_tg_updates: annotate::desired_updates(&results), ..PlanAnnotations::default() });
         self.apply_results(&results);
         if let (Some(job), Some(stack)) = (live_job.as_ref(), stack.as_mut()) {
             self.place(job, stack, &results);
@@ -129,7 +137,8 @@ impl<'a> GenericRun<'a> {
         for s in &r.stop {
             self.proposed.append_stop(s.alloc, s.description, s.client_status, &s.followup_eval_id);
         }
-        let rewrites = r.disconnect_updates.values().chain(r.reconnect_updates.values()).chain(&r.inplace_update).chain(r.attribute_updates.values());
+        let rewrites =
+            r.disconnect_updates.values().chain(r.reconnect_updates.values()).chain(&r.inplace_update).chain(r.attribute_updates.values());
         for a in rewrites {
             self.proposed.append_alloc(a.clone());
         }
@@ -139,7 +148,9 @@ impl<'a> GenericRun<'a> {
         if r.place.is_empty() && r.destructive_update.is_empty() {
             return;
         }
-        let destructive = r.destructive_update.iter().map(|d| (PlaceRequest { name: d.name.clone(), group: d.group.clone(), previous: Some(d.stop), reschedule: false, lost: false }, true));
+        let destructive = r.destructive_update.iter().map(|d| {
+            (PlaceRequest { name: d.name.clone(), group: d.group.clone(), previous: Some(d.stop), reschedule: false, lost: false }, true)
+        });
         let requests: Vec<(PlaceRequest<'a>, bool)> = destructive.chain(r.place.iter().map(|p| (p.clone(), false))).collect();
         for (req, _) in &requests {
             *self.queued.entry(req.group.clone()).or_insert(0) += 1;
@@ -161,7 +172,11 @@ impl<'a> GenericRun<'a> {
             }
             let penalty = penalty_nodes(req.previous);
             let opts = SelectOptions { alloc_name: &req.name, penalty_nodes: &penalty };
-            let preferred = req.previous.filter(|_| tg.ephemeral_disk.sticky || tg.ephemeral_disk.migrate).and_then(|p| self.state.node(&p.node_id)).filter(|n| n.is_ready_for_placement());
+            let preferred = req
+                .previous
+                .filter(|_| tg.ephemeral_disk.sticky || tg.ephemeral_disk.migrate)
+                .and_then(|p| self.state.node(&p.node_id))
+                .filter(|n| n.is_ready_for_placement());
             let (selection, mut metric) = match preferred {
                 Some(node) => match stack.select_node(&mut self.proposed, node, group, opts) {
                     (Some(s), m) => (Some(s), m),
@@ -215,7 +230,13 @@ impl<'a> GenericRun<'a> {
         alloc
     }
 
-    fn finish(self, results: ReconcileResults<'a>, annotations: Option<PlanAnnotations>, escaped: bool, classes: BTreeMap<String, bool>) -> ScheduleOutcome {
+    fn finish(
+        self,
+        results: ReconcileResults<'a>,
+        annotations: Option<PlanAnnotations>,
+        escaped: bool,
+        classes: BTreeMap<String, bool>,
+    ) -> ScheduleOutcome {
         let eval = self.eval;
         let mut new_evals = Vec::new();
         // Follow-ups are only made by evals that are not themselves delayed.
@@ -312,7 +333,9 @@ fn propagate_task_handles(alloc: &mut Allocation, prev: &Allocation, prev_lost: 
         .iter()
         .flatten()
         .filter(|(name, s)| s.task_handle.is_some() && tasks.contains_key(*name))
-        .map(|(name, s)| (name.clone(), TaskState { state: task_state::PENDING.into(), task_handle: s.task_handle.clone(), ..TaskState::default() }))
+        .map(|(name, s)| {
+            (name.clone(), TaskState { state: task_state::PENDING.into(), task_handle: s.task_handle.clone(), ..TaskState::default() })
+        })
         .collect();
     if !handles.is_empty() {
         alloc.task_states = Some(handles);
@@ -321,7 +344,14 @@ fn propagate_task_handles(alloc: &mut Allocation, prev: &Allocation, prev_lost: 
 
 /// Nomad's `genericAllocUpdateFn`: ignore, update in place on the same node
 /// when it still fits there, or replace.
-fn in_place_or_destructive<'a>(existing: &'a Allocation, job: &Job, tg: &TaskGroup, stack: &mut Stack<'a>, proposed: &mut Proposed<'a>, eval: &Evaluation) -> UpdateKind {
+fn in_place_or_destructive<'a>(
+    existing: &'a Allocation,
+    job: &Job,
+    tg: &TaskGroup,
+    stack: &mut Stack<'a>,
+    proposed: &mut Proposed<'a>,
+    eval: &Evaluation,
+) -> UpdateKind {
     let Some(old_job) = existing.job.as_deref() else { return UpdateKind::Ignore };
     if old_job.job_modify_index == job.job_modify_index {
         return UpdateKind::Ignore;

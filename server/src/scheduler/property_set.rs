@@ -30,7 +30,14 @@ pub(crate) struct PropertySet {
 
 impl PropertySet {
     /// Counts over `attribute` (`${meta.rack}`), for `group` or the whole job.
-    pub(crate) fn new(proposed: &Proposed<'_>, namespace: &str, job_id: &str, attribute: &str, group: Option<&str>, target_values: HashSet<String>) -> PropertySet {
+    pub(crate) fn new(
+        proposed: &Proposed<'_>,
+        namespace: &str,
+        job_id: &str,
+        attribute: &str,
+        group: Option<&str>,
+        target_values: HashSet<String>,
+    ) -> PropertySet {
         let mut set = PropertySet {
             attribute: attribute.to_string(),
             target: Target::parse(attribute),
@@ -126,10 +133,6 @@ impl PropertySet {
     /// `distinct_property`: the node's value is used fewer than `allowed` times.
     pub(crate) fn satisfies(&self, node: &Node, allowed: u64) -> Result<(), String> {
         let (value, used) = self.used_count(node)?;
-        if used < allowed {
-            Ok(())
-        } else {
-            Err(format!("distinct_property: {}={} used by {} allocs", self.attribute, value, used))
-        }
+        if used < allowed { Ok(()) } else { Err(format!("distinct_property: {}={} used by {} allocs", self.attribute, value, used)) }
     }
 }

@@ -7,7 +7,6 @@
 //! journaled so distinct-property and spread counts follow the plan
 //! incrementally instead of rescanning it for every placement.
 
-
 use std::sync::Arc;
 
 use nomad_proto::alloc::ALLOC_LOST_DESC;
@@ -82,7 +81,13 @@ impl<'a> Proposed<'a> {
 
     /// Stops `alloc` (Nomad's `AppendStoppedAlloc`). The plan carries only the
     /// fields the applier reads. A second stop of the same alloc replaces the first.
-    pub(crate) fn append_stop(&mut self, alloc: &Allocation, description: &str, client_status: Option<ClientStatus>, followup_eval_id: &str) {
+    pub(crate) fn append_stop(
+        &mut self,
+        alloc: &Allocation,
+        description: &str,
+        client_status: Option<ClientStatus>,
+        followup_eval_id: &str,
+    ) {
         let status = client_status.unwrap_or(alloc.client_status);
         let stop = Allocation {
             id: alloc.id.clone(),

@@ -153,7 +153,8 @@ impl<'a> Run<'a, '_, '_> {
         self.mark_stop(&split.lost, Some(ClientStatus::Lost), ALLOC_LOST_DESC);
         self.mark_stop(&split.disconnecting, None, description);
         self.mark_stop(&split.reconnecting, None, description);
-        let unknown: AllocSet<'a> = split.ignore.iter().filter(|(_, a)| a.client_status == ClientStatus::Unknown).map(|(k, v)| (*k, *v)).collect();
+        let unknown: AllocSet<'a> =
+            split.ignore.iter().filter(|(_, a)| a.client_status == ClientStatus::Unknown).map(|(k, v)| (*k, *v)).collect();
         self.mark_stop(&unknown, None, description);
         set.len() as u64
     }
@@ -216,10 +217,15 @@ impl<'a> Run<'a, '_, '_> {
         desired.in_place_update += inplace as u64;
 
         let mut under = under_provisioned_by(tg, &destructive, &migrate);
-        let place = if lost_later.is_empty() { self.compute_placements(tg, &mut names, &untainted, &migrate, &reschedule_now, &split.lost) } else { Vec::new() };
+        let place = if lost_later.is_empty() {
+            self.compute_placements(tg, &mut names, &untainted, &migrate, &reschedule_now, &split.lost)
+        } else {
+            Vec::new()
+        };
 
         // Replacements of failed allocs stop them; disconnected originals keep running.
-        let failed: AllocSet<'a> = reschedule_now.iter().filter(|(id, _)| !self.results.disconnect_updates.contains_key(**id)).map(|(k, v)| (*k, *v)).collect();
+        let failed: AllocSet<'a> =
+            reschedule_now.iter().filter(|(id, _)| !self.results.disconnect_updates.contains_key(**id)).map(|(k, v)| (*k, *v)).collect();
         desired.place += place.len() as u64;
         under -= place.len().min(under);
         self.results.place.extend(place);
@@ -240,8 +246,19 @@ impl<'a> Run<'a, '_, '_> {
 
         desired.migrate += migrate.len() as u64;
         for a in name_order(&migrate) {
-            self.results.stop.push(StopRequest { alloc: a, client_status: None, description: ALLOC_MIGRATING_DESC, followup_eval_id: String::new() });
-            self.results.place.push(PlaceRequest { name: a.name.clone(), group: tg.name.clone(), previous: Some(a), reschedule: false, lost: false });
+            self.results.stop.push(StopRequest {
+                alloc: a,
+                client_status: None,
+                description: ALLOC_MIGRATING_DESC,
+                followup_eval_id: String::new(),
+            });
+            self.results.place.push(PlaceRequest {
+                name: a.name.clone(),
+                group: tg.name.clone(),
+                previous: Some(a),
+                reschedule: false,
+                lost: false,
+            });
         }
         self.results.desired_tg_updates.insert(group.to_string(), desired);
     }
@@ -259,7 +276,12 @@ impl<'a> Run<'a, '_, '_> {
         let mut stop = lost.clone();
         for &a in lost.values() {
             let followup_eval_id = followups.get(&a.id).cloned().unwrap_or_default();
-            self.results.stop.push(StopRequest { alloc: a, client_status: Some(ClientStatus::Lost), description: ALLOC_LOST_DESC, followup_eval_id });
+            self.results.stop.push(StopRequest {
+                alloc: a,
+                client_status: Some(ClientStatus::Lost),
+                description: ALLOC_LOST_DESC,
+                followup_eval_id,
+            });
         }
         let mut remove = untainted.len() as i64 + migrate.len() as i64 - tg.count;
         if remove <= 0 {
@@ -268,7 +290,12 @@ impl<'a> Run<'a, '_, '_> {
         let mut live: AllocSet<'a> = untainted.iter().filter(|(_, a)| !a.terminal()).map(|(k, v)| (*k, *v)).collect();
         let stop_one = |this: &mut Self, a: &'a Allocation, stop: &mut AllocSet<'a>| {
             stop.insert(a.id.as_str(), a);
-            this.results.stop.push(StopRequest { alloc: a, client_status: None, description: ALLOC_NOT_NEEDED_DESC, followup_eval_id: String::new() });
+            this.results.stop.push(StopRequest {
+                alloc: a,
+                client_status: None,
+                description: ALLOC_NOT_NEEDED_DESC,
+                followup_eval_id: String::new(),
+            });
         };
         // Prefer stopping allocs that are migrating anyway.
         if !migrate.is_empty() {

@@ -84,7 +84,12 @@ pub(crate) fn tracker_for_replacement(prev: &Allocation, now: Timestamp) -> Resc
         }
         _ => old[old.len().saturating_sub(MAX_PAST_RESCHEDULE_EVENTS)..].to_vec(),
     };
-    kept.push(RescheduleEvent { reschedule_time: now.unix_nanos(), prev_alloc_id: prev.id.clone(), prev_node_id: prev.node_id.clone(), delay: next_delay(prev) });
+    kept.push(RescheduleEvent {
+        reschedule_time: now.unix_nanos(),
+        prev_alloc_id: prev.id.clone(),
+        prev_node_id: prev.node_id.clone(),
+        delay: next_delay(prev),
+    });
     RescheduleTracker { events: kept }
 }
 
@@ -107,8 +112,15 @@ mod tests {
     const S: i64 = 1_000_000_000;
 
     fn alloc(policy: ReschedulePolicy, delays: &[i64]) -> Allocation {
-        let job = Job { task_groups: vec![TaskGroup { name: "g".into(), reschedule_policy: Some(policy), ..TaskGroup::default() }], ..Job::default() };
-        let events = delays.iter().enumerate().map(|(i, d)| RescheduleEvent { reschedule_time: (i as i64 + 1) * S, delay: *d, ..RescheduleEvent::default() }).collect();
+        let job = Job {
+            task_groups: vec![TaskGroup { name: "g".into(), reschedule_policy: Some(policy), ..TaskGroup::default() }],
+            ..Job::default()
+        };
+        let events = delays
+            .iter()
+            .enumerate()
+            .map(|(i, d)| RescheduleEvent { reschedule_time: (i as i64 + 1) * S, delay: *d, ..RescheduleEvent::default() })
+            .collect();
         Allocation {
             task_group: "g".into(),
             job: Some(Arc::new(job)),
@@ -120,7 +132,13 @@ mod tests {
     }
 
     fn policy(function: &str, delay: i64, max: i64) -> ReschedulePolicy {
-        ReschedulePolicy { delay: delay * S, max_delay: max * S, delay_function: function.into(), unlimited: true, ..ReschedulePolicy::default() }
+        ReschedulePolicy {
+            delay: delay * S,
+            max_delay: max * S,
+            delay_function: function.into(),
+            unlimited: true,
+            ..ReschedulePolicy::default()
+        }
     }
 
     #[test]
@@ -154,7 +172,13 @@ mod tests {
 
     #[test]
     fn attempts_are_counted_within_the_interval() {
-        let p = ReschedulePolicy { attempts: 2, interval: 50 * S, delay: 5 * S, delay_function: "constant".into(), ..ReschedulePolicy::default() };
+        let p = ReschedulePolicy {
+            attempts: 2,
+            interval: 50 * S,
+            delay: 5 * S,
+            delay_function: "constant".into(),
+            ..ReschedulePolicy::default()
+        };
         let mut a = alloc(p.clone(), &[]);
         assert_eq!(next_reschedule_time(&a), Some((Timestamp(105 * S), true)));
         a = alloc(p.clone(), &[5 * S, 5 * S]);
@@ -168,7 +192,13 @@ mod tests {
 
     #[test]
     fn tracker_keeps_recent_events_and_appends() {
-        let p = ReschedulePolicy { attempts: 3, interval: 10 * S, delay: 5 * S, delay_function: "constant".into(), ..ReschedulePolicy::default() };
+        let p = ReschedulePolicy {
+            attempts: 3,
+            interval: 10 * S,
+            delay: 5 * S,
+            delay_function: "constant".into(),
+            ..ReschedulePolicy::default()
+        };
         let prev = alloc(p, &[S, S]);
         let t = tracker_for_replacement(&prev, Timestamp(11 * S));
         // The event at 1 s is 10 s old (kept: <= interval), the one at 2 s too; plus the new one.

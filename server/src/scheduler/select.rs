@@ -162,13 +162,19 @@ impl<'a> Stack<'a> {
     }
 
     /// Picks the best node for group `group` among the candidates.
-    pub(crate) fn select(&mut self, proposed: &mut Proposed<'a>, group: usize, opts: SelectOptions<'_>) -> (Option<Selection<'a>>, AllocMetric) {
+    pub(crate) fn select(
+        &mut self,
+        proposed: &mut Proposed<'a>,
+        group: usize,
+        opts: SelectOptions<'_>,
+    ) -> (Option<Selection<'a>>, AllocMetric) {
         self.prepare(proposed, group);
         let job = self.job.clone();
         let tg = &job.task_groups[group];
         let gs = &self.groups[group];
         let spreads = gs.spreads.as_ref().is_some_and(|s| !s.is_empty());
-        let limit = if !gs.affinities.is_empty() || spreads { (tg.count.max(0) as usize).max(AFFINITY_SPREAD_LIMIT) } else { self.base_limit };
+        let limit =
+            if !gs.affinities.is_empty() || spreads { (tg.count.max(0) as usize).max(AFFINITY_SPREAD_LIMIT) } else { self.base_limit };
 
         let mut metric = AllocMetric::default();
         let mut board = ScoreBoard::default();
@@ -270,7 +276,13 @@ impl<'a> Stack<'a> {
     }
 
     /// Tries exactly `node` (system placements, in-place updates, sticky disks).
-    pub(crate) fn select_node(&mut self, proposed: &mut Proposed<'a>, node: &'a Node, group: usize, opts: SelectOptions<'_>) -> (Option<Selection<'a>>, AllocMetric) {
+    pub(crate) fn select_node(
+        &mut self,
+        proposed: &mut Proposed<'a>,
+        node: &'a Node,
+        group: usize,
+        opts: SelectOptions<'_>,
+    ) -> (Option<Selection<'a>>, AllocMetric) {
         self.prepare(proposed, group);
         let job = self.job.clone();
         let tg = &job.task_groups[group];
@@ -349,7 +361,12 @@ impl<'a> Stack<'a> {
 }
 
 /// `distinct_property` constraints among `constraints`, with their allowed counts.
-fn distinct_props(proposed: &Proposed<'_>, job: &Job, constraints: &[nomad_proto::Constraint], group: Option<&str>) -> Vec<(PropertySet, u64)> {
+fn distinct_props(
+    proposed: &Proposed<'_>,
+    job: &Job,
+    constraints: &[nomad_proto::Constraint],
+    group: Option<&str>,
+) -> Vec<(PropertySet, u64)> {
     constraints
         .iter()
         .filter(|c| c.operand == DISTINCT_PROPERTY)

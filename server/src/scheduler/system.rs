@@ -24,7 +24,9 @@ use super::nodes::{ReadyNodes, ready_nodes};
 use super::proposed::Proposed;
 use super::select::{SelectOptions, Stack, StackKind, seed_for};
 use super::updates::destructive_change;
-use super::{ALLOC_UPDATING_DESC, BLOCKED_EVAL_FAILED_PLACEMENTS_DESC, ROLLING_UPDATE_FOLLOWUP_DESC, ScheduleOutcome, Scheduler, finished, refused};
+use super::{
+    ALLOC_UPDATING_DESC, BLOCKED_EVAL_FAILED_PLACEMENTS_DESC, ROLLING_UPDATE_FOLLOWUP_DESC, ScheduleOutcome, Scheduler, finished, refused,
+};
 use crate::state::State;
 
 use diff::{Diff, Tuple, diff_cluster};
@@ -127,7 +129,10 @@ fn run(state: &State, eval: &Evaluation, now: Timestamp, sysbatch: bool) -> Sche
         if done { inplace.push(t) } else { destructive.push(t) }
     }
 
-    let mut annotations = eval.annotate_plan.then(|| PlanAnnotations { desired_tg_updates: desired_updates(&diff, &destructive, &inplace, live_job.as_deref()), ..PlanAnnotations::default() });
+    let mut annotations = eval.annotate_plan.then(|| PlanAnnotations {
+        desired_tg_updates: desired_updates(&diff, &destructive, &inplace, live_job.as_deref()),
+        ..PlanAnnotations::default()
+    });
 
     // Replacements beyond the rolling limit wait for the next eval.
     let rolling = live_job.as_ref().and_then(|j| j.update.as_ref()).filter(|u| u.stagger > 0 && u.max_parallel > 0);
@@ -331,7 +336,12 @@ fn blocked_eval(eval: &Evaluation, failed: &BTreeMap<String, AllocMetric>, stack
 }
 
 /// `DesiredTGUpdates` from the per-node diff.
-fn desired_updates(diff: &Diff<'_>, destructive: &[Tuple<'_>], inplace: &[Tuple<'_>], job: Option<&Job>) -> BTreeMap<String, DesiredUpdates> {
+fn desired_updates(
+    diff: &Diff<'_>,
+    destructive: &[Tuple<'_>],
+    inplace: &[Tuple<'_>],
+    job: Option<&Job>,
+) -> BTreeMap<String, DesiredUpdates> {
     let mut out: BTreeMap<String, DesiredUpdates> = BTreeMap::new();
     let group_of = |t: &Tuple<'_>| match (t.group, job) {
         (Some(g), Some(j)) => j.task_groups[g].name.clone(),

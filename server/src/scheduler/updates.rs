@@ -61,7 +61,12 @@ pub(crate) fn destructive_change(new: &Job, old: &Job, group: &str) -> Option<&'
             return Some("task network");
         }
         let (ra, rb) = (&at.resources, &bt.resources);
-        if ra.cpu != rb.cpu || ra.cores != rb.cores || ra.memory_mb != rb.memory_mb || ra.memory_max_mb != rb.memory_max_mb || ra.devices != rb.devices {
+        if ra.cpu != rb.cpu
+            || ra.cores != rb.cores
+            || ra.memory_mb != rb.memory_mb
+            || ra.memory_max_mb != rb.memory_max_mb
+            || ra.devices != rb.devices
+        {
             return Some("task resources");
         }
     }
@@ -119,7 +124,11 @@ mod tests {
         let old = testing::job("web", 2);
         let mut new = old.clone();
         new.task_groups[0].count = 5;
-        new.constraints.push(nomad_proto::Constraint { l_target: "${attr.kernel.name}".into(), r_target: "linux".into(), operand: "=".into() });
+        new.constraints.push(nomad_proto::Constraint {
+            l_target: "${attr.kernel.name}".into(),
+            r_target: "linux".into(),
+            operand: "=".into(),
+        });
         new.task_groups[0].tasks[0].services.push(Service { name: "web".into(), ..Service::default() });
         assert_eq!(destructive_change(&new, &old, "web"), None);
         new.task_groups[0].tasks[0].env.insert("A".into(), "1".into());

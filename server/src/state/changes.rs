@@ -51,7 +51,13 @@ mod tests {
     #[test]
     fn only_added_and_changed_rows_are_reported() {
         let store = StateStore::new();
-        let eval = |id: &str, status| Evaluation { id: id.into(), namespace: "default".into(), job_id: "j".into(), status, ..Evaluation::default() };
+        let eval = |id: &str, status| Evaluation {
+            id: id.into(),
+            namespace: "default".into(),
+            job_id: "j".into(),
+            status,
+            ..Evaluation::default()
+        };
         store
             .write(1, |tx| {
                 tx.upsert_evals((0..500).map(|i| eval(&format!("e{i:03}"), EvalStatus::Pending)).collect());

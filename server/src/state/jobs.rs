@@ -19,9 +19,7 @@ impl State {
 
     /// Jobs in `namespace` (`None`: all namespaces) whose ID starts with `prefix`.
     pub fn jobs_by_prefix<'a>(&'a self, namespace: Option<&'a str>, prefix: &'a str) -> impl Iterator<Item = &'a Arc<Job>> + 'a {
-        self.jobs
-            .values()
-            .filter(move |j| namespace.is_none_or(|ns| j.namespace == ns) && j.id.starts_with(prefix))
+        self.jobs.values().filter(move |j| namespace.is_none_or(|ns| j.namespace == ns) && j.id.starts_with(prefix))
     }
 
     /// Jobs of one scheduler type.

@@ -28,7 +28,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use imbl::{OrdMap, OrdSet};
-use nomad_proto::{Allocation, Evaluation, Job, JobSummary, NamespacedId, Namespace, Node};
+use nomad_proto::{Allocation, Evaluation, Job, JobSummary, Namespace, NamespacedId, Node};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 

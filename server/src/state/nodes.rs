@@ -30,7 +30,13 @@ impl State {
 }
 
 fn event(message: &str, subsystem: &str, now: Timestamp, index: u64) -> NodeEvent {
-    NodeEvent { message: message.to_string(), subsystem: subsystem.to_string(), timestamp: now, create_index: index, ..NodeEvent::default() }
+    NodeEvent {
+        message: message.to_string(),
+        subsystem: subsystem.to_string(),
+        timestamp: now,
+        create_index: index,
+        ..NodeEvent::default()
+    }
 }
 
 impl Txn<'_> {

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use nomad_proto::{Allocation, Evaluation, Job, JobSummary, NamespacedId, Namespace, Node};
+use nomad_proto::{Allocation, Evaluation, Job, JobSummary, Namespace, NamespacedId, Node};
 use serde::{Deserialize, Serialize};
 
 use super::State;
@@ -103,7 +103,10 @@ impl State {
         }
         for (mut a, job_ref) in p.allocs {
             if let Some(i) = job_ref {
-                let job = p.alloc_jobs.get(i).ok_or_else(|| format!("decoding state snapshot: alloc {} refers to missing job version {i}", a.id))?;
+                let job = p
+                    .alloc_jobs
+                    .get(i)
+                    .ok_or_else(|| format!("decoding state snapshot: alloc {} refers to missing job version {i}", a.id))?;
                 a.job = Some(job.clone());
             }
             s.allocs_by_node.entry(a.node_id.clone()).or_default().insert(a.id.clone());

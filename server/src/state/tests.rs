@@ -6,11 +6,7 @@ use nomad_proto::{Allocation, ClientStatus, EvalStatus, Evaluation, Job, JobStat
 use super::*;
 
 fn job(id: &str) -> Job {
-    let mut j = Job {
-        id: id.into(),
-        task_groups: vec![TaskGroup { name: "g".into(), ..TaskGroup::default() }],
-        ..Job::default()
-    };
+    let mut j = Job { id: id.into(), task_groups: vec![TaskGroup { name: "g".into(), ..TaskGroup::default() }], ..Job::default() };
     j.canonicalize();
     j
 }
@@ -66,9 +62,7 @@ async fn blocking_queries_wake_on_their_table_only() {
     let waiter = {
         let store = store.clone();
         tokio::spawn(async move {
-            store
-                .blocking_query(&[Table::Jobs], 5, Duration::from_secs(30), |s| (s.jobs().count(), s.table_index(Table::Jobs)))
-                .await
+            store.blocking_query(&[Table::Jobs], 5, Duration::from_secs(30), |s| (s.jobs().count(), s.table_index(Table::Jobs))).await
         })
     };
     // A write to another table must not release the waiter.
@@ -84,9 +78,8 @@ async fn blocking_queries_wake_on_their_table_only() {
 async fn a_blocking_query_times_out_with_current_data() {
     let store = StateStore::new();
     store.write(3, |tx| tx.upsert_job(job("a")).map(|_| ())).unwrap();
-    let (count, index) = store
-        .blocking_query(&[Table::Jobs], 3, Duration::from_millis(20), |s| (s.jobs().count(), s.table_index(Table::Jobs)))
-        .await;
+    let (count, index) =
+        store.blocking_query(&[Table::Jobs], 3, Duration::from_millis(20), |s| (s.jobs().count(), s.table_index(Table::Jobs))).await;
     assert_eq!((count, index), (1, 3));
 }
 
@@ -119,23 +112,25 @@ fn summaries_and_status_follow_allocs_and_evals() {
     let j = job("web");
     store.write(1, |tx| tx.upsert_job(j.clone()).map(|_| ())).unwrap();
     let eval = Evaluation::for_job(&j, "job-register", Timestamp::ZERO);
-    store.write(2, |tx| {
-        let jobs = tx.upsert_evals(vec![eval.clone()]);
-        jobs.iter().for_each(|k| tx.refresh_job_status(k));
-        Ok(())
-    })
-    .unwrap();
+    store
+        .write(2, |tx| {
+            let jobs = tx.upsert_evals(vec![eval.clone()]);
+            jobs.iter().for_each(|k| tx.refresh_job_status(k));
+            Ok(())
+        })
+        .unwrap();
     assert_eq!(store.snapshot().job("default", "web").unwrap().status, JobStatus::Pending);
 
-    store.write(3, |tx| {
-        let jobs = tx.upsert_allocs_from_plan(vec![alloc("a1", &j, "n1"), alloc("a2", &j, "n1")]);
-        let mut done = eval.clone();
-        done.status = EvalStatus::Complete;
-        tx.upsert_evals(vec![done]);
-        jobs.iter().for_each(|k| tx.refresh_job_status(k));
-        Ok(())
-    })
-    .unwrap();
+    store
+        .write(3, |tx| {
+            let jobs = tx.upsert_allocs_from_plan(vec![alloc("a1", &j, "n1"), alloc("a2", &j, "n1")]);
+            let mut done = eval.clone();
+            done.status = EvalStatus::Complete;
+            tx.upsert_evals(vec![done]);
+            jobs.iter().for_each(|k| tx.refresh_job_status(k));
+            Ok(())
+        })
+        .unwrap();
     let s = store.snapshot();
     assert_eq!(s.job("default", "web").unwrap().status, JobStatus::Running);
     assert_eq!(s.job_summary("default", "web").unwrap().summary["g"].starting, 2);
@@ -144,11 +139,12 @@ fn summaries_and_status_follow_allocs_and_evals() {
     running.client_status = ClientStatus::Running;
     let mut done = alloc("a2", &j, "n1");
     done.client_status = ClientStatus::Complete;
-    store.write(4, |tx| {
-        tx.update_allocs_from_client(&[running, done], 0);
-        Ok(())
-    })
-    .unwrap();
+    store
+        .write(4, |tx| {
+            tx.update_allocs_from_client(&[running, done], 0);
+            Ok(())
+        })
+        .unwrap();
     let s = store.snapshot();
     let g = &s.job_summary("default", "web").unwrap().summary["g"];
     assert_eq!((g.starting, g.running, g.complete), (0, 1, 1));

@@ -40,11 +40,7 @@ pub struct ExecOptions {
 
 impl Default for ExecOptions {
     fn default() -> Self {
-        ExecOptions {
-            chroot_env: None,
-            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
-            cgroup_parent: "nomad-rs".to_string(),
-        }
+        ExecOptions { chroot_env: None, cgroup_root: PathBuf::from("/sys/fs/cgroup"), cgroup_parent: "nomad-rs".to_string() }
     }
 }
 
@@ -77,9 +73,7 @@ impl ExecDriver {
     fn chroot_entries(&self) -> Result<(Vec<BindMount>, Vec<Symlink>), DriverError> {
         let entries: Vec<(PathBuf, PathBuf, bool)> = match &self.options.chroot_env {
             Some(map) => map.iter().map(|(src, dst)| (src.clone(), dst.clone(), true)).collect(),
-            None => {
-                DEFAULT_CHROOT.iter().map(|(p, required)| (PathBuf::from(p), PathBuf::from(p), *required)).collect()
-            }
+            None => DEFAULT_CHROOT.iter().map(|(p, required)| (PathBuf::from(p), PathBuf::from(p), *required)).collect(),
         };
         let (mut binds, mut symlinks) = (Vec::new(), Vec::new());
         for (source, target, required) in entries {
@@ -87,8 +81,7 @@ impl ExecDriver {
                 Err(_) if !required => continue,
                 Err(_) => return Err(DriverError::MissingChrootSource(source)),
                 Ok(meta) if meta.file_type().is_symlink() => {
-                    let link = fs::read_link(&source)
-                        .map_err(|e| DriverError::io(format!("read link {}", source.display()), e))?;
+                    let link = fs::read_link(&source).map_err(|e| DriverError::io(format!("read link {}", source.display()), e))?;
                     symlinks.push(Symlink { path: target, target: link });
                 }
                 Ok(_) => binds.push(BindMount { source, target, read_only: true }),
@@ -100,8 +93,7 @@ impl ExecDriver {
     fn isolation(&self, task: &TaskConfig, cgroup: &TaskCgroup) -> Result<IsolationSpec, DriverError> {
         let (mut binds, symlinks) = self.chroot_entries()?;
         binds.push(BindMount { source: task.shared_dir(), target: PathBuf::from("/alloc"), read_only: false });
-        let hostname: String =
-            task.task_name.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(63).collect();
+        let hostname: String = task.task_name.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(63).collect();
         Ok(IsolationSpec {
             root: task.task_dir(),
             binds,
@@ -172,13 +164,8 @@ impl Driver for ExecDriver {
                 cpu_shares: task.resources.cpu_mhz,
                 pids_max: task.resources.pids_max,
             };
-            let cgroup = TaskCgroup::create(
-                &self.options.cgroup_root,
-                &self.options.cgroup_parent,
-                &task.unique_name(),
-                &limits,
-            )
-            .map_err(|e| DriverError::Cgroup(format!("create: {e}")))?;
+            let cgroup = TaskCgroup::create(&self.options.cgroup_root, &self.options.cgroup_parent, &task.unique_name(), &limits)
+                .map_err(|e| DriverError::Cgroup(format!("create: {e}")))?;
             let started = async {
                 let mode = LaunchMode::Process(ProcessSpec {
                     command: config.command,

@@ -93,11 +93,7 @@ impl TaskHandle {
     }
 
     pub(super) fn check_driver(&self, expected: &'static str) -> Result<(), DriverError> {
-        if self.driver == expected {
-            Ok(())
-        } else {
-            Err(DriverError::WrongDriver { expected, found: self.driver.clone() })
-        }
+        if self.driver == expected { Ok(()) } else { Err(DriverError::WrongDriver { expected, found: self.driver.clone() }) }
     }
 
     /// Waits for the executor to finish (it exits only after recording the task's exit), up to
@@ -145,12 +141,7 @@ impl TaskHandle {
     /// The current state from the handle alone.
     pub fn status(&self) -> TaskStatus {
         let exit = self.read_exit();
-        TaskStatus {
-            running: exit.is_none() && self.executor.is_alive(),
-            pid: self.task.pid,
-            started_at: self.started_at,
-            exit,
-        }
+        TaskStatus { running: exit.is_none() && self.executor.is_alive(), pid: self.task.pid, started_at: self.started_at, exit }
     }
 
     /// Signals the task's process group; a task that already exited is not an error.
@@ -185,10 +176,6 @@ pub(super) async fn stop_with_escalation<'a>(
     send(Signal::SIGKILL).await?;
     match handle.wait_exit(Some(DESTROY_WAIT)).await {
         Some(_) => Ok(()),
-        None => Err(DriverError::Executor(format!(
-            "task pid {} did not exit {}s after SIGKILL",
-            handle.task.pid,
-            DESTROY_WAIT.as_secs()
-        ))),
+        None => Err(DriverError::Executor(format!("task pid {} did not exit {}s after SIGKILL", handle.task.pid, DESTROY_WAIT.as_secs()))),
     }
 }

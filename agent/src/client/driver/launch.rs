@@ -20,11 +20,7 @@ const EXECUTOR_LOG: &str = "executor.log";
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Builds the common parts of a launch spec for `task`.
-pub(super) fn launch_spec(
-    task: &TaskConfig,
-    mode: LaunchMode,
-    oom_counter_files: Vec<std::path::PathBuf>,
-) -> LaunchSpec {
+pub(super) fn launch_spec(task: &TaskConfig, mode: LaunchMode, oom_counter_files: Vec<std::path::PathBuf>) -> LaunchSpec {
     LaunchSpec {
         task_name: task.task_name.clone(),
         log_dir: task.log_dir(),
@@ -51,12 +47,10 @@ pub(super) async fn launch(
     // A restarted task reuses the state dir; an old exit record would look like an instant exit.
     let _ = fs::remove_file(&spec.exit_file);
     let spec_path = state_dir.join(SPEC_FILE);
-    let json =
-        serde_json::to_vec_pretty(spec).map_err(|e| DriverError::Executor(format!("encode launch spec: {e}")))?;
+    let json = serde_json::to_vec_pretty(spec).map_err(|e| DriverError::Executor(format!("encode launch spec: {e}")))?;
     fs::write(&spec_path, json).map_err(|e| DriverError::io(format!("write {}", spec_path.display()), e))?;
     let log_path = state_dir.join(EXECUTOR_LOG);
-    let executor_log =
-        fs::File::create(&log_path).map_err(|e| DriverError::io(format!("create {}", log_path.display()), e))?;
+    let executor_log = fs::File::create(&log_path).map_err(|e| DriverError::io(format!("create {}", log_path.display()), e))?;
 
     // No pre_exec hooks here, so std can use posix_spawn: cheap however large the agent grows.
     // The executor puts itself in a new session.

@@ -53,12 +53,7 @@ pub trait Driver: Send + Sync {
 
     /// Sends `signal`, and SIGKILL if the task is still running after `timeout`. By default
     /// signals go to the task's process group (it leads its own session).
-    fn stop<'a>(
-        &'a self,
-        handle: &'a TaskHandle,
-        signal: Signal,
-        timeout: Duration,
-    ) -> BoxFuture<'a, Result<(), DriverError>> {
+    fn stop<'a>(&'a self, handle: &'a TaskHandle, signal: Signal, timeout: Duration) -> BoxFuture<'a, Result<(), DriverError>> {
         Box::pin(async move {
             handle.check_driver(self.name())?;
             stop_with_escalation(handle, signal, timeout, |s| handle.signal_group_boxed(s)).await
@@ -229,9 +224,7 @@ impl DriverOptions {
 
 /// `nomad-rs-executor` next to the current executable.
 pub fn default_executor_path() -> PathBuf {
-    std::env::current_exe()
-        .map(|exe| exe.with_file_name("nomad-rs-executor"))
-        .unwrap_or_else(|_| PathBuf::from("nomad-rs-executor"))
+    std::env::current_exe().map(|exe| exe.with_file_name("nomad-rs-executor")).unwrap_or_else(|_| PathBuf::from("nomad-rs-executor"))
 }
 
 /// Drivers by name.

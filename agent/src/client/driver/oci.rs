@@ -12,8 +12,8 @@ use futures::future::BoxFuture;
 use nix::sys::signal::Signal;
 use nomad_proto::{DriverInfo, Timestamp};
 use oci_spec::runtime::{
-    LinuxCpuBuilder, LinuxMemoryBuilder, LinuxNamespaceType, LinuxPidsBuilder, LinuxResourcesBuilder, Mount,
-    MountBuilder, ProcessBuilder, RootBuilder, Spec, UserBuilder,
+    LinuxCpuBuilder, LinuxMemoryBuilder, LinuxNamespaceType, LinuxPidsBuilder, LinuxResourcesBuilder, Mount, MountBuilder, ProcessBuilder,
+    RootBuilder, Spec, UserBuilder,
 };
 use serde::Deserialize;
 
@@ -148,9 +148,7 @@ impl OciDriver {
             .map_err(|e| built("process", e))?;
 
         let mut mounts: Vec<Mount> = oci_spec::runtime::get_default_mounts();
-        for (source, destination) in
-            [(task.shared_dir(), "/alloc"), (task.local_dir(), "/local"), (task.secrets_dir(), "/secrets")]
-        {
+        for (source, destination) in [(task.shared_dir(), "/alloc"), (task.local_dir(), "/local"), (task.secrets_dir(), "/secrets")] {
             fs::create_dir_all(&source).map_err(|e| DriverError::io(format!("create {}", source.display()), e))?;
             mounts.push(
                 MountBuilder::default()
@@ -184,12 +182,10 @@ impl OciDriver {
         }
         let mut resources = LinuxResourcesBuilder::default().memory(memory.build().map_err(|e| built("memory", e))?);
         if limits.cpu_mhz > 0 {
-            resources = resources
-                .cpu(LinuxCpuBuilder::default().shares(limits.cpu_mhz.max(2)).build().map_err(|e| built("cpu", e))?);
+            resources = resources.cpu(LinuxCpuBuilder::default().shares(limits.cpu_mhz.max(2)).build().map_err(|e| built("cpu", e))?);
         }
         if limits.pids_max > 0 {
-            resources = resources
-                .pids(LinuxPidsBuilder::default().limit(limits.pids_max as i64).build().map_err(|e| built("pids", e))?);
+            resources = resources.pids(LinuxPidsBuilder::default().limit(limits.pids_max as i64).build().map_err(|e| built("pids", e))?);
         }
         let mut spec = Spec::default();
         let mut linux = spec.linux().clone().unwrap_or_default();
@@ -204,25 +200,18 @@ impl OciDriver {
         linux.set_namespaces(Some(namespaces.into_iter().filter(|n| n.typ() != LinuxNamespaceType::Network).collect()));
         spec.set_linux(Some(linux));
         spec.set_process(Some(process));
-        spec.set_root(Some(
-            RootBuilder::default().path(rootfs).readonly(read_only_root).build().map_err(|e| built("root", e))?,
-        ));
+        spec.set_root(Some(RootBuilder::default().path(rootfs).readonly(read_only_root).build().map_err(|e| built("root", e))?));
         spec.set_mounts(Some(mounts));
-        spec.set_hostname(Some(
-            task.task_name.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(63).collect(),
-        ));
+        spec.set_hostname(Some(task.task_name.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(63).collect()));
         Ok(spec)
     }
 
     fn container(&self, handle: &TaskHandle) -> Result<RuntimeRef, DriverError> {
         handle.check_driver(NAME)?;
         match &handle.driver_state {
-            DriverState::Oci { runtime, runtime_root, container_id, bundle } => Ok(RuntimeRef {
-                runtime: runtime.clone(),
-                root: runtime_root.clone(),
-                id: container_id.clone(),
-                bundle: bundle.clone(),
-            }),
+            DriverState::Oci { runtime, runtime_root, container_id, bundle } => {
+                Ok(RuntimeRef { runtime: runtime.clone(), root: runtime_root.clone(), id: container_id.clone(), bundle: bundle.clone() })
+            }
             _ => Err(DriverError::Runtime("handle carries no container state".to_string())),
         }
     }
@@ -249,12 +238,7 @@ impl RuntimeRef {
         if output.status.success() {
             Ok(())
         } else {
-            Err(format!(
-                "{} {}: {}",
-                self.runtime.display(),
-                args.join(" "),
-                String::from_utf8_lossy(&output.stderr).trim()
-            ))
+            Err(format!("{} {}: {}", self.runtime.display(), args.join(" "), String::from_utf8_lossy(&output.stderr).trim()))
         }
     }
 
@@ -277,11 +261,7 @@ impl Driver for OciDriver {
     fn fingerprint(&self) -> BoxFuture<'_, DriverInfo> {
         Box::pin(async move {
             let mut info = DriverInfo { update_time: Timestamp::now(), ..DriverInfo::default() };
-            let output = tokio::process::Command::new(&self.options.runtime)
-                .arg("--version")
-                .stdin(Stdio::null())
-                .output()
-                .await;
+            let output = tokio::process::Command::new(&self.options.runtime).arg("--version").stdin(Stdio::null()).output().await;
             let version = match output {
                 Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout)
                     .lines()
@@ -290,8 +270,7 @@ impl Driver for OciDriver {
                     .trim()
                     .to_string(),
                 Ok(out) => {
-                    info.health_description =
-                        format!("{} --version failed: {}", self.options.runtime.display(), out.status);
+                    info.health_description = format!("{} --version failed: {}", self.options.runtime.display(), out.status);
                     return info;
                 }
                 Err(e) => {
@@ -325,19 +304,16 @@ impl Driver for OciDriver {
             let config = Self::config(task)?;
             let bundle = task.state_dir.join("bundle");
             fs::create_dir_all(&bundle).map_err(|e| DriverError::io(format!("create {}", bundle.display()), e))?;
-            let image =
-                if config.image.is_relative() { task.task_dir().join(&config.image) } else { config.image.clone() };
+            let image = if config.image.is_relative() { task.task_dir().join(&config.image) } else { config.image.clone() };
             let (image_path, bundle_dir) = (image.clone(), bundle.clone());
             // Layer extraction is blocking file work.
             let prepared = tokio::task::spawn_blocking(move || oci_image::prepare(&image_path, &bundle_dir))
                 .await
                 .map_err(|e| DriverError::Runtime(format!("image preparation panicked: {e}")))??;
             let container_id = task.unique_name();
-            let spec =
-                self.build_spec(task, &config, &prepared.rootfs, prepared.shared, &prepared.defaults, &container_id)?;
+            let spec = self.build_spec(task, &config, &prepared.rootfs, prepared.shared, &prepared.defaults, &container_id)?;
             let config_path = bundle.join("config.json");
-            spec.save(&config_path)
-                .map_err(|e| DriverError::Runtime(format!("write {}: {e}", config_path.display())))?;
+            spec.save(&config_path).map_err(|e| DriverError::Runtime(format!("write {}: {e}", config_path.display())))?;
 
             let runtime_ref = RuntimeRef {
                 runtime: self.options.runtime.clone(),
@@ -366,12 +342,7 @@ impl Driver for OciDriver {
         })
     }
 
-    fn stop<'a>(
-        &'a self,
-        handle: &'a TaskHandle,
-        signal: Signal,
-        timeout: Duration,
-    ) -> BoxFuture<'a, Result<(), DriverError>> {
+    fn stop<'a>(&'a self, handle: &'a TaskHandle, signal: Signal, timeout: Duration) -> BoxFuture<'a, Result<(), DriverError>> {
         Box::pin(async move {
             let container = self.container(handle)?;
             stop_with_escalation(handle, signal, timeout, |s| Box::pin(container.kill(handle, s))).await

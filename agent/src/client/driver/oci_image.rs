@@ -58,8 +58,8 @@ impl Layout<'_> {
         let index = ImageIndex::from_reader(BufReader::new(index_file)).map_err(|e| format!("index.json: {e}"))?;
         let manifest = self.manifest_from_index(&index, 0)?;
         let config_bytes = self.read_blob(manifest.config())?;
-        let config = ImageConfiguration::from_reader(&config_bytes[..])
-            .map_err(|e| format!("image config {}: {e}", manifest.config().digest()))?;
+        let config =
+            ImageConfiguration::from_reader(&config_bytes[..]).map_err(|e| format!("image config {}: {e}", manifest.config().digest()))?;
         for layer in manifest.layers() {
             self.extract_layer(layer, rootfs)?;
         }
@@ -86,8 +86,7 @@ impl Layout<'_> {
             if depth > 2 {
                 return Err("image indexes nested too deeply".to_string());
             }
-            let nested =
-                ImageIndex::from_reader(&bytes[..]).map_err(|e| format!("index {}: {e}", descriptor.digest()))?;
+            let nested = ImageIndex::from_reader(&bytes[..]).map_err(|e| format!("index {}: {e}", descriptor.digest()))?;
             return self.manifest_from_index(&nested, depth + 1);
         }
         ImageManifest::from_reader(&bytes[..]).map_err(|e| format!("manifest {}: {e}", descriptor.digest()))
@@ -232,11 +231,7 @@ impl<R> VerifyingReader<R> {
     fn verify(self) -> Result<(), String> {
         let digest = self.descriptor.digest();
         if self.read != self.descriptor.size() {
-            return Err(format!(
-                "blob {digest}: size is {} bytes, the descriptor says {}",
-                self.read,
-                self.descriptor.size()
-            ));
+            return Err(format!("blob {digest}: size is {} bytes, the descriptor says {}", self.read, self.descriptor.size()));
         }
         let actual: String = self.hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
         if actual != digest.digest() {

@@ -80,13 +80,9 @@ impl Driver for RawExecDriver {
                     detail: format!("no executable file by that name in the task dir or in PATH={path_var}"),
                 });
             }
-            let command = if config.command.contains('/') {
-                task_dir.join(&config.command).to_string_lossy().into_owned()
-            } else {
-                config.command
-            };
-            let mode =
-                LaunchMode::Process(ProcessSpec { command, args: config.args, env, cwd: task_dir, isolation: None });
+            let command =
+                if config.command.contains('/') { task_dir.join(&config.command).to_string_lossy().into_owned() } else { config.command };
+            let mode = LaunchMode::Process(ProcessSpec { command, args: config.args, env, cwd: task_dir, isolation: None });
             let spec = launch_spec(task, mode, Vec::new());
             launch(&self.executor_path, NAME, task, &spec, DriverState::RawExec).await
         })

@@ -36,7 +36,13 @@ impl<'a> Run<'a, '_, '_> {
     }
 
     /// Batches `delayed` by time into evals; returns alloc ID → eval ID.
-    fn batch_evals(&mut self, job: &Job, delayed: &[DelayedReschedule<'a>], triggered_by: &str, description: &str) -> Vec<(DelayedReschedule<'a>, String)> {
+    fn batch_evals(
+        &mut self,
+        job: &Job,
+        delayed: &[DelayedReschedule<'a>],
+        triggered_by: &str,
+        description: &str,
+    ) -> Vec<(DelayedReschedule<'a>, String)> {
         let mut sorted = delayed.to_vec();
         sorted.sort_by_key(|d| d.at);
         let mut out = Vec::with_capacity(sorted.len());
@@ -60,7 +66,10 @@ impl<'a> Run<'a, '_, '_> {
     /// Evals for allocs to replace later (failed with a delay, lost with
     /// `stop_after_client_disconnect`); returns alloc ID → eval ID.
     pub(super) fn create_delayed_evals(&mut self, job: &Job, delayed: &[DelayedReschedule<'a>]) -> BTreeMap<String, String> {
-        self.batch_evals(job, delayed, trigger::RETRY_FAILED_ALLOC, RESCHEDULING_FOLLOWUP_DESC).into_iter().map(|(d, id)| (d.alloc.id.clone(), id)).collect()
+        self.batch_evals(job, delayed, trigger::RETRY_FAILED_ALLOC, RESCHEDULING_FOLLOWUP_DESC)
+            .into_iter()
+            .map(|(d, id)| (d.alloc.id.clone(), id))
+            .collect()
     }
 
     /// Failed allocs to reschedule later get the follow-up eval's ID written on them.

@@ -49,7 +49,12 @@ impl<'a> Run<'a, '_, '_> {
 
     /// Splits reconnecting allocs into (reconnect, stop); `stop` may also hold
     /// replacements that lost to their original.
-    pub(super) fn reconcile_reconnecting(&mut self, job: &Job, reconnecting: &AllocSet<'a>, all: &AllocSet<'a>) -> (AllocSet<'a>, AllocSet<'a>) {
+    pub(super) fn reconcile_reconnecting(
+        &mut self,
+        job: &Job,
+        reconnecting: &AllocSet<'a>,
+        all: &AllocSet<'a>,
+    ) -> (AllocSet<'a>, AllocSet<'a>) {
         let mut stop = AllocSet::new();
         for &r in reconnecting.values() {
             if !r.server_terminal() && r.client_status == ClientStatus::Failed {
@@ -82,7 +87,11 @@ impl<'a> Run<'a, '_, '_> {
     /// so later evals skip the reconnect logic.
     pub(super) fn compute_reconnecting(&mut self, job: &Job, reconnect: &AllocSet<'a>) {
         for &a in reconnect.values() {
-            if wants_transition(a) || runs_older_job(a, job) || a.desired_status != DesiredStatus::Run || a.client_status != ClientStatus::Running {
+            if wants_transition(a)
+                || runs_older_job(a, job)
+                || a.desired_status != DesiredStatus::Run
+                || a.client_status != ClientStatus::Running
+            {
                 continue;
             }
             let mut updated = a.clone();

@@ -5,13 +5,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use nomad_proto::alloc::{
-    ALLOC_JOB_STOPPED_DESC, ALLOC_LOST_DESC, ALLOC_MIGRATING_DESC, ALLOC_NOT_NEEDED_DESC, ALLOC_RECONNECTED_DESC, ALLOC_RESCHEDULED_DESC, ALLOC_UNKNOWN_DESC,
-    NodeScoreMeta, RescheduleEvent, RescheduleTracker, TaskState,
+    ALLOC_JOB_STOPPED_DESC, ALLOC_LOST_DESC, ALLOC_MIGRATING_DESC, ALLOC_NOT_NEEDED_DESC, ALLOC_RECONNECTED_DESC, ALLOC_RESCHEDULED_DESC,
+    ALLOC_UNKNOWN_DESC, NodeScoreMeta, RescheduleEvent, RescheduleTracker, TaskState,
 };
 use nomad_proto::eval::trigger;
 use nomad_proto::job::UpdateStrategy;
 use nomad_proto::plan::DesiredUpdates;
-use nomad_proto::{AllocMetric, Allocation, ClientStatus, DesiredStatus, Evaluation, Job, JobType, Node, NodeStatus, ReschedulePolicy, TaskGroup, Timestamp};
+use nomad_proto::{
+    AllocMetric, Allocation, ClientStatus, DesiredStatus, Evaluation, Job, JobType, Node, NodeStatus, ReschedulePolicy, TaskGroup,
+    Timestamp,
+};
 
 use super::{Reconciler, UpdateKind};
 use crate::scheduler::alloc_sets::TaintedNodes;
@@ -116,7 +119,8 @@ fn reconcile_at(job: Option<&Job>, allocs: &[Allocation], tainted: &[Node], now:
             UpdateKind::InPlace(Box::new(a.clone()))
         }
     };
-    let mut r = Reconciler { job, job_id: "web", batch, tainted: &tainted_map, eval_id: EVAL, eval_priority: 50, now, update_fn: &mut update_fn };
+    let mut r =
+        Reconciler { job, job_id: "web", batch, tainted: &tainted_map, eval_id: EVAL, eval_priority: 50, now, update_fn: &mut update_fn };
     let res = r.compute(&refs);
     Summary {
         place: res.place.iter().map(|p| (p.name.clone(), p.previous.map(|a| a.id.clone()), p.reschedule, p.lost)).collect(),
@@ -267,7 +271,14 @@ fn failed(job: &Arc<Job>, i: u64, failed_at: Timestamp) -> Allocation {
 
 fn policy_job(delay_fn: &str, delay: i64, attempts: i64, unlimited: bool) -> Arc<Job> {
     job_with(1, |j| {
-        j.task_groups[0].reschedule_policy = Some(ReschedulePolicy { attempts, interval: 3600 * S, delay: delay * S, delay_function: delay_fn.into(), max_delay: 600 * S, unlimited });
+        j.task_groups[0].reschedule_policy = Some(ReschedulePolicy {
+            attempts,
+            interval: 3600 * S,
+            delay: delay * S,
+            delay_function: delay_fn.into(),
+            max_delay: 600 * S,
+            unlimited,
+        });
     })
 }
 
@@ -288,7 +299,10 @@ fn failed_alloc_within_its_delay_gets_a_followup_eval() {
         let j = policy_job(function, 5, 0, true);
         let mut a = failed(&j, 0, NOW);
         if !events.is_empty() {
-            let events = events.iter().map(|d| RescheduleEvent { reschedule_time: NOW.unix_nanos() - 100 * S, delay: d * S, ..RescheduleEvent::default() }).collect();
+            let events = events
+                .iter()
+                .map(|d| RescheduleEvent { reschedule_time: NOW.unix_nanos() - 100 * S, delay: d * S, ..RescheduleEvent::default() })
+                .collect();
             a.reschedule_tracker = Some(RescheduleTracker { events });
         }
         let s = reconcile(&j, &[a], &[]);
@@ -327,7 +341,9 @@ fn the_followup_eval_itself_reschedules_now() {
 fn attempts_exhausted_leaves_the_failed_alloc() {
     let j = policy_job("constant", 5, 1, false);
     let mut a = failed(&j, 0, NOW.add_nanos(-60 * S));
-    a.reschedule_tracker = Some(RescheduleTracker { events: vec![RescheduleEvent { reschedule_time: NOW.unix_nanos() - 120 * S, delay: 5 * S, ..Default::default() }] });
+    a.reschedule_tracker = Some(RescheduleTracker {
+        events: vec![RescheduleEvent { reschedule_time: NOW.unix_nanos() - 120 * S, delay: 5 * S, ..Default::default() }],
+    });
     let s = reconcile(&j, &[a], &[]);
     assert!(s.place.is_empty() && s.stop.is_empty() && s.followups.is_empty());
 }
@@ -416,7 +432,10 @@ fn unknown(job: &Arc<Job>, i: u64, node: &str, since: Timestamp) -> Allocation {
 }
 
 fn scored(mut a: Allocation, score: f64) -> Allocation {
-    a.metrics = Some(AllocMetric { score_meta_data: vec![NodeScoreMeta { node_id: a.node_id.clone(), norm_score: score, ..Default::default() }], ..Default::default() });
+    a.metrics = Some(AllocMetric {
+        score_meta_data: vec![NodeScoreMeta { node_id: a.node_id.clone(), norm_score: score, ..Default::default() }],
+        ..Default::default()
+    });
     a
 }
 
@@ -626,7 +645,9 @@ fn several_replacements_all_lose_to_the_original() {
 fn forced_reschedule_ignores_exhausted_attempts() {
     let j = policy_job("constant", 5, 1, false);
     let mut a = failed(&j, 0, NOW.add_nanos(-60 * S));
-    a.reschedule_tracker = Some(RescheduleTracker { events: vec![RescheduleEvent { reschedule_time: NOW.unix_nanos() - 120 * S, delay: 5 * S, ..Default::default() }] });
+    a.reschedule_tracker = Some(RescheduleTracker {
+        events: vec![RescheduleEvent { reschedule_time: NOW.unix_nanos() - 120 * S, delay: 5 * S, ..Default::default() }],
+    });
     a.desired_transition.force_reschedule = Some(true);
     let s = reconcile(&j, &[a], &[]);
     assert_eq!(s.place, vec![("web.web[0]".into(), Some("a0-n0".into()), true, false)]);
@@ -639,7 +660,9 @@ fn failed_batch_alloc_uses_the_batch_policy() {
     let s = reconcile(&j, &[failed(&j, 0, NOW.add_nanos(-10 * S))], &[]);
     assert_eq!(s.place.len(), 1, "first failure: rescheduled after 5 s");
     let mut again = failed(&j, 0, NOW.add_nanos(-10 * S));
-    again.reschedule_tracker = Some(RescheduleTracker { events: vec![RescheduleEvent { reschedule_time: NOW.unix_nanos() - 60 * S, delay: 5 * S, ..Default::default() }] });
+    again.reschedule_tracker = Some(RescheduleTracker {
+        events: vec![RescheduleEvent { reschedule_time: NOW.unix_nanos() - 60 * S, delay: 5 * S, ..Default::default() }],
+    });
     let s = reconcile(&j, &[again], &[]);
     assert!(s.place.is_empty(), "one attempt per 24 h");
 }

@@ -137,7 +137,11 @@ fn diff_node<'a>(inp: &DiffInputs<'a, '_>, node_id: &'a str, allocs: &[&'a Alloc
         {
             let changed = term.job.as_ref().is_some_and(|j| j.job_modify_index != inp.job.job_modify_index);
             let t = tuple(name, Some(group), node_id, Some(Cow::Borrowed(term)));
-            if changed { out.update.push(t) } else { out.ignore.push(t) }
+            if changed {
+                out.update.push(t)
+            } else {
+                out.ignore.push(t)
+            }
             continue;
         }
         if inp.tainted.contains_key(node_id) || !inp.eligible.contains(node_id) {
@@ -185,7 +189,8 @@ pub(super) fn diff_cluster<'a>(
         by_node.entry(id).or_default();
     }
     let fallback = Job::default();
-    let inputs = DiffInputs { job: job.unwrap_or(&fallback), sysbatch, required: &required, eligible, not_ready, tainted, terminal: &terminal, now };
+    let inputs =
+        DiffInputs { job: job.unwrap_or(&fallback), sysbatch, required: &required, eligible, not_ready, tainted, terminal: &terminal, now };
     let mut diff = Diff::default();
     for (node_id, node_allocs) in &by_node {
         diff_node(&inputs, node_id, node_allocs, &mut diff);

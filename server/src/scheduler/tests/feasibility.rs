@@ -134,19 +134,30 @@ fn drivers_must_be_detected_and_healthy() {
 
 #[test]
 fn group_and_task_constraints_apply() {
-    let task_level = job_with(|j| j.task_groups[0].tasks[0].constraints.push(Constraint { l_target: "${meta.rack}".into(), r_target: "r2".into(), operand: "=".into() }));
+    let task_level = job_with(|j| {
+        j.task_groups[0].tasks[0].constraints.push(Constraint {
+            l_target: "${meta.rack}".into(),
+            r_target: "r2".into(),
+            operand: "=".into(),
+        })
+    });
     let (ok, m) = feasible(&task_level, &node());
     assert!(!ok);
     assert_eq!(m.constraint_filtered["${meta.rack} = r2"], 1);
     assert_eq!(m.class_filtered["large"], 1);
-    let group_level = job_with(|j| j.task_groups[0].constraints.push(Constraint { l_target: "${meta.rack}".into(), r_target: "r1".into(), operand: "=".into() }));
+    let group_level = job_with(|j| {
+        j.task_groups[0].constraints.push(Constraint { l_target: "${meta.rack}".into(), r_target: "r1".into(), operand: "=".into() })
+    });
     assert!(feasible(&group_level, &node()).0);
 }
 
 #[test]
 fn host_volumes_and_devices() {
     let job = job_with(|j| {
-        j.task_groups[0].volumes.insert("data".into(), VolumeRequest { name: "data".into(), volume_type: "host".into(), source: "data".into(), ..Default::default() });
+        j.task_groups[0].volumes.insert(
+            "data".into(),
+            VolumeRequest { name: "data".into(), volume_type: "host".into(), source: "data".into(), ..Default::default() },
+        );
         j.task_groups[0].tasks[0].resources.devices.push(RequestedDevice { name: "nvidia/gpu".into(), count: 1, ..Default::default() });
     });
     let (ok, m) = feasible(&job, &node());
@@ -171,7 +182,9 @@ fn host_volumes_and_devices() {
 
 #[test]
 fn class_memo_skips_rechecks_unless_escaped() {
-    let job = job_with(|j| j.constraints.push(Constraint { l_target: "${attr.kernel.name}".into(), r_target: "darwin".into(), operand: "=".into() }));
+    let job = job_with(|j| {
+        j.constraints.push(Constraint { l_target: "${attr.kernel.name}".into(), r_target: "darwin".into(), operand: "=".into() })
+    });
     let mut a = node();
     a.compute_class();
     let mut b = node();
@@ -188,7 +201,8 @@ fn class_memo_skips_rechecks_unless_escaped() {
     assert_eq!(f.class_eligibility().get(&a.computed_class), Some(&false));
     assert!(!f.escaped());
 
-    let escaped = job_with(|j| j.constraints.push(Constraint { l_target: "${node.unique.id}".into(), r_target: "n2".into(), operand: "=".into() }));
+    let escaped =
+        job_with(|j| j.constraints.push(Constraint { l_target: "${node.unique.id}".into(), r_target: "n2".into(), operand: "=".into() }));
     let mut f = Feasibility::new(&escaped);
     let mut m = AllocMetric::default();
     assert!(!f.check(&a, 0, "x", &mut m));
@@ -272,7 +286,8 @@ fn reserved_cores_are_exclusive() {
     job.task_groups[0].tasks[0].resources.cores = 2;
     h.register_job(job);
     let out = h.run_job("web");
-    let mut cores: Vec<u16> = placed(&out).iter().flat_map(|a| a.allocated_resources.as_ref().unwrap().tasks["server"].cpu.reserved_cores.clone()).collect();
+    let mut cores: Vec<u16> =
+        placed(&out).iter().flat_map(|a| a.allocated_resources.as_ref().unwrap().tasks["server"].cpu.reserved_cores.clone()).collect();
     cores.sort();
     assert_eq!(cores, vec![0, 1, 2, 3]);
     assert_eq!(placed(&out)[0].allocated_resources.as_ref().unwrap().tasks["server"].cpu.cpu_shares, 2000, "cores stand for their MHz");
@@ -295,7 +310,11 @@ fn distinct_hosts_and_distinct_property() {
     assert_eq!(out.eval_update.failed_tg_allocs["web"].constraint_filtered["distinct_hosts"], 3);
 
     let mut job = service_job("racks", 3);
-    job.task_groups[0].constraints.push(Constraint { l_target: "${meta.rack}".into(), r_target: "1".into(), operand: "distinct_property".into() });
+    job.task_groups[0].constraints.push(Constraint {
+        l_target: "${meta.rack}".into(),
+        r_target: "1".into(),
+        operand: "distinct_property".into(),
+    });
     h.register_job(job);
     let out = h.run_job("racks");
     assert_eq!(placed(&out).len(), 2, "one per rack");
@@ -333,7 +352,10 @@ fn affinity_and_spread_steer_placements() {
     job.spreads.push(nomad_proto::Spread {
         attribute: "${meta.rack}".into(),
         weight: 100,
-        spread_target: vec![nomad_proto::job::SpreadTarget { value: "r1".into(), percent: 75 }, nomad_proto::job::SpreadTarget { value: "r2".into(), percent: 25 }],
+        spread_target: vec![
+            nomad_proto::job::SpreadTarget { value: "r1".into(), percent: 75 },
+            nomad_proto::job::SpreadTarget { value: "r2".into(), percent: 25 },
+        ],
     });
     h.register_job(job);
     let out = h.run_job("target");

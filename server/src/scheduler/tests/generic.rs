@@ -134,10 +134,12 @@ fn in_place_update_keeps_alloc_and_ports() {
     let mut h = Harness::new();
     h.add_nodes(2);
     let mut job = service_job("web", 2);
-    job.task_groups[0].networks = vec![NetworkResource { dynamic_ports: vec![Port { label: "http".into(), ..Port::default() }], ..NetworkResource::default() }];
+    job.task_groups[0].networks =
+        vec![NetworkResource { dynamic_ports: vec![Port { label: "http".into(), ..Port::default() }], ..NetworkResource::default() }];
     h.register_job(job.clone());
     h.run_job("web");
-    let before: BTreeMap<String, i64> = h.live("web").iter().map(|a| (a.id.clone(), a.allocated_resources.as_ref().unwrap().shared.ports[0].value)).collect();
+    let before: BTreeMap<String, i64> =
+        h.live("web").iter().map(|a| (a.id.clone(), a.allocated_resources.as_ref().unwrap().shared.ports[0].value)).collect();
     job.task_groups[0].restart_policy = Some(nomad_proto::RestartPolicy { attempts: 7, ..nomad_proto::RestartPolicy::default_service() });
     h.register_job(job);
     let out = h.run_job("web");
@@ -212,7 +214,8 @@ fn reserved_host_ports_are_never_assigned() {
     h.add_node(n);
     let mut job = service_job("web", 3);
     job.task_groups[0].tasks[0].resources.memory_mb = 10;
-    job.task_groups[0].networks = vec![NetworkResource { dynamic_ports: vec![Port { label: "p".into(), ..Port::default() }], ..NetworkResource::default() }];
+    job.task_groups[0].networks =
+        vec![NetworkResource { dynamic_ports: vec![Port { label: "p".into(), ..Port::default() }], ..NetworkResource::default() }];
     h.register_job(job);
     let out = h.run_job("web");
     let mut got: Vec<i64> = placed(&out).iter().map(|a| a.allocated_resources.as_ref().unwrap().shared.ports[0].value).collect();
@@ -271,7 +274,8 @@ fn failed_alloc_is_rescheduled_away_from_its_node() {
     let mut h = Harness::new();
     h.add_nodes(2);
     let mut job = service_job("web", 1);
-    job.task_groups[0].reschedule_policy = Some(nomad_proto::ReschedulePolicy { delay: 0, delay_function: "constant".into(), unlimited: true, ..Default::default() });
+    job.task_groups[0].reschedule_policy =
+        Some(nomad_proto::ReschedulePolicy { delay: 0, delay_function: "constant".into(), unlimited: true, ..Default::default() });
     h.register_job(job);
     h.run_job("web");
     let first = h.live("web")[0].clone();
@@ -281,7 +285,9 @@ fn failed_alloc_is_rescheduled_away_from_its_node() {
     assert_eq!(new.previous_allocation, first.id);
     assert_ne!(new.node_id, first.node_id, "the failing node is penalized");
     let scores = &new.metrics.as_ref().unwrap().score_meta_data;
-    assert!(scores.iter().any(|s| s.scores.get("node-reschedule-penalty") == Some(&-1.0)) || scores.iter().all(|s| s.node_id != first.node_id));
+    assert!(
+        scores.iter().any(|s| s.scores.get("node-reschedule-penalty") == Some(&-1.0)) || scores.iter().all(|s| s.node_id != first.node_id)
+    );
     assert_eq!(new.reschedule_tracker.as_ref().unwrap().events[0].prev_alloc_id, first.id);
 }
 

@@ -155,7 +155,13 @@ impl Harness {
             .iter()
             .map(|id| {
                 let a = state.alloc(id).expect("alloc");
-                Allocation { id: a.id.clone(), node_id: a.node_id.clone(), client_status: status, task_states: a.task_states.clone(), ..Allocation::default() }
+                Allocation {
+                    id: a.id.clone(),
+                    node_id: a.node_id.clone(),
+                    client_status: status,
+                    task_states: a.task_states.clone(),
+                    ..Allocation::default()
+                }
             })
             .collect();
         let now = self.now;
@@ -164,7 +170,8 @@ impl Harness {
 
     /// Marks every live alloc of the job running.
     pub(crate) fn run_all(&mut self, job_id: &str) {
-        let ids: Vec<String> = self.live(job_id).iter().filter(|a| a.client_status == ClientStatus::Pending).map(|a| a.id.clone()).collect();
+        let ids: Vec<String> =
+            self.live(job_id).iter().filter(|a| a.client_status == ClientStatus::Pending).map(|a| a.id.clone()).collect();
         if !ids.is_empty() {
             self.client_status(&ids, ClientStatus::Running);
         }

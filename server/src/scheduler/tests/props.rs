@@ -4,7 +4,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use nomad_proto::eval::trigger;
-use nomad_proto::{ClientStatus, Constraint, DesiredStatus, EvalStatus, Evaluation, NetworkResource, Node, NodeStatus, Port, SchedulingEligibility};
+use nomad_proto::{
+    ClientStatus, Constraint, DesiredStatus, EvalStatus, Evaluation, NetworkResource, Node, NodeStatus, Port, SchedulingEligibility,
+};
 use proptest::prelude::*;
 
 use super::*;
@@ -29,7 +31,14 @@ fn node_spec() -> impl Strategy<Value = NodeSpec> {
     (
         prop::sample::select(vec![1000i64, 2000, 4000]),
         prop::sample::select(vec![1024i64, 2048, 8192]),
-        prop::sample::select(vec![NodeStatus::Ready, NodeStatus::Ready, NodeStatus::Ready, NodeStatus::Initializing, NodeStatus::Down, NodeStatus::Disconnected]),
+        prop::sample::select(vec![
+            NodeStatus::Ready,
+            NodeStatus::Ready,
+            NodeStatus::Ready,
+            NodeStatus::Initializing,
+            NodeStatus::Down,
+            NodeStatus::Disconnected,
+        ]),
         prop::bool::weighted(0.85),
         prop::bool::weighted(0.1),
         prop::sample::select(vec!["a", "a", "b"]),
@@ -323,7 +332,10 @@ impl World {
                 }
                 let mut job = self.job();
                 if !destructive {
-                    job.task_groups[0].restart_policy = Some(nomad_proto::RestartPolicy { attempts: 1 + (self.h.now.unix_secs() % 5), ..nomad_proto::RestartPolicy::default_service() });
+                    job.task_groups[0].restart_policy = Some(nomad_proto::RestartPolicy {
+                        attempts: 1 + (self.h.now.unix_secs() % 5),
+                        ..nomad_proto::RestartPolicy::default_service()
+                    });
                 }
                 self.h.register_job(job);
                 self.eval(trigger::JOB_REGISTER);

@@ -103,7 +103,10 @@ fn disconnect_marks_unknown_without_replacement_then_reconnects() {
     h.set_node_status("node-0", NodeStatus::Disconnected);
     let out = h.process(&h.eval("agent", trigger::NODE_UPDATE));
     let marked = rewritten(&out);
-    assert_eq!((marked.len(), marked[0].client_status, marked[0].client_description.as_str()), (1, ClientStatus::Unknown, ALLOC_UNKNOWN_DESC));
+    assert_eq!(
+        (marked.len(), marked[0].client_status, marked[0].client_description.as_str()),
+        (1, ClientStatus::Unknown, ALLOC_UNKNOWN_DESC)
+    );
     assert!(placed(&out).is_empty() && stopped(&out).is_empty());
     assert!(out.new_evals.is_empty(), "no timeout eval for system jobs");
     // Back: the client reports running; the reconnect is recorded in place.
@@ -161,7 +164,13 @@ fn completed_sysbatch_allocs_are_not_rerun() {
         .iter()
         .map(|id| {
             let a = state.alloc(id).unwrap();
-            nomad_proto::Allocation { id: a.id.clone(), node_id: a.node_id.clone(), client_status: ClientStatus::Complete, task_states: Some(states.clone()), ..Default::default() }
+            nomad_proto::Allocation {
+                id: a.id.clone(),
+                node_id: a.node_id.clone(),
+                client_status: ClientStatus::Complete,
+                task_states: Some(states.clone()),
+                ..Default::default()
+            }
         })
         .collect();
     let now = h.now;
@@ -188,7 +197,10 @@ fn node_that_stops_meeting_constraints_loses_its_alloc() {
     h.add_node(changed);
     let out = h.process(&h.eval("agent", trigger::NODE_UPDATE));
     let s = stopped(&out);
-    assert_eq!((s.len(), s[0].node_id.as_str(), s[0].desired_description.as_str()), (1, "node-1", nomad_proto::alloc::ALLOC_NODE_TAINTED_DESC));
+    assert_eq!(
+        (s.len(), s[0].node_id.as_str(), s[0].desired_description.as_str()),
+        (1, "node-1", nomad_proto::alloc::ALLOC_NODE_TAINTED_DESC)
+    );
     assert!(placed(&out).is_empty());
 }
 
@@ -204,7 +216,10 @@ fn drained_node_alloc_is_stopped_as_tainted() {
     h.apply(crate::fsm::Command::AllocDesiredTransition { transitions, evals: vec![] });
     let out = h.process(&h.eval("agent", trigger::NODE_DRAIN));
     let s = stopped(&out);
-    assert_eq!((s.len(), s[0].id.as_str(), s[0].desired_description.as_str()), (1, id.as_str(), nomad_proto::alloc::ALLOC_NODE_TAINTED_DESC));
+    assert_eq!(
+        (s.len(), s[0].id.as_str(), s[0].desired_description.as_str()),
+        (1, id.as_str(), nomad_proto::alloc::ALLOC_NODE_TAINTED_DESC)
+    );
     assert!(placed(&out).is_empty(), "the draining node gets no replacement");
 }
 
