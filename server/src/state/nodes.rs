@@ -73,26 +73,18 @@ impl Txn<'_> {
         node
     }
 
-    /// Sets a node's status, recording the event. `LastMissedHeartbeatIndex`
-    /// becomes this index when the node turns unresponsive and 0 when it
-    /// turns ready.
-    pub fn update_node_status(
+    /// Changes a stored node with `f`, records `event`, stamps the index and
+    /// stores the result: the one path every node update takes.
+    fn modify_node(
         &mut self,
         node_id: &str,
-        status: NodeStatus,
         event: Option<NodeEvent>,
-        updated_at: i64,
+        f: impl FnOnce(&mut Node) -> Result<(), TxnError>,
     ) -> Result<Arc<Node>, TxnError> {
         let index = self.index;
         let existing = self.state.nodes.get(node_id).ok_or_else(|| TxnError(format!("node not found: {node_id}")))?;
         let mut node = (**existing).clone();
-        if !node.status.is_unresponsive() && status.is_unresponsive() {
-            node.last_missed_heartbeat_index = index;
-        } else if status == NodeStatus::Ready && node.status != NodeStatus::Ready {
-            node.last_missed_heartbeat_index = 0;
-        }
-        node.status = status;
-        node.status_updated_at = updated_at;
+        f(&mut node)?;
         if let Some(mut e) = event {
             e.create_index = index;
             node.append_events([e]);
@@ -105,6 +97,29 @@ impl Txn<'_> {
         Ok(node)
     }
 
+    /// Sets a node's status, recording the event. `LastMissedHeartbeatIndex`
+    /// becomes this index when the node turns unresponsive and 0 when it
+    /// turns ready.
+    pub fn update_node_status(
+        &mut self,
+        node_id: &str,
+        status: NodeStatus,
+        event: Option<NodeEvent>,
+        updated_at: i64,
+    ) -> Result<Arc<Node>, TxnError> {
+        let index = self.index;
+        self.modify_node(node_id, event, |node| {
+            if !node.status.is_unresponsive() && status.is_unresponsive() {
+                node.last_missed_heartbeat_index = index;
+            } else if status == NodeStatus::Ready && node.status != NodeStatus::Ready {
+                node.last_missed_heartbeat_index = 0;
+            }
+            node.status = status;
+            node.status_updated_at = updated_at;
+            Ok(())
+        })
+    }
+
     /// Sets a node's eligibility.
     pub fn update_node_eligibility(
         &mut self,
@@ -112,23 +127,13 @@ impl Txn<'_> {
         eligibility: SchedulingEligibility,
         event: Option<NodeEvent>,
     ) -> Result<Arc<Node>, TxnError> {
-        let index = self.index;
-        let existing = self.state.nodes.get(node_id).ok_or_else(|| TxnError(format!("node not found: {node_id}")))?;
-        if existing.drain_strategy.is_some() && eligibility == SchedulingEligibility::Eligible {
-            return Err(TxnError("can not set node's scheduling eligibility to eligible while it is draining".into()));
-        }
-        let mut node = (**existing).clone();
-        node.scheduling_eligibility = eligibility;
-        if let Some(mut e) = event {
-            e.create_index = index;
-            node.append_events([e]);
-        }
-        node.modify_index = index;
-        let node = Arc::new(node);
-        self.state.nodes.insert(node.id.clone(), node.clone());
-        self.touch(Table::Nodes);
-        self.record(super::Change::Node(node.clone()));
-        Ok(node)
+        self.modify_node(node_id, event, |node| {
+            if node.drain_strategy.is_some() && eligibility == SchedulingEligibility::Eligible {
+                return Err(TxnError("can not set node's scheduling eligibility to eligible while it is draining".into()));
+            }
+            node.scheduling_eligibility = eligibility;
+            Ok(())
+        })
     }
 
     /// Sets or clears a node's drain. A drain makes the node ineligible;
@@ -141,43 +146,32 @@ impl Txn<'_> {
         event: Option<NodeEvent>,
         now: Timestamp,
     ) -> Result<Arc<Node>, TxnError> {
-        let index = self.index;
-        let existing = self.state.nodes.get(node_id).ok_or_else(|| TxnError(format!("node not found: {node_id}")))?;
-        let mut node = (**existing).clone();
-        match &drain {
-            Some(_) => {
-                node.scheduling_eligibility = SchedulingEligibility::Ineligible;
-                let started = node.last_drain.as_ref().filter(|d| d.status == "draining").map(|d| d.started_at).unwrap_or(now);
-                node.last_drain = Some(nomad_proto::node::DrainMetadata {
-                    started_at: started,
-                    updated_at: now,
-                    status: "draining".into(),
-                    ..node.last_drain.clone().unwrap_or_default()
-                });
-            }
-            None => {
-                if mark_eligible {
-                    node.scheduling_eligibility = SchedulingEligibility::Eligible;
+        self.modify_node(node_id, event, |node| {
+            match &drain {
+                Some(_) => {
+                    node.scheduling_eligibility = SchedulingEligibility::Ineligible;
+                    let started = node.last_drain.as_ref().filter(|d| d.status == "draining").map(|d| d.started_at).unwrap_or(now);
+                    node.last_drain = Some(nomad_proto::node::DrainMetadata {
+                        started_at: started,
+                        updated_at: now,
+                        status: "draining".into(),
+                        ..node.last_drain.clone().unwrap_or_default()
+                    });
                 }
-                if let Some(ld) = node.last_drain.as_mut() {
-                    if ld.status == "draining" && node.drain_strategy.is_some() {
+                None => {
+                    if mark_eligible {
+                        node.scheduling_eligibility = SchedulingEligibility::Eligible;
+                    }
+                    let was_draining = node.drain_strategy.is_some();
+                    if let Some(ld) = node.last_drain.as_mut().filter(|ld| ld.status == "draining" && was_draining) {
                         ld.status = "canceled".into();
                         ld.updated_at = now;
                     }
                 }
             }
-        }
-        node.drain_strategy = drain;
-        if let Some(mut e) = event {
-            e.create_index = index;
-            node.append_events([e]);
-        }
-        node.modify_index = index;
-        let node = Arc::new(node);
-        self.state.nodes.insert(node.id.clone(), node.clone());
-        self.touch(Table::Nodes);
-        self.record(super::Change::Node(node.clone()));
-        Ok(node)
+            node.drain_strategy = drain;
+            Ok(())
+        })
     }
 
     /// Removes a node.
