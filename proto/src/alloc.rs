@@ -526,6 +526,21 @@ impl Allocation {
         }
     }
 
+    /// Only the fields a client reports about its alloc (`Node.UpdateAlloc`);
+    /// servers take nothing else from a client.
+    pub fn into_client_update(self) -> Allocation {
+        Allocation {
+            id: self.id,
+            node_id: self.node_id,
+            client_status: self.client_status,
+            client_description: self.client_description,
+            task_states: self.task_states,
+            deployment_status: self.deployment_status,
+            network_status: self.network_status,
+            ..Allocation::default()
+        }
+    }
+
     /// The stub `/v1/allocations` lists.
     pub fn stub(&self, fields: AllocStubFields) -> AllocListStub {
         let job = self.job.as_deref();

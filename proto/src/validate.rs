@@ -404,24 +404,9 @@ pub fn validate_constraint(c: &crate::Constraint) -> Result<(), String> {
 }
 
 fn validate_affinity(a: &crate::Affinity) -> Result<(), String> {
-    let ok_ops = [
-        "=",
-        "==",
-        "is",
-        "!=",
-        "not",
-        "<",
-        "<=",
-        ">",
-        ">=",
-        "regexp",
-        "version",
-        "semver",
-        "set_contains_all",
-        "set_contains",
-        "set_contains_any",
-    ];
-    if !ok_ops.contains(&a.operand.as_str()) {
+    // Affinities take the value operators; placement-shaping ones make no sense as a preference.
+    let op = a.operand.as_str();
+    if !CONSTRAINT_OPERANDS.contains(&op) || matches!(op, "distinct_hosts" | "distinct_property" | "is_set" | "is_not_set") {
         return Err(format!("Unknown affinity operator {:?}", a.operand));
     }
     if a.l_target.is_empty() {

@@ -24,16 +24,7 @@ pub const SYNC_RETRY: Duration = Duration::from_secs(5);
 
 /// The fields a client reports about an alloc.
 pub fn strip(a: Allocation) -> Allocation {
-    Allocation {
-        id: a.id,
-        node_id: a.node_id,
-        client_status: a.client_status,
-        client_description: a.client_description,
-        task_states: a.task_states,
-        deployment_status: a.deployment_status,
-        network_status: a.network_status,
-        ..Allocation::default()
-    }
+    a.into_client_update()
 }
 
 /// Updates waiting to be sent: the newest per alloc.

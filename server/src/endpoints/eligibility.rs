@@ -1,31 +1,15 @@
-//! Node eligibility and other node-scoped writes made by operators.
+//! `Node.UpdateEligibility`: operators take a node in or out of scheduling.
 
 use nomad_proto::node::event_subsystem;
 use nomad_proto::{NodeEvent, SchedulingEligibility, Timestamp};
-use serde::Serialize;
 
 use super::node_evals::create_node_evals;
-use super::{EndpointError, Endpoints};
+use super::{EndpointError, Endpoints, NodeWriteResponse};
 use crate::fsm::Command;
-
-/// Reply to eligibility and drain changes.
-#[derive(Debug, Clone, Default, Serialize)]
-#[serde(rename_all = "PascalCase")]
-pub struct NodeEligibilityUpdateResponse {
-    /// Node modify index.
-    pub node_modify_index: u64,
-    /// Evals created.
-    #[serde(rename = "EvalIDs")]
-    pub eval_ids: Vec<String>,
-    /// Index of the eval write.
-    pub eval_create_index: u64,
-    /// Index of the write.
-    pub index: u64,
-}
 
 impl Endpoints {
     /// `Node.UpdateEligibility`. No change writes nothing; becoming eligible creates node evals.
-    pub async fn node_update_eligibility(&self, node_id: &str, eligibility: &str) -> Result<NodeEligibilityUpdateResponse, EndpointError> {
+    pub async fn node_update_eligibility(&self, node_id: &str, eligibility: &str) -> Result<NodeWriteResponse, EndpointError> {
         let eligibility = match eligibility {
             "eligible" => SchedulingEligibility::Eligible,
             "ineligible" => SchedulingEligibility::Ineligible,
@@ -37,7 +21,7 @@ impl Endpoints {
             return Err(EndpointError::BadRequest("can not set node's scheduling eligibility to eligible while it is draining".into()));
         }
         if node.scheduling_eligibility == eligibility {
-            return Ok(NodeEligibilityUpdateResponse { node_modify_index: node.modify_index, index: snap.index, ..Default::default() });
+            return Ok(NodeWriteResponse { node_modify_index: node.modify_index, index: snap.index, ..Default::default() });
         }
         let now = Timestamp::now();
         let evals =
@@ -53,7 +37,7 @@ impl Endpoints {
             .consensus
             .apply(Command::NodeUpdateEligibility { node_id: node_id.to_string(), eligibility, event: Some(event), evals, now })
             .await?;
-        Ok(NodeEligibilityUpdateResponse {
+        Ok(NodeWriteResponse {
             node_modify_index: index,
             eval_create_index: if eval_ids.is_empty() { 0 } else { index },
             eval_ids,

@@ -21,7 +21,6 @@ use std::sync::Arc;
 
 pub use alloc::AllocStopResponse;
 pub use drain::{DrainRequest, DrainSpec, NodeWriteResponse};
-pub use eligibility::NodeEligibilityUpdateResponse;
 pub use error::EndpointError;
 pub use job::{JobDeregisterResponse, JobRegisterOptions, JobRegisterResponse};
 pub use job_plan::JobPlanResponse;

@@ -276,7 +276,7 @@ impl Endpoints {
                 });
             }
         }
-        let allocs = req.alloc.into_iter().map(strip_client_update).collect();
+        let allocs = req.alloc.into_iter().map(nomad_proto::Allocation::into_client_update).collect();
         let index = self.consensus.apply(Command::AllocClientUpdate { allocs, evals, now }).await?;
         Ok(GenericResponse { index })
     }
@@ -333,20 +333,6 @@ impl Endpoints {
     pub(super) fn query_wait(&self, requested_ns: i64) -> Duration {
         let max = self.config.max_query_time;
         if requested_ns <= 0 { max } else { Duration::from_nanos(requested_ns as u64).min(max) }
-    }
-}
-
-/// Keeps only the fields a client may set.
-fn strip_client_update(a: nomad_proto::Allocation) -> nomad_proto::Allocation {
-    nomad_proto::Allocation {
-        id: a.id,
-        node_id: a.node_id,
-        client_status: a.client_status,
-        client_description: a.client_description,
-        task_states: a.task_states,
-        deployment_status: a.deployment_status,
-        network_status: a.network_status,
-        ..nomad_proto::Allocation::default()
     }
 }
 
