@@ -102,17 +102,7 @@ impl Endpoints {
         let node_id = node.id.clone();
         let index = self.consensus.apply(Command::NodeRegister { node, evals, now }).await?;
         let ttl = if status != NodeStatus::Down { self.heartbeat_ttl(&node_id)? } else { Duration::ZERO };
-        Ok(NodeUpdateResponse {
-            heartbeat_ttl: ttl.as_nanos() as i64,
-            eval_create_index: if eval_ids.is_empty() { 0 } else { index },
-            eval_ids,
-            node_modify_index: index,
-            leader_rpc_addr: self.consensus.leader_rpc_addr().unwrap_or_default(),
-            num_nodes: self.store.snapshot().node_count() as i64,
-            servers: self.servers(),
-            status,
-            index,
-        })
+        Ok(self.update_response(status, index, eval_ids, ttl))
     }
 
     /// `Node.UpdateStatus`: the heartbeat, with the reconnect gate.
@@ -172,17 +162,22 @@ impl Endpoints {
         } else {
             self.heartbeat_ttl(&node.id)?
         };
-        Ok(NodeUpdateResponse {
+        Ok(self.update_response(status, index, eval_ids, ttl))
+    }
+
+    /// The reply to `Register` and `UpdateStatus`: what the client needs to keep going.
+    fn update_response(&self, status: NodeStatus, index: u64, eval_ids: Vec<String>, ttl: Duration) -> NodeUpdateResponse {
+        NodeUpdateResponse {
             heartbeat_ttl: ttl.as_nanos() as i64,
             eval_create_index: if eval_ids.is_empty() { 0 } else { index },
             eval_ids,
             node_modify_index: index,
             leader_rpc_addr: self.consensus.leader_rpc_addr().unwrap_or_default(),
-            num_nodes: snap.node_count() as i64,
+            num_nodes: self.store.snapshot().node_count() as i64,
             servers: self.servers(),
             status,
             index,
-        })
+        }
     }
 
     /// A node's heartbeat deadline passed: it becomes `disconnected` if it
