@@ -7,7 +7,7 @@ use axum::response::Response;
 use nomad_proto::AllocStubFields;
 
 use super::HttpState;
-use super::util::{HttpError, QueryOptions, json_response, list_response, paginate, require_method};
+use super::util::{filtered, HttpError, QueryOptions, json_response, list_response, paginate, require_method};
 use crate::state::Table;
 
 /// `GET /v1/evaluations` with `prefix`, `namespace` and the legacy `status` and `job` filters.
@@ -17,6 +17,9 @@ pub async fn evaluations(State(s): State<HttpState>, method: Method, uri: Uri, _
         let q = QueryOptions::parse(&uri)?;
         let status = q.params.get("status").cloned().unwrap_or_default();
         let job = q.params.get("job").cloned().unwrap_or_default();
+        if q.filter.is_some() && (!status.is_empty() || !job.is_empty()) {
+            return Err(HttpError::bad_request("Filter expression cannot be used with other filter parameters"));
+        }
         let ns = q.namespace_filter().map(str::to_string);
         let (evals, index) = s
             .endpoints
@@ -70,7 +73,7 @@ pub async fn evaluation_specific(State(s): State<HttpState>, method: Method, uri
                         (stubs, st.table_index(Table::Allocs))
                     })
                     .await;
-                list_response(&stubs, None, s.meta(index), q.pretty)
+                list_response(&filtered(stubs, &q), None, s.meta(index), q.pretty)
             }
             _ => Err(HttpError::not_found("resource not found")),
         }

@@ -10,7 +10,7 @@ use nomad_proto::{AllocStubFields, Job, JobSummary};
 use serde::Deserialize;
 
 use super::HttpState;
-use super::util::{HttpError, HttpResult, QueryOptions, decode_body, json_response, list_response, paginate, read_body, require_method};
+use super::util::{filtered, HttpError, HttpResult, QueryOptions, decode_body, json_response, list_response, paginate, read_body, require_method};
 use crate::endpoints::JobRegisterOptions;
 use crate::state::Table;
 
@@ -280,7 +280,7 @@ async fn job_allocations(s: &HttpState, q: &QueryOptions, id: &str) -> HttpResul
             (stubs, st.table_index(Table::Allocs))
         })
         .await;
-    list_response(&stubs, None, s.meta(index), q.pretty)
+    list_response(&filtered(stubs, q), None, s.meta(index), q.pretty)
 }
 
 async fn job_evaluations(s: &HttpState, q: &QueryOptions, id: &str) -> HttpResult {
@@ -293,7 +293,7 @@ async fn job_evaluations(s: &HttpState, q: &QueryOptions, id: &str) -> HttpResul
             (evals, st.table_index(Table::Evals))
         })
         .await;
-    list_response(&evals, None, s.meta(index), q.pretty)
+    list_response(&filtered(evals, q), None, s.meta(index), q.pretty)
 }
 
 async fn job_summary(s: &HttpState, q: &QueryOptions, id: &str) -> HttpResult {

@@ -10,6 +10,7 @@ mod agent;
 mod allocs;
 mod evals;
 mod events;
+pub mod filter;
 mod jobs;
 mod namespaces;
 mod nodes;

@@ -8,7 +8,7 @@ use axum::response::Response;
 use super::HttpState;
 use nomad_proto::Namespace;
 
-use super::util::{HttpError, QueryOptions, decode_body, json_response, list_response, read_body, require_method};
+use super::util::{filtered, HttpError, QueryOptions, decode_body, json_response, list_response, read_body, require_method};
 use crate::state::Table;
 
 /// `GET /v1/namespaces`.
@@ -24,7 +24,7 @@ pub async fn namespaces(State(s): State<HttpState>, method: Method, uri: Uri, _b
                 (list, st.table_index(Table::Namespaces))
             })
             .await;
-        list_response(&list, None, s.meta(index), q.pretty)
+        list_response(&filtered(list, &q), None, s.meta(index), q.pretty)
     })
     .await
 }

@@ -8,7 +8,7 @@ use nomad_proto::{ApiNode, NodeStubFields};
 use serde::Deserialize;
 
 use super::HttpState;
-use super::util::{HttpError, HttpResult, QueryOptions, decode_body, json_response, list_response, paginate, read_body, require_method};
+use super::util::{filtered, HttpError, HttpResult, QueryOptions, decode_body, json_response, list_response, paginate, read_body, require_method};
 use crate::state::Table;
 
 /// `GET /v1/nodes` with `prefix`, `resources` and `os`.
@@ -60,7 +60,7 @@ pub async fn node_specific(State(s): State<HttpState>, method: Method, uri: Uri,
                         (allocs, st.table_index(Table::Allocs))
                     })
                     .await;
-                list_response(&allocs, None, s.meta(index), q.pretty)
+                list_response(&filtered(allocs, &q), None, s.meta(index), q.pretty)
             }
             [id, "eligibility"] => {
                 require_method(&method, &[Method::PUT, Method::POST])?;

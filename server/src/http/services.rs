@@ -9,7 +9,7 @@ use axum::response::Response;
 use nomad_proto::service_registration::{ServiceRegistrationListStub, ServiceRegistrationStub};
 
 use super::HttpState;
-use super::util::{HttpError, QueryOptions, list_response, require_method};
+use super::util::{filtered, HttpError, QueryOptions, list_response, require_method};
 use crate::state::Table;
 
 /// `GET /v1/services`: service names and tags, grouped by namespace.
@@ -41,7 +41,7 @@ pub async fn services(State(s): State<HttpState>, method: Method, uri: Uri, _bod
                 (list, st.table_index(Table::Services))
             })
             .await;
-        list_response(&list, None, s.meta(index), q.pretty)
+        list_response(&filtered(list, &q), None, s.meta(index), q.pretty)
     })
     .await
 }
@@ -64,7 +64,7 @@ pub async fn service_specific(State(s): State<HttpState>, method: Method, uri: U
                 (regs, st.table_index(Table::Services))
             })
             .await;
-        list_response(&regs, None, s.meta(index), q.pretty)
+        list_response(&filtered(regs, &q), None, s.meta(index), q.pretty)
     })
     .await
 }

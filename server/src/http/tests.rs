@@ -588,3 +588,30 @@ async fn service_routes_list_and_read_registrations() {
     assert_eq!(get(&ts, "/v1/service/a/b/c").await.status, StatusCode::NOT_FOUND);
     assert_eq!(call(&ts, Method::PUT, "/v1/services", "").await.status, StatusCode::METHOD_NOT_ALLOWED);
 }
+
+#[tokio::test]
+async fn filter_expressions_apply_to_lists() {
+    let ts = TestServer::new();
+    for id in ["web", "api", "db"] {
+        call(&ts, Method::PUT, "/v1/jobs", job_body(id)).await;
+    }
+    call(&ts, Method::DELETE, "/v1/job/db", Body::empty()).await;
+    let enc = |f: &str| f.replace(' ', "%20").replace('"', "%22").replace('=', "%3D");
+    let ids = |v: Value| v.as_array().unwrap().iter().map(|j| j["ID"].as_str().unwrap().to_string()).collect::<Vec<_>>();
+    let r = get(&ts, &format!("/v1/jobs?filter={}", enc(r#"Stop == true"#))).await;
+    assert_eq!(ids(r.json()), vec!["db"]);
+    let r = get(&ts, &format!("/v1/jobs?filter={}", enc(r#"ID matches "^(web|api)$" and not Stop == true"#))).await;
+    assert_eq!(ids(r.json()), vec!["api", "web"]);
+    // Filtering happens before paging.
+    let r = get(&ts, &format!("/v1/jobs?per_page=1&filter={}", enc("Stop == false"))).await;
+    assert_eq!(ids(r.json()), vec!["api"]);
+    assert_eq!(r.headers["x-nomad-nexttoken"], "default.web");
+    let r = get(&ts, &format!("/v1/evaluations?filter={}", enc(r#"JobID == "web""#))).await;
+    assert_eq!(r.json().as_array().unwrap().len(), 1);
+    let bad = get(&ts, &format!("/v1/jobs?filter={}", enc("Stop =="))).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert!(bad.text().starts_with("failed to create result paginator: "), "{}", bad.text());
+    let mixed = get(&ts, &format!("/v1/evaluations?status=pending&filter={}", enc("JobID == web"))).await;
+    assert_eq!(mixed.status, StatusCode::BAD_REQUEST);
+    assert_eq!(mixed.text(), "Filter expression cannot be used with other filter parameters");
+}

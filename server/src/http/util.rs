@@ -90,6 +90,8 @@ pub struct QueryOptions {
     pub reverse: bool,
     /// `pretty`.
     pub pretty: bool,
+    /// `filter`: a go-bexpr expression over each list element.
+    pub filter: Option<std::sync::Arc<super::filter::Filter>>,
 }
 
 /// Longest and default blocking wait.
@@ -126,8 +128,10 @@ impl QueryOptions {
         // Nomad requires the literal `true` here.
         q.reverse = q.params.get("reverse").is_some_and(|r| r == "true");
         q.pretty = q.params.contains_key("pretty");
-        if q.params.get("filter").is_some_and(|f| !f.is_empty()) {
-            return Err(HttpError::bad_request("failed to create result paginator: filter expressions are not supported by nomad-rs yet"));
+        if let Some(f) = q.params.get("filter").filter(|f| !f.trim().is_empty()) {
+            let parsed =
+                super::filter::Filter::parse(f).map_err(|e| HttpError::bad_request(format!("failed to create result paginator: {e}")))?;
+            q.filter = Some(std::sync::Arc::new(parsed));
         }
         Ok(q)
     }
@@ -250,10 +254,19 @@ pub async fn read_body(body: Body) -> Result<bytes::Bytes, HttpError> {
     })
 }
 
-/// Cuts a sorted list to one page: items from `next_token` on, at most
-/// `per_page`; returns the next page's token when there is one.
-pub fn paginate<T>(items: Vec<T>, q: &QueryOptions, token_of: impl Fn(&T) -> String) -> (Vec<T>, Option<String>) {
-    let mut items = items;
+/// Keeps the items that pass the query's `filter` (all when there is none).
+pub fn filtered<T: Serialize>(mut items: Vec<T>, q: &QueryOptions) -> Vec<T> {
+    if let Some(f) = &q.filter {
+        items.retain(|i| serde_json::to_value(i).is_ok_and(|v| f.matches(&v)));
+    }
+    items
+}
+
+/// Applies `filter`, then cuts a sorted list to one page: items from
+/// `next_token` on, at most `per_page`; returns the next page's token when
+/// there is one.
+pub fn paginate<T: Serialize>(items: Vec<T>, q: &QueryOptions, token_of: impl Fn(&T) -> String) -> (Vec<T>, Option<String>) {
+    let mut items = filtered(items, q);
     if q.reverse {
         items.reverse();
     }
@@ -307,6 +320,9 @@ mod tests {
         assert_eq!(q("wait=10m").unwrap().wait, MAX_BLOCKING_WAIT);
         assert!(!q("reverse=True").unwrap().reverse, "only the literal true counts");
         assert_eq!(q("").unwrap().namespace, "default");
+        assert!(q("filter=Status%20%3D%3D%20running").unwrap().filter.is_some());
+        let e = q("filter=Status%20%3D").unwrap_err();
+        assert!(e.message.starts_with("failed to create result paginator: "), "{}", e.message);
     }
 
     #[test]
