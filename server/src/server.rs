@@ -43,6 +43,9 @@ pub struct ServerConfig {
     pub raft_snapshot_logs: u64,
     /// Event batches kept for `/v1/event/stream` resumption.
     pub event_buffer_size: usize,
+    /// This server's advertised HTTP address, told to clients so client-only
+    /// agents can forward API requests.
+    pub http_advertise: String,
 }
 
 impl ServerConfig {
@@ -59,6 +62,7 @@ impl ServerConfig {
             num_schedulers: 0,
             raft_snapshot_logs: 8192,
             event_buffer_size: 100,
+            http_advertise: String::new(),
         }
     }
 }
@@ -103,7 +107,12 @@ impl Server {
             store.clone(),
             consensus.clone(),
             heartbeats.clone(),
-            EndpointConfig { region: cfg.region.clone(), datacenter: cfg.datacenter.clone(), ..EndpointConfig::default() },
+            EndpointConfig {
+                region: cfg.region.clone(),
+                datacenter: cfg.datacenter.clone(),
+                http_addr: cfg.http_advertise.clone(),
+                ..EndpointConfig::default()
+            },
         )
         .with_events(events)
         .with_scheduler(scheduler.clone());

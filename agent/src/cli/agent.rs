@@ -103,6 +103,13 @@ pub async fn run(args: AgentArgs) -> Result<()> {
     println!("==> Starting nomad-rs agent...");
     std::fs::create_dir_all(&cfg.data_dir).with_context(|| format!("creating data dir {}", cfg.data_dir.display()))?;
 
+    let http_bind = SocketAddr::new(cfg.bind_addr, cfg.http_port);
+    let http_listener = TcpListener::bind(http_bind).await.with_context(|| format!("binding the HTTP listener on {http_bind}"))?;
+    let http_addr = http_listener.local_addr()?;
+    if cfg.http_port == 0 {
+        cfg.advertise_http = http_addr.to_string();
+    }
+
     let mut router = axum::Router::new();
     let mut server = None;
     if let Some(s) = cfg.server.clone() {
@@ -127,6 +134,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         sc.heartbeat = s.heartbeat.clone();
         sc.num_schedulers = s.num_schedulers;
         sc.event_buffer_size = s.event_buffer_size;
+        sc.http_advertise = cfg.advertise_http.clone();
         let srv = Server::start(sc, listener).await?;
         let info = AgentInfo {
             name: cfg.name.clone(),
@@ -139,12 +147,6 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         };
         router = router.merge(srv.http_router(info));
         server = Some(srv);
-    }
-    let http_bind = SocketAddr::new(cfg.bind_addr, cfg.http_port);
-    let http_listener = TcpListener::bind(http_bind).await.with_context(|| format!("binding the HTTP listener on {http_bind}"))?;
-    let http_addr = http_listener.local_addr()?;
-    if cfg.http_port == 0 {
-        cfg.advertise_http = http_addr.to_string();
     }
 
     // The client role starts after the server (in -dev it talks to it) and before the HTTP

@@ -55,6 +55,10 @@ pub struct NodeUpdateResponse {
     /// Leader's RPC address.
     #[serde(rename = "LeaderRPCAddr")]
     pub leader_rpc_addr: String,
+    /// HTTP address of the server that answered (the leader: node RPCs are
+    /// forwarded to it). A client-only agent proxies API requests there.
+    #[serde(rename = "LeaderHTTPAddr")]
+    pub leader_http_addr: String,
     /// Nodes in the cluster.
     pub num_nodes: i64,
     /// Servers the client may use.

@@ -40,6 +40,8 @@ pub struct EndpointConfig {
     pub datacenter: String,
     /// Longest blocking query.
     pub max_query_time: std::time::Duration,
+    /// This server's advertised HTTP address (told to clients).
+    pub http_addr: String,
 }
 
 impl Default for EndpointConfig {
@@ -48,6 +50,7 @@ impl Default for EndpointConfig {
             region: nomad_proto::job::DEFAULT_REGION.to_string(),
             datacenter: "dc1".to_string(),
             max_query_time: std::time::Duration::from_secs(300),
+            http_addr: String::new(),
         }
     }
 }

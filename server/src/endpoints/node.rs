@@ -173,6 +173,7 @@ impl Endpoints {
             eval_ids,
             node_modify_index: index,
             leader_rpc_addr: self.consensus.leader_rpc_addr().unwrap_or_default(),
+            leader_http_addr: self.config.http_addr.clone(),
             num_nodes: self.store.snapshot().node_count() as i64,
             servers: self.servers(),
             status,
