@@ -12,7 +12,7 @@ fn event_type(cmd: &Command) -> Option<&'static str> {
         Command::NodeRegister { .. } => "NodeRegistration",
         Command::NodeUpdateStatus { .. } => "NodeStreamEvent",
         Command::NodeDeregister { .. } => "NodeDeregistration",
-        Command::NodeUpdateEligibility { .. } | Command::NodeUpdateDrain { .. } => "NodeDrain",
+        Command::NodeUpdateEligibility { .. } | Command::NodeUpdateDrain { .. } | Command::NodeDrainComplete { .. } => "NodeDrain",
         Command::JobRegister { .. } => "JobRegistered",
         Command::JobDeregister { .. } => "JobDeregistered",
         Command::EvalUpsert { .. } => "EvaluationUpdated",

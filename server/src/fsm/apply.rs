@@ -160,6 +160,11 @@ fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnError> {
                 apply_plan(txn, plan, &mut jobs)?;
             }
         }
+        Command::NodeDrainComplete { nodes, now } => {
+            for n in nodes {
+                txn.complete_node_drain(&n.node_id, n.event.clone(), *now);
+            }
+        }
     }
     for key in &jobs {
         txn.refresh_job_status(key);

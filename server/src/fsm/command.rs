@@ -148,6 +148,24 @@ pub enum Command {
     /// The plan applier batches plans that queued while the previous entry
     /// was being written, so one fsync covers many plans.
     PlanApplyBatch(Vec<PlanApply>),
+    /// End the drains of nodes with nothing left to move (the drainer): the
+    /// strategy is cleared, the node stays ineligible, `LastDrain` becomes
+    /// `complete`. A node that is gone or no longer draining is skipped.
+    NodeDrainComplete {
+        /// The nodes, each with its "Node drain complete" event.
+        nodes: Vec<DrainComplete>,
+        /// Server time.
+        now: Timestamp,
+    },
+}
+
+/// One node whose drain is done.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DrainComplete {
+    /// Node.
+    pub node_id: String,
+    /// The event to record.
+    pub event: NodeEvent,
 }
 
 /// The part of a plan the applier accepted.

@@ -8,7 +8,7 @@ mod apply;
 mod command;
 
 pub use apply::ServerFsm;
-pub use command::{AllocStop, ApplyResult, Command, PlanApply};
+pub use command::{AllocStop, ApplyResult, Command, DrainComplete, PlanApply};
 
 /// What the Raft layer needs from the state machine.
 ///

@@ -81,4 +81,6 @@ pub fn router(state: HttpState) -> Router {
 #[cfg(test)]
 mod plan_tests;
 #[cfg(test)]
+mod secret_tests;
+#[cfg(test)]
 mod tests;

@@ -2,8 +2,9 @@
 //!
 //! Each subsystem gets only the handles it needs: the broker and the plan
 //! applier see consensus as "apply this command", the heartbeat timers see
-//! node expiry as [`HeartbeatExpiry`], workers see the scheduler as a pure
-//! function. Nothing here holds the whole server.
+//! node expiry as [`HeartbeatExpiry`], the drainer sees its two writes as
+//! [`DrainWriter`], workers see the scheduler as a pure function. Nothing
+//! here holds the whole server.
 
 use std::sync::Arc;
 
@@ -13,6 +14,7 @@ use tokio::task::JoinHandle;
 
 use crate::broker::{BlockedEvals, BrokerConfig, CANCELED_SUPERSEDED, ChangeWatcher, EvalBroker, EvalWriter, reap_failed_evals};
 use crate::consensus::Consensus;
+use crate::drainer::{ConsensusDrainWriter, DrainWriter, Drainer, DrainerConfig};
 use crate::heartbeat::{HeartbeatExpiry, Heartbeater};
 use crate::plan_apply::{PlanApplierConfig, spawn_plan_applier};
 use crate::scheduler::Scheduler;
@@ -34,6 +36,8 @@ pub struct LeaderConfig {
     pub plan_applier: PlanApplierConfig,
     /// Workers.
     pub worker: WorkerConfig,
+    /// The node drainer.
+    pub drainer: DrainerConfig,
 }
 
 impl Default for LeaderConfig {
@@ -44,6 +48,7 @@ impl Default for LeaderConfig {
             broker: BrokerConfig::default(),
             plan_applier: PlanApplierConfig::default(),
             worker: WorkerConfig::default(),
+            drainer: DrainerConfig::default(),
         }
     }
 }
@@ -120,7 +125,7 @@ impl Leader {
     }
 
     fn establish(&self) -> Term {
-        tracing::info!("leadership won: starting the eval broker, workers, plan applier and heartbeat timers");
+        tracing::info!("leadership won: starting the eval broker, workers, plan applier, heartbeat timers and node drainer");
         let d = &self.deps;
         self.broker.set_enabled(true);
         self.blocked.set_enabled(true);
@@ -154,6 +159,9 @@ impl Leader {
         let live_nodes: Vec<String> = d.store.snapshot().nodes().filter(|n| n.status != NodeStatus::Down).map(|n| n.id.clone()).collect();
         d.heartbeats.arm(live_nodes);
         tasks.push(tokio::spawn(d.heartbeats.clone().run(d.heartbeat_expiry.clone())));
+
+        let writer: Arc<dyn DrainWriter> = Arc::new(ConsensusDrainWriter(d.consensus.clone()));
+        tasks.push(tokio::spawn(Drainer::new(d.store.clone(), writer, self.config.drainer.clone()).run()));
         Term { tasks }
     }
 
@@ -189,3 +197,9 @@ async fn cancel_superseded(broker: Arc<EvalBroker>, writer: EvalWriter) {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod drain_tests;
+
+#[cfg(test)]
+mod node_eval_tests;

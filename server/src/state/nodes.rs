@@ -174,6 +174,29 @@ impl Txn<'_> {
         })
     }
 
+    /// Ends a node's drain (the drainer found nothing left to move): the
+    /// strategy is cleared, eligibility is left as it is (ineligible), and
+    /// `LastDrain` becomes `complete`. A node that is gone or no longer
+    /// draining (the operator cancelled it meanwhile) is left alone.
+    pub fn complete_node_drain(&mut self, node_id: &str, mut event: NodeEvent, now: Timestamp) -> Option<Arc<Node>> {
+        let index = self.index;
+        let existing = self.state.nodes.get(node_id).filter(|n| n.drain_strategy.is_some())?;
+        let mut node = (**existing).clone();
+        node.drain_strategy = None;
+        let mut last = node.last_drain.take().unwrap_or_default();
+        last.status = "complete".into();
+        last.updated_at = now;
+        node.last_drain = Some(last);
+        event.create_index = index;
+        node.append_events([event]);
+        node.modify_index = index;
+        let node = Arc::new(node);
+        self.state.nodes.insert(node.id.clone(), node.clone());
+        self.touch(Table::Nodes);
+        self.record(super::Change::Node(node.clone()));
+        Some(node)
+    }
+
     /// Removes a node.
     pub fn delete_node(&mut self, node_id: &str) -> Result<(), TxnError> {
         let Some(node) = self.state.nodes.remove(node_id) else {

@@ -1,5 +1,6 @@
-//! `health`: for an alloc in a deployment, decides from its task states whether it is healthy
-//! and reports it as the alloc's `DeploymentStatus`, as Nomad's `task_states` health check does:
+//! `health`: for an alloc in a deployment, or a service alloc being judged for migrations
+//! (`migrate` settings), decides from its task states whether it is healthy and reports it as
+//! the alloc's `DeploymentStatus`, as Nomad's `task_states` health check does:
 //! healthy once every task that must keep running (main tasks and sidecars) has been running
 //! for `min_healthy_time`; unhealthy when a task fails or `healthy_deadline` passes first.
 //! Service checks are not run by this client, so `health_check = "checks"` is judged on task
@@ -32,19 +33,28 @@ pub struct HealthConfig {
 }
 
 impl HealthConfig {
-    /// The alloc's group (else job) `update` settings, or Nomad's defaults; `None` when the alloc
-    /// is not in a deployment or its health is set manually.
+    /// For an alloc in a deployment: its group's (else job's) `update` settings, or Nomad's
+    /// defaults; `None` when its health is set manually. For a service alloc outside a
+    /// deployment: its group's `migrate` settings, so a drain learns when replacements are up
+    /// (Nomad's client does the same). `None` for other allocs.
     pub fn for_alloc(alloc: &Allocation) -> Option<HealthConfig> {
-        if alloc.deployment_id.is_empty() {
-            return None;
-        }
         let job = alloc.job.as_ref()?;
         let group = job.lookup_task_group(&alloc.task_group)?;
+        let ns = |v: i64, default: u64| if v > 0 { Duration::from_nanos(v as u64) } else { Duration::from_secs(default) };
+        if alloc.deployment_id.is_empty() {
+            if job.job_type != nomad_proto::JobType::Service {
+                return None;
+            }
+            let migrate = group.migrate.clone().unwrap_or_default();
+            return Some(HealthConfig {
+                min_healthy_time: ns(migrate.min_healthy_time, 10),
+                healthy_deadline: ns(migrate.healthy_deadline, 300),
+            });
+        }
         let update = group.update.as_ref().or(job.update.as_ref());
         if update.is_some_and(|u| u.health_check == "manual") {
             return None;
         }
-        let ns = |v: i64, default: u64| if v > 0 { Duration::from_nanos(v as u64) } else { Duration::from_secs(default) };
         Some(HealthConfig {
             min_healthy_time: ns(update.map_or(0, |u| u.min_healthy_time), 10),
             healthy_deadline: ns(update.map_or(0, |u| u.healthy_deadline), 300),
@@ -220,18 +230,30 @@ mod tests {
     }
 
     #[test]
-    fn only_deployment_allocs_are_watched() {
+    fn deployments_use_update_settings_and_other_service_allocs_use_migrate() {
         let mut a = Allocation::default();
-        assert_eq!(HealthConfig::for_alloc(&a), None);
-        a.deployment_id = "d".into();
+        assert_eq!(HealthConfig::for_alloc(&a), None, "no job, nothing to judge");
         a.task_group = "g".into();
-        a.job = Some(Arc::new(nomad_proto::Job {
-            task_groups: vec![nomad_proto::TaskGroup { name: "g".into(), ..Default::default() }],
+        let group = nomad_proto::TaskGroup {
+            name: "g".into(),
+            migrate: Some(nomad_proto::job::MigrateStrategy { min_healthy_time: 2_000_000_000, ..Default::default() }),
             ..Default::default()
-        }));
+        };
+        let job = |job_type| Arc::new(nomad_proto::Job { job_type, task_groups: vec![group.clone()], ..Default::default() });
+        a.job = Some(job(nomad_proto::JobType::Service));
         assert_eq!(
             HealthConfig::for_alloc(&a),
-            Some(HealthConfig { min_healthy_time: Duration::from_secs(10), healthy_deadline: Duration::from_secs(300) })
+            Some(HealthConfig { min_healthy_time: Duration::from_secs(2), healthy_deadline: Duration::from_secs(300) }),
+            "outside a deployment a service alloc is judged by its migrate settings"
+        );
+        a.job = Some(job(nomad_proto::JobType::Batch));
+        assert_eq!(HealthConfig::for_alloc(&a), None, "batch allocs are never migrated, so never judged");
+        a.deployment_id = "d".into();
+        a.job = Some(job(nomad_proto::JobType::Service));
+        assert_eq!(
+            HealthConfig::for_alloc(&a),
+            Some(HealthConfig { min_healthy_time: Duration::from_secs(10), healthy_deadline: Duration::from_secs(300) }),
+            "in a deployment: the update defaults"
         );
     }
 }
