@@ -4,4 +4,5 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod executor;
+pub mod http_forward;
 pub mod logging;

@@ -112,6 +112,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
 
     let mut router = axum::Router::new();
     let mut server = None;
+    let client_node_id: Arc<std::sync::OnceLock<String>> = Arc::default();
     if let Some(s) = cfg.server.clone() {
         let rpc_bind = SocketAddr::new(cfg.bind_addr, cfg.rpc_port);
         let listener = TcpListener::bind(rpc_bind).await.with_context(|| format!("binding the RPC listener on {rpc_bind}"))?;
@@ -144,6 +145,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
             addr: cfg.bind_addr.to_string(),
             port: srv.rpc_addr().port(),
             server: true,
+            client_node_id: client_node_id.clone(),
         };
         router = router.merge(srv.http_router(info));
         server = Some(srv);
@@ -155,6 +157,18 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         Some(settings) => Some(start_client(&cfg, settings).await?),
         None => None,
     };
+    if let Some(c) = &client {
+        let _ = client_node_id.set(c.node_id().to_string());
+        if server.is_none() {
+            // A client-only agent answers its own agent info and forwards the rest of the API.
+            let me = serde_json::json!({
+                "config": cfg.to_api_json(),
+                "member": { "Name": cfg.name, "Addr": cfg.bind_addr.to_string(), "Port": cfg.http_port, "Status": "alive" },
+                "stats": { "client": { "node_id": c.node_id() } },
+            });
+            router = router.merge(crate::http_forward::router(Arc::new(c.clone()), me));
+        }
+    }
     let locator = server.as_ref().map(|s| Arc::new(StoreLocator(s.store().clone())) as Arc<dyn AllocLocator>);
     router =
         router.merge(crate::client::http::router(ClientHttp { client: client.clone(), locator, own_addr: cfg.advertise_http.clone() }));

@@ -101,6 +101,7 @@ impl ClientInner {
             *node = Arc::new(n);
         }
         self.servers.learn(&resp.leader_rpc_addr, &resp.servers);
+        self.servers.learn_http(&resp.leader_http_addr);
         self.stats.registrations.fetch_add(1, Ordering::Relaxed);
         self.registered.send_modify(|n| *n += 1);
         tracing::info!(node_id = %self.identity.node_id, status = %resp.status, "node registered");
@@ -134,6 +135,7 @@ impl ClientInner {
         };
         let resp = self.servers.node(CALL_TIMEOUT, |mut c| async move { c.update_status(req).await }).await?;
         self.servers.learn(&resp.leader_rpc_addr, &resp.servers);
+        self.servers.learn_http(&resp.leader_http_addr);
         self.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
         Ok(resp)
     }

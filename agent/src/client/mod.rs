@@ -254,6 +254,11 @@ impl Client {
         self.inner.servers.all()
     }
 
+    /// HTTP address of a server that answered this client, for forwarding API requests.
+    pub fn server_http_addr(&self) -> Option<String> {
+        self.inner.servers.http_addr()
+    }
+
     /// True once an alloc pull succeeded (the syncer may send).
     pub fn servers_contacted(&self) -> bool {
         *self.inner.servers_contacted.borrow()
@@ -367,5 +372,11 @@ impl ClientInner {
             *self.ctx.node.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(node);
             self.node_changed.notify_one();
         }
+    }
+}
+
+impl crate::http_forward::ServerAddress for Client {
+    fn server_http_addr(&self) -> Option<String> {
+        Client::server_http_addr(self)
     }
 }

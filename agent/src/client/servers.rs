@@ -76,6 +76,8 @@ pub struct Servers {
     configured: Vec<String>,
     list: Mutex<List>,
     channels: Mutex<HashMap<String, Channel>>,
+    /// HTTP address of the server that last answered a node RPC.
+    http: Mutex<Option<String>>,
 }
 
 impl Servers {
@@ -87,7 +89,12 @@ impl Servers {
                 addrs.push(a.clone());
             }
         }
-        Servers { configured: addrs.clone(), list: Mutex::new(List { addrs, current: 0 }), channels: Mutex::new(HashMap::new()) }
+        Servers {
+            configured: addrs.clone(),
+            list: Mutex::new(List { addrs, current: 0 }),
+            channels: Mutex::new(HashMap::new()),
+            http: Mutex::new(None),
+        }
     }
 
     /// The server calls go to now.
@@ -124,6 +131,18 @@ impl Servers {
         }
         l.current = current.and_then(|c| addrs.iter().position(|a| *a == c)).unwrap_or(0);
         l.addrs = addrs;
+    }
+
+    /// Remembers the answering server's HTTP address (an agent forwards API requests there).
+    pub fn learn_http(&self, addr: &str) {
+        if !addr.is_empty() {
+            *lock(&self.http) = Some(addr.to_string());
+        }
+    }
+
+    /// A server's HTTP address, once one has answered.
+    pub fn http_addr(&self) -> Option<String> {
+        lock(&self.http).clone()
     }
 
     fn channel(&self, addr: &str) -> Result<Channel, RpcError> {

@@ -37,11 +37,6 @@ impl Endpoints {
             .consensus
             .apply(Command::NodeUpdateEligibility { node_id: node_id.to_string(), eligibility, event: Some(event), evals, now })
             .await?;
-        Ok(NodeWriteResponse {
-            node_modify_index: index,
-            eval_create_index: if eval_ids.is_empty() { 0 } else { index },
-            eval_ids,
-            index,
-        })
+        Ok(NodeWriteResponse { node_modify_index: index, eval_create_index: if eval_ids.is_empty() { 0 } else { index }, eval_ids, index })
     }
 }

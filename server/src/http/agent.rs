@@ -26,6 +26,8 @@ pub struct AgentInfo {
     pub port: u16,
     /// Runs the server role.
     pub server: bool,
+    /// The client role's node ID, once it has one (`stats.client.node_id`).
+    pub client_node_id: std::sync::Arc<std::sync::OnceLock<String>>,
 }
 
 /// The Nomad API version this server speaks.
@@ -37,7 +39,7 @@ pub async fn agent_self(State(s): State<HttpState>, method: Method, uri: Uri, _b
         require_method(&method, &[Method::GET])?;
         let q = QueryOptions::parse(&uri)?;
         let a = &s.agent;
-        let body = json!({
+        let mut body = json!({
             "config": a.config,
             "member": member(&s, &a.name, &a.addr, a.port),
             "stats": {
@@ -49,6 +51,9 @@ pub async fn agent_self(State(s): State<HttpState>, method: Method, uri: Uri, _b
                 "raft": { "applied_index": s.endpoints.store().snapshot().index.to_string() },
             },
         });
+        if let Some(id) = a.client_node_id.get() {
+            body["stats"]["client"] = json!({ "node_id": id });
+        }
         json_response(&body, None, q.pretty)
     })
     .await

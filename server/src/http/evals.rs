@@ -7,7 +7,7 @@ use axum::response::Response;
 use nomad_proto::AllocStubFields;
 
 use super::HttpState;
-use super::util::{filtered, HttpError, QueryOptions, json_response, list_response, paginate, require_method};
+use super::util::{HttpError, QueryOptions, filtered, json_response, list_response, paginate, require_method};
 use crate::state::Table;
 
 /// `GET /v1/evaluations` with `prefix`, `namespace` and the legacy `status` and `job` filters.

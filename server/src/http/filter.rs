@@ -258,7 +258,9 @@ impl Parser {
                 Some(Tok::Word(op)) if op == "matches" => Ok(Filter::Not(Box::new(Filter::Matches(sel, regex(&self.value()?)?)))),
                 other => Err(FilterError(format!("expected 'contains' or 'matches' after 'not', found {}", describe(other.as_ref())))),
             },
-            other => Err(FilterError(format!("expected an operator after selector {:?}, found {}", sel.join("."), describe(other.as_ref())))),
+            other => {
+                Err(FilterError(format!("expected an operator after selector {:?}, found {}", sel.join("."), describe(other.as_ref()))))
+            }
         }
     }
 }

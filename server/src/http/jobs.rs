@@ -10,7 +10,9 @@ use nomad_proto::{AllocStubFields, Job, JobSummary};
 use serde::Deserialize;
 
 use super::HttpState;
-use super::util::{filtered, HttpError, HttpResult, QueryOptions, decode_body, json_response, list_response, paginate, read_body, require_method};
+use super::util::{
+    HttpError, HttpResult, QueryOptions, decode_body, filtered, json_response, list_response, paginate, read_body, require_method,
+};
 use crate::endpoints::JobRegisterOptions;
 use crate::state::Table;
 

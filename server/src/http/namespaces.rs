@@ -8,7 +8,7 @@ use axum::response::Response;
 use super::HttpState;
 use nomad_proto::Namespace;
 
-use super::util::{filtered, HttpError, QueryOptions, decode_body, json_response, list_response, read_body, require_method};
+use super::util::{HttpError, QueryOptions, decode_body, filtered, json_response, list_response, read_body, require_method};
 use crate::state::Table;
 
 /// `GET /v1/namespaces`.

@@ -8,7 +8,9 @@ use nomad_proto::{ApiNode, NodeStubFields};
 use serde::Deserialize;
 
 use super::HttpState;
-use super::util::{filtered, HttpError, HttpResult, QueryOptions, decode_body, json_response, list_response, paginate, read_body, require_method};
+use super::util::{
+    HttpError, HttpResult, QueryOptions, decode_body, filtered, json_response, list_response, paginate, read_body, require_method,
+};
 use crate::state::Table;
 
 /// `GET /v1/nodes` with `prefix`, `resources` and `os`.

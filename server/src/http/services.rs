@@ -9,7 +9,7 @@ use axum::response::Response;
 use nomad_proto::service_registration::{ServiceRegistrationListStub, ServiceRegistrationStub};
 
 use super::HttpState;
-use super::util::{filtered, HttpError, QueryOptions, list_response, require_method};
+use super::util::{HttpError, QueryOptions, filtered, list_response, require_method};
 use crate::state::Table;
 
 /// `GET /v1/services`: service names and tags, grouped by namespace.
