@@ -1,5 +1,6 @@
 //! End-to-end tests against real `nomad-rs` processes (one test binary).
 
+mod disconnect;
 mod events;
 mod python_nomad;
 mod server_restart;
