@@ -507,6 +507,17 @@ impl Allocation {
         job.lookup_task_group(&self.task_group)?.max_client_disconnect
     }
 
+    /// The client's reconnect decision (GH-15068) for this pulled server copy,
+    /// given the `AllocModifyIndex` of the client's own copy: reconnect (keep
+    /// the tasks and report their real state) only an `unknown` alloc that is
+    /// newer than the client's copy and that the servers still want running.
+    /// Anything else goes through the ordinary update, so a desired-stop
+    /// `unknown` alloc is stopped, never resumed. Shared by the client and the
+    /// servers' protocol tests.
+    pub fn client_should_reconnect(&self, local_alloc_modify_index: u64) -> bool {
+        self.client_status == ClientStatus::Unknown && self.alloc_modify_index > local_alloc_modify_index && !self.server_terminal()
+    }
+
     /// Unknown for longer than the group's `max_client_disconnect`.
     pub fn expired(&self, now: Timestamp) -> bool {
         if self.client_status != ClientStatus::Unknown {

@@ -163,38 +163,7 @@ impl Worker {
 
     /// Too many refused plans: the eval fails, and a blocked eval retries the job later.
     async fn give_up(&self, eval: &Evaluation, token: &str, snapshot_index: u64, attempts: u32, last_blocked: Option<Evaluation>) {
-        let now = Timestamp::now().unix_nanos();
-        let mut blocked = Evaluation {
-            id: nomad_proto::new_id(),
-            namespace: eval.namespace.clone(),
-            priority: eval.priority,
-            eval_type: eval.eval_type,
-            triggered_by: trigger::MAX_PLANS.to_string(),
-            job_id: eval.job_id.clone(),
-            job_modify_index: eval.job_modify_index,
-            status: EvalStatus::Blocked,
-            status_description: "created due to placement conflicts".to_string(),
-            previous_eval: eval.id.clone(),
-            escaped_computed_class: true,
-            snapshot_index,
-            create_time: now,
-            modify_time: now,
-            ..Evaluation::default()
-        };
-        if let Some(b) = last_blocked {
-            blocked.class_eligibility = b.class_eligibility;
-            blocked.escaped_computed_class = b.escaped_computed_class;
-            blocked.failed_tg_allocs = b.failed_tg_allocs;
-        }
-        let mut failed = eval.clone();
-        failed.status = EvalStatus::Failed;
-        failed.status_description = max_attempts_description(attempts);
-        failed.blocked_eval = blocked.id.clone();
-        failed.snapshot_index = snapshot_index;
-        failed.modify_time = now;
-        let mut plan = nomad_proto::Plan { eval_id: eval.id.clone(), eval_token: token.to_string(), snapshot_index, ..Default::default() };
-        plan.priority = eval.priority;
-        let sub = PlanSubmission { plan, eval_update: Some(failed), new_evals: vec![blocked] };
+        let sub = give_up_submission(eval, token, snapshot_index, attempts, last_blocked);
         match self.plans.submit(sub).await {
             Ok(_) => {
                 let _ = self.broker.ack(&eval.id, token);
@@ -207,8 +176,52 @@ impl Worker {
     }
 }
 
+/// What a worker submits when an eval ran out of plan attempts: the eval
+/// `failed`, and a `blocked` eval (`max-plan-attempts`, keeping what the
+/// last blocked eval learned) that retries the job later.
+pub fn give_up_submission(
+    eval: &Evaluation,
+    token: &str,
+    snapshot_index: u64,
+    attempts: u32,
+    last_blocked: Option<Evaluation>,
+) -> PlanSubmission {
+    let now = Timestamp::now().unix_nanos();
+    let mut blocked = Evaluation {
+        id: nomad_proto::new_id(),
+        namespace: eval.namespace.clone(),
+        priority: eval.priority,
+        eval_type: eval.eval_type,
+        triggered_by: trigger::MAX_PLANS.to_string(),
+        job_id: eval.job_id.clone(),
+        job_modify_index: eval.job_modify_index,
+        status: EvalStatus::Blocked,
+        status_description: "created due to placement conflicts".to_string(),
+        previous_eval: eval.id.clone(),
+        escaped_computed_class: true,
+        snapshot_index,
+        create_time: now,
+        modify_time: now,
+        ..Evaluation::default()
+    };
+    if let Some(b) = last_blocked {
+        blocked.class_eligibility = b.class_eligibility;
+        blocked.escaped_computed_class = b.escaped_computed_class;
+        blocked.failed_tg_allocs = b.failed_tg_allocs;
+    }
+    let mut failed = eval.clone();
+    failed.status = EvalStatus::Failed;
+    failed.status_description = max_attempts_description(attempts);
+    failed.blocked_eval = blocked.id.clone();
+    failed.snapshot_index = snapshot_index;
+    failed.modify_time = now;
+    let mut plan = nomad_proto::Plan { eval_id: eval.id.clone(), eval_token: token.to_string(), snapshot_index, ..Default::default() };
+    plan.priority = eval.priority;
+    PlanSubmission { plan, eval_update: Some(failed), new_evals: vec![blocked] }
+}
+
 /// The plan and eval writes of one scheduler run, stamped for the applier.
-fn submission(eval: &Evaluation, token: &str, snapshot_index: u64, outcome: ScheduleOutcome) -> PlanSubmission {
+pub fn submission(eval: &Evaluation, token: &str, snapshot_index: u64, outcome: ScheduleOutcome) -> PlanSubmission {
     let now = Timestamp::now().unix_nanos();
     let mut plan = outcome.plan;
     plan.eval_id = eval.id.clone();

@@ -5,7 +5,9 @@
 //! heartbeat follows a random 0-10 s stagger (none in dev mode). Failed heartbeats are retried
 //! on Nomad's schedule ([`retry_interval`]). "Node not found" (the servers lost the node)
 //! registers again; so does a change of the node's fingerprint, after a short delay that lets
-//! several changes coalesce.
+//! several changes coalesce. A heartbeat answered with `initializing` (a node coming back after
+//! missed heartbeats) hands every alloc's current state to the syncer again: the servers make the
+//! node `ready` only once such an update has landed.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -167,6 +169,13 @@ impl ClientInner {
             }
             match self.heartbeat_once().await {
                 Ok(resp) => {
+                    if resp.status == NodeStatus::Initializing {
+                        // The servers hold a returning node in `initializing` until its alloc
+                        // states since it was cut off have landed. When nothing changed here
+                        // (or the servers had not yet marked its allocs `unknown`) there would
+                        // be nothing to send, and the node would stay initializing for good.
+                        self.resend_alloc_states();
+                    }
                     have_heartbeated = true;
                     last_ok = Instant::now();
                     ttl = Duration::from_nanos(resp.heartbeat_ttl.max(0) as u64);

@@ -302,6 +302,15 @@ impl ClientInner {
         lock(&self.allocs).iter().map(|(id, r)| (id.clone(), r.alloc().alloc_modify_index)).collect()
     }
 
+    /// Hands every alloc's current state to the syncer, changed or not (the servers wait for
+    /// one before a returning node becomes `ready`).
+    fn resend_alloc_states(&self) {
+        let runners: Vec<Arc<AllocRunner>> = lock(&self.allocs).values().cloned().collect();
+        for r in runners {
+            let _ = self.ctx.updates.send(r.client_alloc());
+        }
+    }
+
     /// Applies one alloc watch pass.
     fn run_allocs(&self, diff: watch::Diff) {
         for id in diff.removed {

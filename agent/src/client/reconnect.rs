@@ -8,16 +8,18 @@
 //! through the ordinary update path and is stopped: the client never resumes an alloc whose
 //! server-side desired status is stop.
 
-use nomad_proto::{Allocation, ClientStatus};
+use nomad_proto::Allocation;
 
-/// True when `update` must go through the runner's reconnect rather than its update.
+/// True when `update` must go through the runner's reconnect rather than its update. The rule
+/// lives with the alloc type ([`Allocation::client_should_reconnect`]) so the servers' protocol
+/// tests exercise exactly the decision the client makes.
 pub fn should_reconnect(local_alloc_modify_index: u64, update: &Allocation) -> bool {
-    update.client_status == ClientStatus::Unknown && update.alloc_modify_index > local_alloc_modify_index && !update.server_terminal()
+    update.client_should_reconnect(local_alloc_modify_index)
 }
 
 #[cfg(test)]
 mod tests {
-    use nomad_proto::DesiredStatus;
+    use nomad_proto::{ClientStatus, DesiredStatus};
 
     use super::*;
 

@@ -6,6 +6,10 @@
 //! address is found again). Answers that are the server's verdict (not found, denied, invalid)
 //! do not move anything. The list is the configured servers plus the `Servers` the servers
 //! return in heartbeat and register replies; the configured ones are never forgotten.
+//!
+//! Every answered call is counted ([`Servers::answers`]): loops backing off after a failure
+//! (the alloc watch, the syncer) retry at once when another call gets through, as Nomad's
+//! `rpcRetryWatcher` makes them, instead of sleeping out a 30-60 s backoff after a partition.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -14,6 +18,7 @@ use std::time::Duration;
 
 use nomad_proto::rpc::codec::MAX_MESSAGE_BYTES;
 use nomad_proto::rpc::{AllocClient, NodeClient, NodeServerInfo};
+use tokio::sync::watch;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
@@ -78,6 +83,7 @@ pub struct Servers {
     channels: Mutex<HashMap<String, Channel>>,
     /// HTTP address of the server that last answered a node RPC.
     http: Mutex<Option<String>>,
+    answered: watch::Sender<u64>,
 }
 
 impl Servers {
@@ -94,7 +100,15 @@ impl Servers {
             list: Mutex::new(List { addrs, current: 0 }),
             channels: Mutex::new(HashMap::new()),
             http: Mutex::new(None),
+            answered: watch::channel(0).0,
         }
+    }
+
+    /// The count of answered calls: `changed()` on a receiver resolves once a call gets an
+    /// answer after the receiver was taken (a server's verdict counts, an unreachable server
+    /// does not).
+    pub fn answers(&self) -> watch::Receiver<u64> {
+        self.answered.subscribe()
     }
 
     /// The server calls go to now.
@@ -172,6 +186,13 @@ impl Servers {
             Ok(r) => r.map(tonic::Response::into_inner),
             Err(_) => Err(Status::deadline_exceeded(format!("no answer within {}s", timeout.as_secs()))),
         };
+        let answered = match &result {
+            Ok(_) => true,
+            Err(status) => !(RpcError::Status { server: String::new(), status: status.clone() }).is_unreachable(),
+        };
+        if answered {
+            self.answered.send_modify(|n| *n += 1);
+        }
         result.map_err(|status| {
             let e = RpcError::Status { server: addr.clone(), status };
             if e.is_unreachable() {
@@ -243,6 +264,7 @@ mod tests {
         // A port nothing listens on: bind, note it, close.
         let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
         let s = Servers::new(vec![dead.clone(), "127.0.0.1:1".into()]);
+        let answered = s.answers();
         let r: Result<nomad_proto::rpc::NodeUpdateResponse, _> = s
             .node(
                 Duration::from_secs(5),
@@ -251,5 +273,6 @@ mod tests {
             .await;
         assert!(r.unwrap_err().is_unreachable());
         assert_eq!(s.current().as_deref(), Some("127.0.0.1:1"));
+        assert!(!answered.has_changed().unwrap(), "an unreachable server is no answer: backoffs keep waiting");
     }
 }

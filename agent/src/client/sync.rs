@@ -4,7 +4,8 @@
 //! DeploymentStatus, NetworkStatus) on every change; the newest per alloc wins. Every 200 ms the
 //! pending batch goes out in one `Node.UpdateAlloc`. A failed batch is put back, except for the
 //! allocs that have a newer state by then, and retried after a backoff (5-10 s; 1 s in dev
-//! mode). Nothing is sent before the first successful alloc pull, so a restarted client never
+//! mode), or as soon as another call (the heartbeat that brings a returning node back) gets an
+//! answer. Nothing is sent before the first successful alloc pull, so a restarted client never
 //! reports on allocs before it knows what the servers want of them.
 
 use std::collections::BTreeMap;
@@ -70,15 +71,25 @@ impl ClientInner {
     pub(super) async fn sync_allocs(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<Allocation>) {
         let mut pending = Pending::default();
         let mut next = tokio::time::Instant::now() + self.config.sync_interval;
+        // Set while backing off after a failed batch: the next answered call ends the backoff.
+        let mut backoff: Option<tokio::sync::watch::Receiver<u64>> = None;
         loop {
+            let answered = async {
+                match backoff.as_mut() {
+                    Some(r) => r.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 update = rx.recv() => match update {
                     Some(a) => { pending.push(a); continue }
                     None => return,
                 },
                 _ = tokio::time::sleep_until(next) => {}
+                true = answered => {}
                 _ = self.ctx.shutdown.cancelled() => return,
             }
+            backoff = None;
             self.stats.sync_ticks.fetch_add(1, Ordering::Relaxed);
             self.stats.sync_pending.store(pending.len() as u64, Ordering::Relaxed);
             next = tokio::time::Instant::now() + self.config.sync_interval;
@@ -97,6 +108,9 @@ impl ClientInner {
                     tracing::warn!(error = %e, retry_in = ?wait, allocs = batch.len(), "syncing alloc states failed");
                     pending.put_back(batch);
                     next = tokio::time::Instant::now() + wait;
+                    // Refused while the servers count the node away, or unreachable: the next
+                    // answered call (the heartbeat that brings the node back) ends the wait.
+                    backoff = Some(self.servers.answers());
                 }
             }
         }

@@ -3,7 +3,8 @@
 //! result is diffed against the running alloc runners into removals, updates and additions.
 //!
 //! The first query is a consistent read (`MinQueryIndex` 0); each next one blocks until the
-//! servers' index passes the last one seen. After the first complete pass the client counts the
+//! servers' index passes the last one seen. A failed query is retried after 30-60 s, or as soon
+//! as another call (a heartbeat) gets an answer. After the first complete pass the client counts the
 //! servers as contacted, and only then does the syncer send anything.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -85,7 +86,7 @@ impl ClientInner {
                             _ = tokio::time::sleep(wait) => {}
                             _ = self.ctx.shutdown.cancelled() => return,
                         }
-                    } else if !self.pause(wait).await {
+                    } else if !self.pause_unless_answered(wait).await {
                         return;
                     }
                     continue;
@@ -129,7 +130,7 @@ impl ClientInner {
                     Err(e) => {
                         let wait = retry_base(GET_ALLOC_RETRY, self.config.dev_mode);
                         tracing::warn!(error = %e, retry_in = ?wait, "pulling allocs failed");
-                        if !self.pause(wait).await {
+                        if !self.pause_unless_answered(wait).await {
                             return;
                         }
                         continue;
@@ -148,6 +149,17 @@ impl ClientInner {
     async fn pause(&self, d: Duration) -> bool {
         tokio::select! {
             _ = tokio::time::sleep(d) => true,
+            _ = self.ctx.shutdown.cancelled() => false,
+        }
+    }
+
+    /// Like [`ClientInner::pause`], but ends early once another call gets an answer (the
+    /// servers are reachable again after a partition).
+    async fn pause_unless_answered(&self, d: Duration) -> bool {
+        let mut answered = self.servers.answers();
+        tokio::select! {
+            _ = tokio::time::sleep(d) => true,
+            r = answered.changed() => r.is_ok(),
             _ = self.ctx.shutdown.cancelled() => false,
         }
     }

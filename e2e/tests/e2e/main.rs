@@ -1,6 +1,7 @@
 //! End-to-end tests against real `nomad-rs` processes (one test binary).
 
 mod client_agent;
+mod disconnect;
 mod drain;
 mod events;
 mod python_nomad;

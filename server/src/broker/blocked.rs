@@ -47,7 +47,7 @@ pub struct BlockedStats {
     pub escaped: usize,
 }
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Inner {
     enabled: bool,
     captured: HashMap<String, Arc<Evaluation>>,
@@ -90,6 +90,13 @@ fn latest_index(e: &Evaluation) -> u64 {
 #[derive(Default)]
 pub struct BlockedEvals {
     inner: Mutex<Inner>,
+}
+
+impl Clone for BlockedEvals {
+    /// A tracker in the same state (tests fork a whole in-process server).
+    fn clone(&self) -> Self {
+        BlockedEvals { inner: Mutex::new(self.lock().clone()) }
+    }
 }
 
 impl BlockedEvals {

@@ -32,7 +32,7 @@ pub use blocked::{BlockEffects, BlockedEvals, BlockedStats};
 pub use eval_broker::{BrokerError, BrokerStats, Delivery, EvalBroker};
 pub use eval_writer::{EvalWriter, MAX_EVALS_PER_WRITE};
 pub use failed::reap_failed_evals;
-pub use watcher::ChangeWatcher;
+pub use watcher::{ChangeWatcher, diff_changes, effect_writes};
 
 /// Eval broker settings (Nomad's `eval_nack_timeout`, `eval_delivery_limit`, ...).
 #[derive(Debug, Clone, PartialEq)]

@@ -72,53 +72,69 @@ impl ChangeWatcher {
 
     /// Handles everything that changed from `old` to `new`.
     pub fn apply_changes(&self, old: &State, new: &State) {
-        let mut effects = BlockEffects::default();
-        // Capacity first, so blocked evals below see the newest unblock indexes.
-        for (before, node) in new.nodes_changed_since(old) {
-            if let Some(index) = capacity_appeared(before.as_deref(), &node, new) {
-                effects.unblock.extend(self.blocked.unblock(&node.computed_class, index));
-            }
-        }
-        let mut evals = new.evals_changed_since(old);
-        evals.sort_by_key(|e| e.modify_index);
-        for e in evals {
-            match e.status {
-                EvalStatus::Pending => self.broker.enqueue(e),
-                EvalStatus::Blocked => effects.extend(self.blocked.block(e)),
-                EvalStatus::Complete if e.failed_tg_allocs.is_empty() => {
-                    if let Some(b) = self.blocked.untrack(&e.namespaced_job_id(), e.modify_index) {
-                        effects.cancel.push((b, format!("evaluation {:?} successful", e.id)));
-                    }
-                }
-                _ => {}
-            }
+        let (pending, effects) = diff_changes(&self.blocked, old, new);
+        for e in pending {
+            self.broker.enqueue(e);
         }
         self.write(effects);
     }
 
     fn write(&self, effects: BlockEffects) {
-        if effects.is_empty() {
-            return;
-        }
-        let now = Timestamp::now().unix_nanos();
-        let mut evals = Vec::with_capacity(effects.unblock.len() + effects.cancel.len());
-        for e in effects.unblock {
-            let mut e = (*e).clone();
-            e.status = EvalStatus::Pending;
-            e.status_description.clear();
-            e.triggered_by = trigger::QUEUED_ALLOCS.to_string();
-            e.modify_time = now.max(e.create_time + 1);
-            evals.push(e);
-        }
-        for (e, why) in effects.cancel {
-            let mut e = (*e).clone();
-            e.status = EvalStatus::Canceled;
-            e.status_description = why;
-            e.modify_time = now.max(e.create_time + 1);
-            evals.push(e);
-        }
-        self.writer.submit(evals);
+        self.writer.submit(effect_writes(effects, Timestamp::now().unix_nanos()));
     }
+}
+
+/// What the leader makes of the changes from `old` to `new`, without doing
+/// it: the pending evals to enqueue (in index order) and the blocked-eval
+/// effects to write. The watcher task runs this on every change; in-process
+/// tests that drive every step themselves call it directly.
+pub fn diff_changes(blocked: &BlockedEvals, old: &State, new: &State) -> (Vec<Arc<Evaluation>>, BlockEffects) {
+    let mut effects = BlockEffects::default();
+    // Capacity first, so blocked evals below see the newest unblock indexes.
+    for (before, node) in new.nodes_changed_since(old) {
+        if let Some(index) = capacity_appeared(before.as_deref(), &node, new) {
+            effects.unblock.extend(blocked.unblock(&node.computed_class, index));
+        }
+    }
+    let mut evals = new.evals_changed_since(old);
+    evals.sort_by_key(|e| e.modify_index);
+    let mut pending = Vec::new();
+    for e in evals {
+        match e.status {
+            EvalStatus::Pending => pending.push(e),
+            EvalStatus::Blocked => effects.extend(blocked.block(e)),
+            EvalStatus::Complete if e.failed_tg_allocs.is_empty() => {
+                if let Some(b) = blocked.untrack(&e.namespaced_job_id(), e.modify_index) {
+                    effects.cancel.push((b, format!("evaluation {:?} successful", e.id)));
+                }
+            }
+            _ => {}
+        }
+    }
+    (pending, effects)
+}
+
+/// The eval writes for blocked-eval effects, stamped `now_ns`: unblocked
+/// evals go back to `pending` (triggered by `queued-allocs`), canceled ones
+/// say why.
+pub fn effect_writes(effects: BlockEffects, now_ns: i64) -> Vec<Evaluation> {
+    let mut evals = Vec::with_capacity(effects.unblock.len() + effects.cancel.len());
+    for e in effects.unblock {
+        let mut e = (*e).clone();
+        e.status = EvalStatus::Pending;
+        e.status_description.clear();
+        e.triggered_by = trigger::QUEUED_ALLOCS.to_string();
+        e.modify_time = now_ns.max(e.create_time + 1);
+        evals.push(e);
+    }
+    for (e, why) in effects.cancel {
+        let mut e = (*e).clone();
+        e.status = EvalStatus::Canceled;
+        e.status_description = why;
+        e.modify_time = now_ns.max(e.create_time + 1);
+        evals.push(e);
+    }
+    evals
 }
 
 /// The Raft index at which `node` may offer new room, if it does.

@@ -1,7 +1,7 @@
 //! `Job.*` endpoints: register and deregister.
 
 use nomad_proto::eval::trigger;
-use nomad_proto::{Evaluation, Job, Timestamp};
+use nomad_proto::{Evaluation, Job};
 use serde::Serialize;
 
 use super::{EndpointError, Endpoints};
@@ -108,7 +108,7 @@ impl Endpoints {
                 }
             }
         }
-        let now = Timestamp::now();
+        let now = self.now();
         let eval = (!job.is_periodic_or_parameterized()).then(|| {
             let mut e = Evaluation::for_job(&job, trigger::JOB_REGISTER, now);
             if opts.eval_priority > 0 {
@@ -149,7 +149,7 @@ impl Endpoints {
         let Some(job) = snap.job(namespace, job_id).cloned() else {
             return Ok(JobDeregisterResponse { known_leader: true, index: snap.index, ..Default::default() });
         };
-        let now = Timestamp::now();
+        let now = self.now();
         let eval = (!job.is_periodic_or_parameterized()).then(|| {
             let mut e = Evaluation::for_job(&job, trigger::JOB_DEREGISTER, now);
             if eval_priority > 0 {

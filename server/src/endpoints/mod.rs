@@ -55,6 +55,9 @@ impl Default for EndpointConfig {
     }
 }
 
+/// Where endpoints read the time: the system clock, or a test's virtual clock.
+pub type Clock = Arc<dyn Fn() -> nomad_proto::Timestamp + Send + Sync>;
+
 /// The endpoints of one server.
 #[derive(Clone)]
 pub struct Endpoints {
@@ -65,12 +68,25 @@ pub struct Endpoints {
     events: Option<Arc<crate::events::EventBroker>>,
     /// Runs `Job.Plan` dry runs; `None` until the server sets one.
     scheduler: Option<Arc<dyn Scheduler>>,
+    /// The node and job endpoints' clock (alloc expiry, eval and event times).
+    clock: Clock,
 }
 
 impl Endpoints {
     /// Endpoints over a store, writing through `consensus`.
     pub fn new(store: Arc<StateStore>, consensus: Arc<dyn Consensus>, heartbeats: Arc<Heartbeater>, config: EndpointConfig) -> Endpoints {
-        Endpoints { store, consensus, heartbeats, config, events: None, scheduler: None }
+        Endpoints { store, consensus, heartbeats, config, events: None, scheduler: None, clock: Arc::new(nomad_proto::Timestamp::now) }
+    }
+
+    /// These endpoints, reading the time from `clock` (deterministic tests drive a virtual clock).
+    pub fn with_clock(mut self, clock: Clock) -> Endpoints {
+        self.clock = clock;
+        self
+    }
+
+    /// The current time, as the endpoints' clock tells it.
+    pub fn now(&self) -> nomad_proto::Timestamp {
+        (self.clock)()
     }
 
     /// Serves the event stream from `broker`.

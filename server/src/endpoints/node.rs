@@ -80,7 +80,7 @@ impl Endpoints {
         if node.node_pool.is_empty() {
             node.node_pool = nomad_proto::job::DEFAULT_NODE_POOL.to_string();
         }
-        let now = Timestamp::now();
+        let now = self.now();
         node.status_updated_at = now.unix_secs();
         let snap = self.store.snapshot();
         let original = snap.node(&node.id).cloned();
@@ -112,13 +112,27 @@ impl Endpoints {
         let mut status = req.status;
         match (node.status, status) {
             (NodeStatus::Initializing, NodeStatus::Ready) => {
-                let has_live_allocs = snap.allocs_by_node(&node.id).any(|a| !a.terminal());
-                if has_live_allocs && node.last_alloc_update_index <= node.last_missed_heartbeat_index {
-                    // Its allocs' state since the missed heartbeat has not landed yet.
+                let mut live = snap.allocs_by_node(&node.id).filter(|a| !a.terminal()).peekable();
+                let has_live_allocs = live.peek().is_some();
+                // Nomad's gate: no alloc update has landed since the missed heartbeat.
+                let stale = has_live_allocs && node.last_alloc_update_index <= node.last_missed_heartbeat_index;
+                // And ours: an update that covered only some allocs opens Nomad's gate while
+                // others are still `unknown`; the scheduler would then replace those on a
+                // ready node whose client still runs them.
+                let unreported = live.any(|a| a.client_status == ClientStatus::Unknown);
+                if stale || unreported {
                     status = NodeStatus::Initializing;
                 }
             }
             (NodeStatus::Disconnected, NodeStatus::Ready) => status = NodeStatus::Initializing,
+            // A down node comes straight back (Nomad), unless the scheduler has not yet
+            // turned its `unknown` allocs into lost ones: then it returns like a disconnected
+            // node, through the gate above, instead of being ready while they look replaceable.
+            (NodeStatus::Down, NodeStatus::Ready)
+                if snap.allocs_by_node(&node.id).any(|a| !a.terminal() && a.client_status == ClientStatus::Unknown) =>
+            {
+                status = NodeStatus::Initializing
+            }
             _ => {}
         }
         let mut event = req.node_event.clone();
@@ -126,7 +140,7 @@ impl Endpoints {
             event = Some(NodeEvent {
                 message: "Node reregistered by heartbeat".into(),
                 subsystem: event_subsystem::CLUSTER.into(),
-                timestamp: Timestamp::now(),
+                timestamp: self.now(),
                 ..NodeEvent::default()
             });
         }
@@ -143,7 +157,7 @@ impl Endpoints {
         event: Option<NodeEvent>,
         updated_at: i64,
     ) -> Result<NodeUpdateResponse, EndpointError> {
-        let now = Timestamp::now();
+        let now = self.now();
         let mut index = 0;
         let mut eval_ids = Vec::new();
         if node.status != status || event.is_some() {
@@ -192,7 +206,7 @@ impl Endpoints {
         let Some(node) = snap.node(node_id).cloned() else {
             return Err(EndpointError::NotFound(format!("node {node_id} not found")));
         };
-        let now = Timestamp::now();
+        let now = self.now();
         let can_disconnect = !matches!(node.status, NodeStatus::Down | NodeStatus::Initializing)
             && snap
                 .allocs_by_node(node_id)
@@ -231,7 +245,7 @@ impl Endpoints {
         if let Some(other) = req.alloc.iter().find(|a| a.node_id != node_id) {
             return Err(EndpointError::PermissionDenied(format!("alloc {} does not belong to node {node_id}", other.id)));
         }
-        let now = Timestamp::now();
+        let now = self.now();
         let mut evals: Vec<Evaluation> = Vec::new();
         let mut seen: BTreeSet<NamespacedId> = BTreeSet::new();
         for update in &req.alloc {

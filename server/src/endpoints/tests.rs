@@ -210,6 +210,52 @@ async fn reconnect_gate_holds_the_node_in_initializing_until_its_allocs_land() {
 }
 
 #[tokio::test]
+async fn the_gate_stays_shut_while_any_live_alloc_is_still_unknown() {
+    let ts = TestServer::new();
+    let n = ready_node(&ts, "n1").await;
+    let a = place_alloc(&ts, "n1", Some(3_600_000_000_000), ClientStatus::Running).await;
+    ts.endpoints.node_heartbeat_missed("n1").await.unwrap();
+    // The scheduler marked a second alloc unknown while the node was away.
+    let mut b = a.clone();
+    b.id = nomad_proto::new_id();
+    b.name = "web.web[1]".into();
+    b.client_status = ClientStatus::Unknown;
+    let idx = ts.store.snapshot().index + 1;
+    ts.store.write(idx, |tx| Ok(tx.upsert_allocs_from_plan(vec![b.clone()]))).unwrap();
+    ts.endpoints.node_update_status(heartbeat("n1", &n.secret_id)).await.unwrap();
+    // An update that covers only the first alloc opens Nomad's index gate, not ours.
+    let mut up = a.clone();
+    up.client_status = ClientStatus::Failed;
+    let req = |u: &Allocation| AllocUpdateRequest { alloc: vec![u.clone()], secret_id: n.secret_id.clone(), ..Default::default() };
+    ts.endpoints.node_update_alloc(req(&up)).await.unwrap();
+    let r = ts.endpoints.node_update_status(heartbeat("n1", &n.secret_id)).await.unwrap();
+    assert_eq!(r.status, NodeStatus::Initializing, "b is still unknown");
+    let mut upb = b.clone();
+    upb.client_status = ClientStatus::Running;
+    ts.endpoints.node_update_alloc(req(&upb)).await.unwrap();
+    let r = ts.endpoints.node_update_status(heartbeat("n1", &n.secret_id)).await.unwrap();
+    assert_eq!(r.status, NodeStatus::Ready);
+}
+
+#[tokio::test]
+async fn a_down_node_with_unknown_allocs_comes_back_through_initializing() {
+    let ts = TestServer::new();
+    let n = ready_node(&ts, "n1").await;
+    place_alloc(&ts, "n1", Some(3_600_000_000_000), ClientStatus::Unknown).await;
+    let idx = ts.store.snapshot().index + 1;
+    ts.store.write(idx, |tx| tx.update_node_status("n1", NodeStatus::Down, None, 0).map(|_| ())).unwrap();
+    let r = ts.endpoints.node_update_status(heartbeat("n1", &n.secret_id)).await.unwrap();
+    assert_eq!(r.status, NodeStatus::Initializing);
+    // Without unknown allocs a down node comes straight back, as in Nomad.
+    let ts = TestServer::new();
+    let n = ready_node(&ts, "n1").await;
+    place_alloc(&ts, "n1", None, ClientStatus::Running).await;
+    ts.endpoints.node_heartbeat_missed("n1").await.unwrap();
+    let r = ts.endpoints.node_update_status(heartbeat("n1", &n.secret_id)).await.unwrap();
+    assert_eq!(r.status, NodeStatus::Ready);
+}
+
+#[tokio::test]
 async fn update_alloc_of_an_unknown_alloc_creates_a_reconnect_eval() {
     let ts = TestServer::new();
     let n = ready_node(&ts, "n1").await;

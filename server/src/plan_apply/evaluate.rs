@@ -101,6 +101,11 @@ pub fn evaluate_node_plan(state: &State, overlays: &[&Overlay], plan: &Plan, nod
         NodeStatus::Disconnected => return Err("node is disconnected and contains invalid updates".into()),
         NodeStatus::Initializing | NodeStatus::Down => return Err("node is not ready for placements".into()),
     }
+    // ...and only a disconnected node does: a plan made while the node was away must not mark
+    // the allocs its client is reporting again (the client would be ignored, and they replaced).
+    if placements.iter().any(|a| a.client_status == ClientStatus::Unknown) {
+        return Err(STALE_UNKNOWN.into());
+    }
     // In-place updates of allocs already there are fine even where new placements are not.
     if placements.iter().all(|a| is_live(state, overlays, node_id, &a.id)) {
         return Ok(());
@@ -125,8 +130,21 @@ pub fn refresh_index(state: &State) -> u64 {
     state.max_index(&[Table::Allocs, Table::Nodes])
 }
 
+/// Why a node's part that marks allocs `unknown` is refused when the node is no longer disconnected.
+pub const STALE_UNKNOWN: &str = "node is no longer disconnected; its allocs cannot be marked unknown";
+/// Why a node's part is refused when another node's part for the same alloc name was.
+pub const SAME_NAME_REFUSED: &str = "changes an alloc name whose change on another node was refused";
+
 /// The nodes whose part of `plan` may be committed, and whether any was refused.
 /// `all_at_once` plans get all their nodes or none.
+///
+/// A plan's changes to one alloc name are decided together: a replacement
+/// placed for an alloc the plan marks `unknown`, a replacement stopped in
+/// favour of a reconnecting original, an old alloc stopped for its new
+/// version. When the part on one node is refused (the node came back, went
+/// down or filled up since the snapshot), the parts on other nodes that touch
+/// the same names are refused too, or the commit would leave a name with two
+/// copies, or with none, until the worker plans again.
 pub fn accepted_nodes(state: &State, overlays: &[&Overlay], plan: &Plan) -> (Vec<String>, bool) {
     let nodes: BTreeSet<&String> = plan.node_update.keys().chain(plan.node_allocation.keys()).chain(plan.node_preemptions.keys()).collect();
     let mut accepted = Vec::with_capacity(nodes.len());
@@ -141,6 +159,35 @@ pub fn accepted_nodes(state: &State, overlays: &[&Overlay], plan: &Plan) -> (Vec
                 }
                 refused = true;
             }
+        }
+    }
+    if refused {
+        // Stops may be sent bare (ID only): the stored alloc knows its name.
+        let key = |a: &Allocation| -> Option<(String, String)> {
+            let stored = state.alloc(&a.id);
+            let name = if a.name.is_empty() { stored.map(|s| s.name.clone())? } else { a.name.clone() };
+            let ns = if a.namespace.is_empty() { stored.map(|s| s.namespace.clone()).unwrap_or_default() } else { a.namespace.clone() };
+            (!name.is_empty()).then_some((ns, name))
+        };
+        let refused_names: HashSet<(String, String)> = plan
+            .node_allocation
+            .iter()
+            .filter(|(node, _)| !accepted.contains(node))
+            .flat_map(|(_, allocs)| allocs)
+            .filter_map(key)
+            .collect();
+        if !refused_names.is_empty() {
+            accepted.retain(|node| {
+                let touches = [&plan.node_allocation, &plan.node_update]
+                    .into_iter()
+                    .filter_map(|m| m.get(node))
+                    .flatten()
+                    .any(|a| key(a).is_some_and(|k| refused_names.contains(&k)));
+                if touches {
+                    tracing::info!(node_id = %node, eval_id = %plan.eval_id, reason = SAME_NAME_REFUSED, "plan for node rejected");
+                }
+                !touches
+            });
         }
     }
     (accepted, refused)

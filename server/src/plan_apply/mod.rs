@@ -252,7 +252,7 @@ impl Applier {
         // The accepted allocs move into the result; the plan is not needed again.
         let result = take_accepted(state, &mut sub.plan, &accepted, refused);
         overlay.add(&result);
-        let entry = entry_for(&sub, &result);
+        let entry = entry_for(&sub, &result, Timestamp::now());
         Some(Judged { queued: Queued { sub, reply }, result, entry })
     }
 
@@ -304,8 +304,8 @@ fn answer(j: Judged, index: u64, written: bool) {
 }
 
 /// The entry for a judged plan: what was accepted, plus the eval writes if
-/// everything was. `None` when there is nothing to write.
-fn entry_for(sub: &PlanSubmission, result: &PlanResult) -> Option<PlanApply> {
+/// everything was, stamped `now`. `None` when there is nothing to write.
+pub fn entry_for(sub: &PlanSubmission, result: &PlanResult, now: Timestamp) -> Option<PlanApply> {
     let complete = result.refresh_index == 0;
     let plan = &sub.plan;
     let job = plan.job.as_ref();
@@ -336,7 +336,7 @@ fn entry_for(sub: &PlanSubmission, result: &PlanResult) -> Option<PlanApply> {
         allocs_stopped,
         eval,
         evals,
-        now: Timestamp::now(),
+        now,
     })
 }
 

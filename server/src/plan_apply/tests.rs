@@ -186,6 +186,61 @@ async fn placements_only_go_to_nodes_ready_for_them() {
 }
 
 #[tokio::test]
+async fn unknown_markers_only_land_on_disconnected_nodes_and_their_replacements_go_with_them() {
+    let s = setup();
+    s.node("back", NodeStatus::Ready).await;
+    s.node("init", NodeStatus::Initializing).await;
+    s.node("spare", NodeStatus::Ready).await;
+    let state: State = s.store.snapshot();
+    // A plan made while "back" was away: mark its alloc unknown, replace it on "spare".
+    for node in ["back", "init"] {
+        let mut marker = placement(&format!("orig-{node}"), node, 100, 100);
+        marker.name = format!("web.g[{node}]");
+        marker.client_status = ClientStatus::Unknown;
+        let mut repl = placement(&format!("repl-{node}"), "spare", 100, 100);
+        repl.name = marker.name.clone();
+        repl.previous_allocation = marker.id.clone();
+        let mut plan = Plan::default();
+        place(&mut plan, marker);
+        place(&mut plan, repl);
+        let r = evaluate_plan(&state, &[], &plan);
+        assert!(placed(&r).is_empty(), "{node}: neither the marker nor its replacement: {:?}", placed(&r));
+        assert!(r.refresh_index > 0);
+    }
+    let mut plan = Plan::default();
+    let mut marker = placement("orig", "back", 100, 100);
+    marker.client_status = ClientStatus::Unknown;
+    place(&mut plan, marker);
+    assert_eq!(evaluate_node_plan(&state, &[], &plan, "back"), Err(super::evaluate::STALE_UNKNOWN.into()));
+}
+
+#[tokio::test]
+async fn a_stop_waits_for_the_refused_placement_of_the_same_name() {
+    let s = setup();
+    s.node("n1", NodeStatus::Ready).await;
+    s.node("n2", NodeStatus::Down).await;
+    let state: State = s.store.snapshot();
+    // A destructive update: stop the old web[0] on n1, place the new one on n2 (refused).
+    let mut old = placement("old", "n1", 100, 100);
+    old.name = "web.g[0]".into();
+    let mut new = placement("new", "n2", 100, 100);
+    new.name = old.name.clone();
+    let mut other = placement("other", "n1", 100, 100);
+    other.name = "web.g[1]".into();
+    let mut plan = Plan::default();
+    plan.node_update.entry("n1".into()).or_default().push(old);
+    place(&mut plan, new);
+    let mut plan_other = plan.clone();
+    let r = evaluate_plan(&state, &[], &plan);
+    assert!(r.node_update.is_empty(), "the old copy keeps running until its replacement can be placed");
+    // Unrelated names on the node still go through.
+    plan_other.node_update.clear();
+    place(&mut plan_other, other);
+    let r = evaluate_plan(&state, &[], &plan_other);
+    assert_eq!(placed(&r), ["other"]);
+}
+
+#[tokio::test]
 async fn in_place_updates_pass_on_an_ineligible_node_but_new_placements_do_not() {
     let s = setup();
     s.node("n1", NodeStatus::Ready).await;

@@ -197,7 +197,11 @@ impl<'a> Run<'a, '_, '_> {
         let mut untainted = resched.untainted;
         let mut reschedule_now = resched.now;
         let disconnecting = filter_by_rescheduleable(&split.disconnecting, batch, true, now, self.inputs.eval_id);
-        reschedule_now.extend(disconnecting.now);
+        // One replacement per disconnected alloc: one that disconnects again before its
+        // reconnect was settled keeps the replacement it already has.
+        let replaced =
+            |a: &Allocation| all.values().any(|x| x.id != a.id && x.name == a.name && x.create_index > a.create_index && !x.terminal());
+        reschedule_now.extend(disconnecting.now.into_iter().filter(|(_, a)| !replaced(a)));
 
         let lost_later = alloc_sets::delay_by_stop_after_client_disconnect(&split.lost, now);
         let mut followup_ids = self.create_delayed_evals(job, &lost_later);
@@ -366,9 +370,18 @@ impl<'a> Run<'a, '_, '_> {
             .map(|&a| PlaceRequest { name: a.name.clone(), group: tg.name.clone(), previous: Some(a), reschedule: true, lost: false })
             .collect();
         let mut existing = (untainted.len() + migrate.len() + reschedule.len()) as i64;
+        // Names a live alloc keeps (or a rescheduled one passes on).
+        let live: std::collections::HashSet<&str> =
+            untainted.values().chain(migrate.values()).chain(reschedule.values()).map(|a| a.name.as_str()).collect();
         for &a in lost.values() {
             if existing >= tg.count {
                 break;
+            }
+            // A lost alloc whose name another copy still carries (the copy it lost a
+            // reconnect to, or its own replacement) is not replaced under that name: the
+            // count is made up below with names nothing carries.
+            if live.contains(a.name.as_str()) {
+                continue;
             }
             existing += 1;
             place.push(PlaceRequest { name: a.name.clone(), group: tg.name.clone(), previous: Some(a), reschedule: false, lost: true });

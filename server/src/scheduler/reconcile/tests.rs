@@ -512,6 +512,34 @@ fn node_still_disconnected_but_alloc_running_is_not_reconnected() {
 }
 
 #[test]
+fn an_alloc_disconnecting_again_before_its_reconnect_settled_keeps_its_one_replacement() {
+    // Back and running (the reconnect not recorded yet), then away again: its replacement still runs.
+    let j = disconnect_job(1, 60);
+    let mut orig = alloc(&j, 0, "n0", ClientStatus::Running);
+    orig.append_state(ClientStatus::Unknown, NOW.add_nanos(-10 * S));
+    let s = reconcile(&j, &[orig, replacement(&j, ClientStatus::Running)], &[node("n0", NodeStatus::Disconnected)]);
+    assert_eq!(s.disconnect["a0-n0"].client_status, ClientStatus::Unknown, "marked unknown again");
+    assert!(s.place.is_empty(), "one replacement per disconnected alloc, not {:?}", s.place);
+    assert!(s.stop.is_empty());
+}
+
+#[test]
+fn a_lost_alloc_is_not_replaced_under_a_name_a_live_copy_carries() {
+    // web[1]'s replacement lost a reconnect to the original, then its node went down;
+    // web[0] has no copy left. The count is made up with web[0], not a second web[1].
+    let j = disconnect_job(2, 60);
+    let kept = alloc(&j, 1, "n0", ClientStatus::Running);
+    let mut loser = alloc(&j, 1, "n1", ClientStatus::Unknown);
+    loser.id = "loser".into();
+    loser.create_index = 50;
+    loser.desired_status = DesiredStatus::Stop;
+    loser.append_state(ClientStatus::Unknown, NOW.add_nanos(-10 * S));
+    let s = reconcile(&j, &[kept, loser], &[node("n1", NodeStatus::Down)]);
+    assert_eq!(s.stop_of("loser").unwrap().1, Some(ClientStatus::Lost));
+    assert_eq!(s.placed_names(), ["web.web[0]"]);
+}
+
+#[test]
 fn expired_unknown_alloc_is_lost_and_replacement_kept() {
     let j = disconnect_job(1, 60);
     let orig = unknown(&j, 0, "n0", NOW.add_nanos(-61 * S));

@@ -238,6 +238,32 @@ struct World {
     queue: Vec<Evaluation>,
     version: u64,
     count: i64,
+    /// Broken reconnect rules seen so far (checked at every reconnect).
+    violations: Vec<String>,
+}
+
+/// An alloc coming back with its node, and the copies that could replace it.
+#[derive(Debug)]
+struct Returning {
+    original: Arc<nomad_proto::Allocation>,
+    candidates: Vec<Arc<nomad_proto::Allocation>>,
+}
+
+/// The reference's rule: the replacement wins if it runs a newer job, or
+/// scores strictly better and runs (or the original does not).
+fn replacement_wins(o: &nomad_proto::Allocation, r: &nomad_proto::Allocation) -> bool {
+    let key = |a: &nomad_proto::Allocation| a.job.as_ref().map(|j| (j.version, j.create_index)).unwrap_or_default();
+    let ((ov, oc), (rv, rc)) = (key(o), key(r));
+    if rv > ov || rc > oc {
+        return true;
+    }
+    let score = |a: &nomad_proto::Allocation| a.metrics.as_ref().and_then(|m| m.max_norm_score());
+    let better = match (score(o), score(r)) {
+        (None, Some(_)) => true,
+        (Some(x), Some(y)) => y > x,
+        _ => false,
+    };
+    better && (r.client_status == ClientStatus::Running || o.client_status != ClientStatus::Running)
 }
 
 impl World {
@@ -247,7 +273,7 @@ impl World {
         let mut job = disconnect_job("web", 2, 60);
         job.task_groups[0].tasks[0].resources.memory_mb = 64;
         h.register_job(job);
-        let mut w = World { h, queue: Vec::new(), version: 0, count: 2 };
+        let mut w = World { h, queue: Vec::new(), version: 0, count: 2, violations: Vec::new() };
         w.eval(trigger::JOB_REGISTER);
         w
     }
@@ -350,13 +376,17 @@ impl World {
 
     fn reconnect(&mut self, i: usize) {
         let id = format!("node-{i}");
+        let unknown = self.h.state().allocs_by_node(&id).any(|a| !a.terminal() && a.client_status == ClientStatus::Unknown);
         match self.node_status(i) {
             NodeStatus::Disconnected => self.h.set_node_status(&id, NodeStatus::Initializing),
-            // A down node comes straight back (Nomad allows down → ready).
+            // A down node whose allocs are still unknown comes back through initializing too
+            // (as `Node.UpdateStatus` does); otherwise it comes straight back.
+            NodeStatus::Down if unknown => self.h.set_node_status(&id, NodeStatus::Initializing),
             NodeStatus::Down => {}
             _ => return,
         }
         let state = self.h.state();
+        let returning = self.returning(&id);
         let mut resume = Vec::new();
         let mut stop = Vec::new();
         for a in state.allocs_by_node(&id) {
@@ -381,6 +411,72 @@ impl World {
         self.eval(trigger::RECONNECT);
         self.h.set_node_status(&id, NodeStatus::Ready);
         self.eval(trigger::NODE_UPDATE);
+        self.check_reconnected(&returning);
+    }
+
+    /// The `unknown` allocs on a node about to come back, with their possible replacements
+    /// (same name, created later, not stopped by the servers).
+    fn returning(&self, node: &str) -> Vec<Returning> {
+        let state = self.h.state();
+        let now = self.h.now;
+        let all: Vec<Arc<nomad_proto::Allocation>> = self.h.allocs("web");
+        state
+            .allocs_by_node(node)
+            .filter(|a| a.job_id == "web" && a.client_status == ClientStatus::Unknown && a.desired_status == DesiredStatus::Run)
+            .filter(|a| !a.expired(now))
+            .map(|o| Returning {
+                original: o.clone(),
+                candidates: all
+                    .iter()
+                    .filter(|x| x.id != o.id && x.name == o.name && x.create_index > o.create_index && !x.server_terminal())
+                    .cloned()
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// Checks what became of allocs that came back (the client resumed them as running).
+    fn check_reconnected(&mut self, returning: &[Returning]) {
+        let state = self.h.state();
+        let job_version = state.job("default", "web").map(|j| j.version).unwrap_or_default();
+        for r in returning {
+            let o = state.alloc(&r.original.id).expect("original");
+            let mut resumed = (*r.original).clone();
+            resumed.client_status = ClientStatus::Running;
+            let older = r.original.job.as_ref().is_some_and(|j| j.version < job_version);
+            let winners: Vec<&Arc<nomad_proto::Allocation>> = r.candidates.iter().filter(|c| replacement_wins(&resumed, c)).collect();
+            let tag = format!("{} ({})", o.name, &o.id[..8]);
+            if older {
+                if o.desired_status != DesiredStatus::Stop || o.desired_description != nomad_proto::alloc::ALLOC_NOT_NEEDED_DESC {
+                    self.violations.push(format!("older {tag} came back and ended {:?} {:?}", o.desired_status, o.desired_description));
+                }
+                continue;
+            }
+            if winners.is_empty() {
+                let states: Vec<&str> = o.alloc_states.iter().map(|st| st.value.as_str()).collect();
+                let n = states.len();
+                if o.desired_status != DesiredStatus::Run || n < 2 || states[n - 1] != "running" || states[n - 2] != "unknown" {
+                    self.violations.push(format!("{tag} should be kept: {:?}, AllocStates {states:?}", o.desired_status));
+                }
+                for c in &r.candidates {
+                    let c = state.alloc(&c.id).expect("candidate");
+                    // A loser still away on a down node is (re)stopped as lost by a later eval.
+                    let lost_on_down =
+                        c.client_status == ClientStatus::Lost && state.node(&c.node_id).is_none_or(|n| n.status == NodeStatus::Down);
+                    let reconnect_loser = c.desired_description == nomad_proto::alloc::ALLOC_RECONNECTED_DESC || lost_on_down;
+                    if c.desired_status != DesiredStatus::Stop || !reconnect_loser {
+                        self.violations.push(format!(
+                            "replacement {} of kept {tag} ended {:?} {:?}",
+                            &c.id[..8],
+                            c.desired_status,
+                            c.desired_description
+                        ));
+                    }
+                }
+            } else if o.desired_status != DesiredStatus::Stop || o.desired_description != nomad_proto::alloc::ALLOC_NOT_NEEDED_DESC {
+                self.violations.push(format!("{tag} lost to a replacement but ended {:?} {:?}", o.desired_status, o.desired_description));
+            }
+        }
     }
 
     /// Brings every node back and lets every pending eval run.
@@ -424,5 +520,46 @@ proptest! {
             prop_assert_eq!(*n, 1, "{} runs {} times after {:?}", name, n, steps);
         }
         prop_assert_eq!(names.len() as i64, w.count, "count after {:?}: {:?}", steps, names);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// (f) At every reconnect of a random history, the original or the one
+    /// replacement the rules pick is kept (the original on ties; an older
+    /// version never), the loser is stopped with Nomad's description and the
+    /// kept original records `running` after `unknown`. At the end nothing
+    /// is `unknown`, the job summary agrees with the allocs, and one more
+    /// eval (and every follow-up still waiting) changes nothing.
+    #[test]
+    fn reconnects_keep_the_copy_the_rules_pick(steps in prop::collection::vec(step(), 1..16)) {
+        let mut w = World::new();
+        for s in &steps {
+            w.apply(s);
+            prop_assert!(w.violations.is_empty(), "{:?} after {:?}", w.violations, steps);
+        }
+        w.settle();
+        prop_assert!(w.violations.is_empty(), "{:?} after {:?}", w.violations, steps);
+        let state = w.h.state();
+        let stuck: Vec<String> = w.h.allocs("web").iter().filter(|a| a.client_status == ClientStatus::Unknown).map(|a| a.name.clone()).collect();
+        prop_assert!(stuck.is_empty(), "stuck unknown {:?} after {:?}", stuck, steps);
+        let summary = state.job_summary("default", "web").unwrap().summary["web"].clone();
+        let count = |st: ClientStatus| w.h.allocs("web").iter().filter(|a| a.client_status == st).count() as i64;
+        prop_assert_eq!(
+            [summary.starting, summary.running, summary.complete, summary.failed, summary.lost, summary.unknown],
+            [count(ClientStatus::Pending), count(ClientStatus::Running), count(ClientStatus::Complete), count(ClientStatus::Failed), count(ClientStatus::Lost), count(ClientStatus::Unknown)],
+            "summary after {:?}", steps
+        );
+        // Every follow-up still waiting (disconnect timeouts of reconnected allocs) and a fresh eval change nothing.
+        w.h.advance(24 * 3600);
+        let before: Vec<(String, DesiredStatus, ClientStatus, u64)> =
+            w.h.allocs("web").iter().map(|a| (a.id.clone(), a.desired_status, a.client_status, a.alloc_modify_index)).collect();
+        w.run_due();
+        let out = w.h.schedule(&w.h.eval("web", trigger::NODE_UPDATE));
+        let after: Vec<(String, DesiredStatus, ClientStatus, u64)> =
+            w.h.allocs("web").iter().map(|a| (a.id.clone(), a.desired_status, a.client_status, a.alloc_modify_index)).collect();
+        prop_assert_eq!(before, after, "a late follow-up changed allocs after {:?}", steps);
+        prop_assert!(out.plan.is_no_op(), "a further eval still plans {:?} after {:?}", out.plan, steps);
     }
 }
