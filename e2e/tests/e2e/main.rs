@@ -1,5 +1,7 @@
 //! End-to-end tests against real `nomad-rs` processes (one test binary).
 
+mod cli;
+mod client_restore;
 mod events;
 mod python_nomad;
 mod server_restart;
