@@ -183,6 +183,19 @@ impl Agent {
         Ok(())
     }
 
+    /// Sends `sig` (SIGINT, SIGTERM: a normal shutdown) and waits up to `timeout` for the agent
+    /// to exit; returns its exit status. On timeout the agent is killed and an error returned.
+    pub fn stop_with(&mut self, sig: nix::sys::signal::Signal, timeout: Duration) -> Result<std::process::ExitStatus> {
+        self.signal(sig)?;
+        let mut child = self.child.take().ok_or_else(|| anyhow!("agent {} is not running", self.name))?;
+        let exited = wait_for(&format!("agent {} to exit after {sig}", self.name), timeout, || child.try_wait().ok().flatten());
+        if exited.is_err() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        exited.map_err(|e| anyhow!("{e}\n{}", self.logs()))
+    }
+
     /// Starts the agent again on the same data dir and the same ports.
     pub fn restart(&mut self) -> Result<()> {
         self.kill9()?;

@@ -23,15 +23,20 @@ use nomad_server::heartbeat::{HeartbeatConfig, HeartbeatExpiry, Heartbeater};
 use nomad_server::leader::{Leader, LeaderConfig, LeaderDeps};
 use nomad_server::plan_apply::PlanApplierConfig;
 use nomad_server::raft::{RaftConfig, RaftError, RaftNode};
-use nomad_server::scheduler::Scheduler;
+use nomad_server::scheduler::{BuiltinScheduler, Scheduler};
 use nomad_server::sim::{RandomFit, ready_node};
 use nomad_server::state::{StateStore, Table};
 use tokio::sync::watch;
 
-/// The scheduler under test. The real schedulers are written in parallel;
-/// once `crate::scheduler::BuiltinScheduler` exists, return it here.
-fn scheduler_under_test() -> (Arc<dyn Scheduler>, &'static str) {
-    (Arc::new(RandomFit::default()), "stand-in RandomFit (not the real scheduler)")
+/// The scheduler under test: the server's own built-in schedulers, unless
+/// `--scheduler random-fit` asks for the simulation's stand-in (for comparing
+/// the cost of the real placement logic against the rest of the path).
+fn scheduler_under_test(name: &str) -> (Arc<dyn Scheduler>, &'static str) {
+    match name {
+        "builtin" => (Arc::new(BuiltinScheduler), "BuiltinScheduler"),
+        "random-fit" => (Arc::new(RandomFit::default()), "stand-in RandomFit (not the real scheduler)"),
+        other => panic!("--scheduler must be builtin or random-fit, not {other}"),
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -46,6 +51,7 @@ struct Args {
     pipeline: bool,
     submitters: usize,
     job_rate: f64,
+    scheduler: String,
 }
 
 fn parse_args() -> Args {
@@ -60,6 +66,7 @@ fn parse_args() -> Args {
         pipeline: true,
         submitters: 16,
         job_rate: 0.0,
+        scheduler: "builtin".into(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -75,6 +82,7 @@ fn parse_args() -> Args {
             "--no-pipeline" => a.pipeline = false,
             "--submitters" => a.submitters = value().parse().expect("--submitters"),
             "--job-rate" => a.job_rate = value().parse().expect("--job-rate"),
+            "--scheduler" => a.scheduler = value(),
             other => panic!("unknown flag {other}"),
         }
     }
@@ -203,7 +211,7 @@ async fn run(args: Args) {
     let consensus = Arc::new(Counting { inner, entries: AtomicU64::new(0), plan_entries: AtomicU64::new(0), plans: AtomicU64::new(0) });
     let heartbeats = Arc::new(Heartbeater::new(HeartbeatConfig::default()));
     let endpoints = Endpoints::new(store.clone(), consensus.clone(), heartbeats.clone(), EndpointConfig::default());
-    let (scheduler, scheduler_name) = scheduler_under_test();
+    let (scheduler, scheduler_name) = scheduler_under_test(&args.scheduler);
     let config = LeaderConfig {
         num_schedulers: args.workers,
         evals_in_flight: args.in_flight,

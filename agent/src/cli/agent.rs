@@ -173,6 +173,10 @@ pub async fn run(args: AgentArgs) -> Result<()> {
     router =
         router.merge(crate::client::http::router(ClientHttp { client: client.clone(), locator, own_addr: cfg.advertise_http.clone() }));
     let http = tokio::spawn(async move {
+        // TCP_NODELAY, as on the RPC listener: no reply waits for a delayed ACK.
+        let http_listener = axum::serve::ListenerExt::tap_io(http_listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         if let Err(e) = axum::serve(http_listener, router).await {
             tracing::error!(error = %e, "http listener stopped");
         }

@@ -2,6 +2,7 @@
 //! dir running raw_exec tasks under real executors.
 
 mod bad_input;
+mod cleanup;
 mod http;
 mod reconnect;
 mod register;

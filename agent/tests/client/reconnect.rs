@@ -53,8 +53,12 @@ async fn an_unknown_alloc_the_servers_still_want_is_reconnected_and_its_state_sy
     assert!(pid_alive(pid));
     // The node went disconnected → initializing → ready once the alloc update landed.
     wait_until("the node is ready again", || server.store().snapshot().node(&node_id).is_some_and(|n| n.status == NodeStatus::Ready)).await;
-    let local = client.alloc_runner(&id).unwrap().alloc();
-    assert_eq!(local.alloc_modify_index, server.alloc(&id).unwrap().alloc_modify_index, "the server's indexes were adopted");
+    // The reconnect eval records a `running` AllocState (a newer AllocModifyIndex); the client
+    // pulls that version too and adopts the server's indexes.
+    let runner = client.alloc_runner(&id).unwrap();
+    wait_until("the server's indexes were adopted", || runner.alloc().alloc_modify_index == server.alloc(&id).unwrap().alloc_modify_index)
+        .await;
+    assert_eq!(task_pid(&client, &id, "t"), Some(pid), "the task still runs");
     client.shutdown_destroying_allocs().await;
 }
 

@@ -265,10 +265,12 @@ impl TestServer {
     pub async fn place(&self, job: &Job, node_id: &str) -> String {
         let now = Timestamp::now();
         self.apply(Command::JobRegister { job: job.clone(), eval: None, now }).await;
-        let alloc = alloc_for(job, node_id);
+        // The alloc carries the job as stored (with its indexes), as a scheduler's plan does;
+        // otherwise the scheduler would take it for an alloc of an older job version.
+        let stored = self.store().snapshot().job(&job.namespace, &job.id).map(|j| (**j).clone()).expect("the job was registered");
+        let alloc = alloc_for(&stored, node_id);
         let id = alloc.id.clone();
-        self.apply(Command::PlanApply(PlanApply { job: Some(job.clone()), allocs_upserted: vec![alloc], now, ..PlanApply::default() }))
-            .await;
+        self.apply(Command::PlanApply(PlanApply { job: Some(stored), allocs_upserted: vec![alloc], now, ..PlanApply::default() })).await;
         id
     }
 

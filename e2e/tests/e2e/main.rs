@@ -1,6 +1,8 @@
 //! End-to-end tests against real `nomad-rs` processes (one test binary).
 
+mod cli;
 mod client_agent;
+mod client_restore;
 mod disconnect;
 mod drain;
 mod events;

@@ -40,3 +40,12 @@ fn python_nomads_event_stream_reader_reads_our_stream() {
     let out = run_script("compat_events.py", &server.http_addr);
     assert!(out.contains("ok: events"), "{out}");
 }
+
+#[test]
+fn python_nomad_against_one_server_and_two_clients_registers_lists_reads_and_stops() {
+    let cluster = nomad_e2e::Cluster::start(nomad_e2e::ClusterOptions { servers: 1, clients: 2, ..Default::default() }).expect("cluster");
+    let out = run_script("compat_cluster.py", &cluster.servers[0].http_addr);
+    for step in ["NodeResources present", "one allocation on each client", "allocation stopped", "ok: cluster"] {
+        assert!(out.contains(step), "missing {step:?}:\n{out}");
+    }
+}

@@ -25,7 +25,7 @@ impl State {
 
     /// Allocs on a node.
     pub fn allocs_by_node<'a>(&'a self, node_id: &str) -> impl Iterator<Item = &'a Arc<Allocation>> + use<'a> {
-        self.allocs_by_node.get(node_id).into_iter().flat_map(|ids| ids.iter()).filter_map(|id| self.allocs.get(id))
+        self.allocs_by_node.get(node_id).into_iter().flat_map(|allocs| allocs.values())
     }
 
     /// Allocs of a job.
@@ -34,7 +34,7 @@ impl State {
     }
 
     pub(super) fn allocs_of_job_key<'a>(&'a self, key: &NamespacedId) -> impl Iterator<Item = &'a Arc<Allocation>> + use<'a> {
-        self.allocs_by_job.get(key).into_iter().flat_map(|ids| ids.iter()).filter_map(|id| self.allocs.get(id))
+        self.allocs_by_job.get(key).into_iter().flat_map(|allocs| allocs.values())
     }
 
     /// The index at which an alloc was last removed from a node (0: never).
@@ -77,9 +77,9 @@ impl Txn<'_> {
                 *g.counter(new_status) += 1;
             });
         }
-        self.state.allocs_by_node.entry(alloc.node_id.clone()).or_default().insert(alloc.id.clone());
-        self.state.allocs_by_job.entry(key).or_default().insert(alloc.id.clone());
         let alloc = Arc::new(alloc);
+        self.state.allocs_by_node.entry(alloc.node_id.clone()).or_default().insert(alloc.id.clone(), alloc.clone());
+        self.state.allocs_by_job.entry(key).or_default().insert(alloc.id.clone(), alloc.clone());
         self.state.allocs.insert(alloc.id.clone(), alloc.clone());
         self.touch(Table::Allocs);
         self.record(super::Change::Alloc(alloc));

@@ -76,8 +76,12 @@ pub struct State {
     job_summaries: OrdMap<NamespacedId, Arc<JobSummary>>,
     nodes: OrdMap<String, Arc<Node>>,
     allocs: OrdMap<String, Arc<Allocation>>,
-    allocs_by_node: OrdMap<String, OrdSet<String>>,
-    allocs_by_job: OrdMap<NamespacedId, OrdSet<String>>,
+    /// Node ID → its allocs (by alloc ID). The index holds the allocs themselves, not their IDs:
+    /// the scheduler and the plan applier walk a node's allocs for every node they consider,
+    /// and a lookup per alloc in `allocs` cost more than the rest of the walk.
+    allocs_by_node: OrdMap<String, OrdMap<String, Arc<Allocation>>>,
+    /// Job → its allocs (by alloc ID), for the same reason.
+    allocs_by_job: OrdMap<NamespacedId, OrdMap<String, Arc<Allocation>>>,
     evals: OrdMap<String, Arc<Evaluation>>,
     evals_by_job: OrdMap<NamespacedId, OrdSet<String>>,
     /// Per node, the index at which one of its allocs was last removed (so alloc watches notice GC).

@@ -109,9 +109,10 @@ impl State {
                     .ok_or_else(|| format!("decoding state snapshot: alloc {} refers to missing job version {i}", a.id))?;
                 a.job = Some(job.clone());
             }
-            s.allocs_by_node.entry(a.node_id.clone()).or_default().insert(a.id.clone());
-            s.allocs_by_job.entry(NamespacedId::new(&a.namespace, &a.job_id)).or_default().insert(a.id.clone());
-            s.allocs.insert(a.id.clone(), Arc::new(a));
+            let a = Arc::new(a);
+            s.allocs_by_node.entry(a.node_id.clone()).or_default().insert(a.id.clone(), a.clone());
+            s.allocs_by_job.entry(NamespacedId::new(&a.namespace, &a.job_id)).or_default().insert(a.id.clone(), a.clone());
+            s.allocs.insert(a.id.clone(), a);
         }
         for r in p.services {
             s.services.insert(r.id.clone(), r);

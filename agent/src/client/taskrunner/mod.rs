@@ -399,7 +399,7 @@ impl TaskRunner {
                 Next::Finished => return Flow::Done,
                 Next::Attach(driver, handle) => (driver, handle),
                 Next::Exited(exit) => {
-                    self.record_exit(&exit);
+                    self.finish_run(&exit).await;
                     let decision =
                         if self.kill.is_cancelled() { Decision::Killed } else { tracker.exited(&exit, Instant::now(), rand::random()) };
                     match self.apply(decision).await {
@@ -428,7 +428,7 @@ impl TaskRunner {
                 Some(ended) => ended,
                 None => return Flow::Shutdown,
             };
-            self.record_exit(&exit);
+            self.finish_run(&exit).await;
             let decision = match how {
                 How::Killed => Decision::Killed,
                 How::Restart => tracker.restart_requested(),
@@ -555,6 +555,32 @@ impl TaskRunner {
             tracing::warn!(alloc_id = %self.alloc_id, task = %self.name, error = %e, "stopping the task failed");
         }
         Some((exited(wait.await), how))
+    }
+
+    /// The run ended: the driver removes what it created for it, then the exit is recorded.
+    async fn finish_run(&self, exit: &ExitResult) {
+        if let Some(handle) = self.handle() {
+            self.destroy_run(&handle).await;
+        }
+        self.record_exit(exit);
+    }
+
+    /// Removes what the driver created for one run of the task (exec: its cgroups; oci: the
+    /// container's runtime state, cgroups and bundle), as Nomad's task runner destroys the
+    /// driver's task after every exit, restarts included. It runs while the handle is still
+    /// stored, so an agent that dies before the exit is recorded finds the handle again on
+    /// restart and cleans up then; every driver's destroy is safe to repeat.
+    async fn destroy_run(&self, handle: &TaskHandle) {
+        let driver = match self.ctx.drivers.get(&handle.driver) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(alloc_id = %self.alloc_id, task = %self.name, error = %e, "cannot clean up after the task");
+                return;
+            }
+        };
+        if let Err(e) = driver.destroy(handle).await {
+            tracing::warn!(alloc_id = %self.alloc_id, task = %self.name, error = %e, "cleaning up after the task failed");
+        }
     }
 
     /// `Terminated`, the handle dropped (durably: the task is gone), exited hooks.

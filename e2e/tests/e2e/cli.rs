@@ -1,0 +1,262 @@
+//! The `nomad-rs` CLI against a real dev agent: every job file in `examples/` runs to running
+//! (a batch job to complete), `alloc logs` shows what its task printed, `job stop -purge` removes
+//! it, a bad job file fails naming the line; and a dev agent stopped with Ctrl-C leaves no task,
+//! cgroup or container behind.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use nix::sys::signal::Signal;
+use nomad_e2e::{Agent, AgentOptions, HttpClient, wait_for};
+use serde_json::Value;
+
+use crate::SETTLE;
+
+/// What a run of the CLI produced.
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn expect(self, code: i32, what: &str) -> Run {
+        assert_eq!(self.code, code, "{what}: exit code\n--- stdout\n{}\n--- stderr\n{}", self.stdout, self.stderr);
+        self
+    }
+}
+
+/// Runs the CLI with `NOMAD_ADDR` pointing at `agent` and no other `NOMAD_*` settings.
+fn nomad(agent: &Agent, args: &[&str]) -> Run {
+    let mut cmd = Command::new(nomad_e2e::binary());
+    cmd.args(args);
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("NOMAD_")) {
+        cmd.env_remove(k);
+    }
+    let out = cmd.env("NOMAD_ADDR", format!("http://{}", agent.http_addr)).output().expect("run nomad-rs");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn example(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name).display().to_string()
+}
+
+/// A dev agent (server and client in one process) in `dir`, with its node ready.
+fn dev_agent(dir: &Path) -> Agent {
+    let agent = Agent::start("dev", dir, AgentOptions { args: vec!["-dev".into()], ..Default::default() }).expect("start dev agent");
+    agent.wait_for_leader(SETTLE).unwrap();
+    let http = agent.http();
+    wait_for("the dev node to be ready", SETTLE, || {
+        http.get_json("/v1/nodes").ok()?.as_array()?.iter().any(|n| n["Status"] == "ready").then_some(())
+    })
+    .unwrap();
+    agent
+}
+
+/// Whether exec and oci tasks can run here (root, runc, busybox-static); prints why not.
+fn isolated_tasks_possible() -> bool {
+    let missing = if !nix::unistd::geteuid().is_root() {
+        Some("root")
+    } else if Command::new("runc").arg("--version").output().is_err() {
+        Some("runc")
+    } else if !Path::new("/bin/busybox").exists() {
+        Some("busybox-static")
+    } else {
+        None
+    };
+    if let Some(what) = missing {
+        eprintln!("skipping the exec and oci examples: they need {what}");
+    }
+    missing.is_none()
+}
+
+/// `scripts/make-busybox-rootfs <dir>/rootfs`.
+fn busybox_rootfs(dir: &Path) -> PathBuf {
+    let rootfs = dir.join("rootfs");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/make-busybox-rootfs");
+    let out = Command::new(script).arg(&rootfs).output().expect("run make-busybox-rootfs");
+    assert!(out.status.success(), "make-busybox-rootfs: {}", String::from_utf8_lossy(&out.stderr));
+    rootfs
+}
+
+/// The job's allocations.
+fn allocs(http: &HttpClient, job: &str) -> Vec<Value> {
+    http.get_json(&format!("/v1/job/{job}/allocations")).ok().and_then(|v| v.as_array().cloned()).unwrap_or_default()
+}
+
+/// The one allocation of `job`, once it has `status`.
+fn alloc_with_status(agent: &Agent, job: &str, status: &str) -> Value {
+    let http = agent.http();
+    wait_for(&format!("the alloc of {job} to be {status}"), SETTLE, || {
+        let list = allocs(&http, job);
+        (list.len() == 1 && list[0]["ClientStatus"] == status).then(|| list[0].clone())
+    })
+    .unwrap_or_else(|e| panic!("{e}: {:?}\n{}", allocs(&http, job), agent.logs()))
+}
+
+/// `alloc logs [flags] <alloc>` until its output contains `text` (a task may not have flushed yet).
+fn logs_contain(agent: &Agent, alloc_id: &str, flags: &[&str], text: &str) -> String {
+    let mut last = String::new();
+    wait_for(&format!("`alloc logs {flags:?}` to show {text:?}"), SETTLE, || {
+        let mut args = vec!["alloc", "logs"];
+        args.extend_from_slice(flags);
+        args.push(alloc_id);
+        let run = nomad(agent, &args);
+        last = format!("exit {}\n--- stdout\n{}\n--- stderr\n{}", run.code, run.stdout, run.stderr);
+        (run.code == 0 && run.stdout.contains(text)).then_some(run.stdout)
+    })
+    .unwrap_or_else(|e| panic!("{e}; last run: {last}"))
+}
+
+/// `job stop -purge`, then the job is gone.
+fn stop_and_purge(agent: &Agent, job: &str) {
+    nomad(agent, &["job", "stop", "-purge", job]).expect(0, &format!("job stop -purge {job}"));
+    let http = agent.http();
+    wait_for(&format!("{job} to be purged"), SETTLE, || {
+        (http.request("GET", &format!("/v1/job/{job}"), None).ok()?.status == 404).then_some(())
+    })
+    .unwrap();
+    let status = nomad(agent, &["job", "status", job]);
+    assert_ne!(status.code, 0, "job status of a purged job: {}", status.stdout);
+}
+
+/// An assigned host port of the alloc.
+fn port(alloc: &Value, label: &str) -> u16 {
+    let ports = alloc["AllocatedResources"]["Shared"]["Ports"].as_array().cloned().unwrap_or_default();
+    let p = ports.iter().find(|p| p["Label"] == label).unwrap_or_else(|| panic!("no port {label} in {alloc}"));
+    p["Value"].as_u64().unwrap() as u16
+}
+
+fn http_get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).ok()?;
+    Some(reply)
+}
+
+#[test]
+fn every_example_runs_through_the_cli_shows_its_logs_and_is_purged() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = dev_agent(&dir.path().join("agent"));
+    let http = agent.http();
+
+    // hello: a raw_exec service that greets with its alloc ID.
+    nomad(&agent, &["job", "run", &example("hello.nomad.hcl")]).expect(0, "job run hello");
+    let hello = alloc_with_status(&agent, "hello", "running");
+    let id = hello["ID"].as_str().unwrap();
+    logs_contain(&agent, id, &[], &format!("hello from {id}"));
+    // An ID prefix works as Nomad's does.
+    logs_contain(&agent, &id[..8], &["-task", "hello"], "hello from");
+    stop_and_purge(&agent, "hello");
+
+    // node-ticker: a system job, one alloc on the one node.
+    nomad(&agent, &["job", "run", &example("system.nomad.hcl")]).expect(0, "job run system");
+    let ticker = alloc_with_status(&agent, "node-ticker", "running");
+    logs_contain(&agent, ticker["ID"].as_str().unwrap(), &[], "tick from dev");
+    stop_and_purge(&agent, "node-ticker");
+
+    if isolated_tasks_possible() {
+        // web: an exec task serving HTTP on a dynamic port; its access log goes to stderr.
+        nomad(&agent, &["job", "run", &example("web.nomad.hcl")]).expect(0, "job run web");
+        let web = alloc_with_status(&agent, "web", "running");
+        let full = http.get_json(&format!("/v1/allocation/{}", web["ID"].as_str().unwrap())).unwrap();
+        let port = port(&full, "http");
+        let reply = wait_for("the web server to answer", SETTLE, || http_get(port, "/").filter(|r| r.starts_with("HTTP/1.0 200")))
+            .unwrap_or_else(|e| panic!("{e}\n{}", agent.logs()));
+        assert!(reply.contains("Directory listing"), "{reply}");
+        logs_contain(&agent, web["ID"].as_str().unwrap(), &["-stderr"], "\"GET / HTTP/1.0\" 200");
+        stop_and_purge(&agent, "web");
+
+        // oci-batch: busybox in a container, from a rootfs made by the project's script.
+        let rootfs = busybox_rootfs(dir.path());
+        let var = format!("rootfs={}", rootfs.display());
+        let run = nomad(&agent, &["job", "run", "-var", &var, &example("oci-batch.nomad.hcl")]).expect(0, "job run oci-batch");
+        assert!(run.stdout.contains("completed successfully"), "{}", run.stdout);
+        let batch = alloc_with_status(&agent, "oci-batch", "complete");
+        let out = logs_contain(&agent, batch["ID"].as_str().unwrap(), &[], "hello from busybox on busybox");
+        assert!(out.contains("Linux"), "uname -sr: {out}");
+        stop_and_purge(&agent, "oci-batch");
+    }
+}
+
+#[test]
+fn a_bad_job_file_exits_non_zero_naming_the_line_of_the_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = dev_agent(&dir.path().join("agent"));
+
+    let syntax = dir.path().join("syntax.nomad.hcl");
+    std::fs::write(
+        &syntax,
+        "job \"bad\" {\n  datacenters = [\"dc1\"]\n  group \"g\" {\n    task \"t\" {\n      driver = \n    }\n  }\n}\n",
+    )
+    .unwrap();
+    let run = nomad(&agent, &["job", "run", syntax.to_str().unwrap()]);
+    assert_ne!(run.code, 0, "{}", run.stdout);
+    assert!(run.stderr.contains("syntax.nomad.hcl:5:"), "the error names line 5: {}", run.stderr);
+
+    let shape = dir.path().join("shape.nomad.hcl");
+    std::fs::write(&shape, "job \"bad\" {\n  datacenters = [\"dc1\"]\n  group \"g\" {\n    count = \"three\"\n    task \"t\" {\n      driver = \"raw_exec\"\n    }\n  }\n}\n").unwrap();
+    let run = nomad(&agent, &["job", "run", shape.to_str().unwrap()]);
+    assert_ne!(run.code, 0, "{}", run.stdout);
+    assert!(run.stderr.contains("shape.nomad.hcl:4:"), "the error names line 4: {}", run.stderr);
+    assert!(run.stderr.contains("count"), "{}", run.stderr);
+
+    // Nothing reached the server.
+    let jobs = agent.http().get_json("/v1/jobs").unwrap();
+    assert_eq!(jobs.as_array().map(Vec::len), Some(0), "{jobs}");
+}
+
+/// Every cgroup directory named `<alloc>.<task>` under any controller (v1) or the v2 root.
+fn leftover_cgroups(alloc_id: &str) -> Vec<PathBuf> {
+    let root = Path::new("/sys/fs/cgroup");
+    let mut parents = vec![root.join("nomad-rs")];
+    if let Ok(controllers) = std::fs::read_dir(root) {
+        parents.extend(controllers.filter_map(Result::ok).map(|c| c.path().join("nomad-rs")));
+    }
+    parents
+        .iter()
+        .filter_map(|p| std::fs::read_dir(p).ok())
+        .flat_map(|d| d.filter_map(Result::ok).map(|e| e.path()))
+        .filter(|p| p.is_dir() && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(alloc_id)))
+        .collect()
+}
+
+#[test]
+fn a_dev_agent_stopped_with_ctrl_c_leaves_no_task_cgroup_or_container_behind() {
+    if !isolated_tasks_possible() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = dev_agent(&dir.path().join("agent"));
+    let rootfs = busybox_rootfs(dir.path());
+
+    // A running exec task and a finished oci batch alloc, as in the report.
+    nomad(&agent, &["job", "run", &example("web.nomad.hcl")]).expect(0, "job run web");
+    let web = alloc_with_status(&agent, "web", "running");
+    let var = format!("rootfs={}", rootfs.display());
+    nomad(&agent, &["job", "run", "-var", &var, &example("oci-batch.nomad.hcl")]).expect(0, "job run oci-batch");
+    let batch = alloc_with_status(&agent, "oci-batch", "complete");
+    let (web_id, batch_id) = (web["ID"].as_str().unwrap().to_string(), batch["ID"].as_str().unwrap().to_string());
+    assert!(!leftover_cgroups(&web_id).is_empty(), "the running exec task has cgroups");
+
+    let status = agent.stop_with(Signal::SIGINT, SETTLE).unwrap();
+    assert!(status.success(), "{status}");
+    assert_eq!(leftover_cgroups(&web_id), Vec::<PathBuf>::new(), "cgroups of the exec task killed at shutdown");
+    assert_eq!(leftover_cgroups(&batch_id), Vec::<PathBuf>::new(), "cgroups of the finished container");
+    let runc = Command::new("runc").args(["--root", "/run/nomad-rs/runc", "list", "-q"]).output().unwrap();
+    let containers = String::from_utf8_lossy(&runc.stdout);
+    assert!(!containers.lines().any(|c| c.starts_with(&batch_id)), "runc still has the container: {containers}");
+    let tasks = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|p| std::fs::read(p.path().join("environ")).is_ok_and(|env| env.windows(web_id.len()).any(|w| w == web_id.as_bytes())))
+        .count();
+    assert_eq!(tasks, 0, "a process of the web alloc outlived the dev agent");
+}
