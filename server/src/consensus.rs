@@ -96,7 +96,7 @@ impl Consensus for LocalConsensus {
             // Tests may also write to the store directly; never reuse an index.
             let index = (*next).max(self.fsm.store().snapshot().index + 1);
             *next = index + 1;
-            let res = self.fsm.apply(index, &cmd);
+            let res = self.fsm.apply(index, cmd);
             match res.error {
                 None => Ok(index),
                 Some(e) => Err(ApplyError::Refused(e)),

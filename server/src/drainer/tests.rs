@@ -330,7 +330,7 @@ impl Recorder {
         let mut g = self.fsm.lock().unwrap();
         let (fsm, index) = g.as_mut().unwrap();
         *index = (*index).max(fsm.store().snapshot().index) + 1;
-        match fsm.apply(*index, &cmd).error {
+        match fsm.apply(*index, cmd).error {
             None => Ok(*index),
             Some(e) => Err(ApplyError::Refused(e)),
         }
@@ -414,7 +414,7 @@ fn completion_skips_nodes_whose_drain_was_cancelled_or_that_are_gone() {
         ],
         now: NOW,
     };
-    assert_eq!(fsm.apply(next, &cmd).error, None);
+    assert_eq!(fsm.apply(next, cmd).error, None);
     let snap = w.store.snapshot();
     let n2 = snap.node("n2").unwrap();
     assert!(n2.last_drain.is_none() && n2.modify_index < next, "not draining: untouched");
@@ -432,9 +432,9 @@ fn completion_and_migration_events_have_nomads_types() {
     let broker = Arc::new(crate::events::EventBroker::new(100));
     let fsm = ServerFsm::with_events(w.store.clone(), broker.clone());
     let transitions = BTreeMap::from([("a0".to_string(), DesiredTransition { migrate: Some(true), ..DesiredTransition::default() })]);
-    assert_eq!(fsm.apply(w.index + 1, &Command::AllocDesiredTransition { transitions, evals: vec![] }).error, None);
+    assert_eq!(fsm.apply(w.index + 1, Command::AllocDesiredTransition { transitions, evals: vec![] }).error, None);
     let nodes = vec![DrainComplete { node_id: "n1".into(), event: complete_event(true, NOW) }];
-    assert_eq!(fsm.apply(w.index + 2, &Command::NodeDrainComplete { nodes, now: NOW }).error, None);
+    assert_eq!(fsm.apply(w.index + 2, Command::NodeDrainComplete { nodes, now: NOW }).error, None);
     let mut sub = broker.subscribe(0);
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     let (a, b) = rt.block_on(async { (sub.next().await.unwrap(), sub.next().await.unwrap()) });

@@ -35,11 +35,21 @@ impl ServerFsm {
 }
 
 impl Fsm for ServerFsm {
-    fn apply(&self, index: u64, cmd: &Command) -> ApplyResult {
-        match self.store.write_with_changes(index, |txn| apply_command(txn, cmd)) {
+    fn apply(&self, index: u64, mut cmd: Command) -> ApplyResult {
+        // A plan's allocs move into the state rather than being copied out of the command.
+        let plans = match &mut cmd {
+            Command::PlanApply(plan) => Some(vec![std::mem::take(plan)]),
+            Command::PlanApplyBatch(plans) => Some(std::mem::take(plans)),
+            _ => None,
+        };
+        let result = self.store.write_with_changes(index, |txn| match plans {
+            Some(plans) => apply_plans(txn, plans),
+            None => apply_command(txn, &cmd),
+        });
+        match result {
             Ok(((), changes)) => {
                 if let Some(broker) = &self.events {
-                    if let Some(batch) = crate::events::batch_for(index, cmd, &changes) {
+                    if let Some(batch) = crate::events::batch_for(index, &cmd, &changes) {
                         broker.publish(batch);
                     }
                 }
@@ -140,7 +150,7 @@ fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnError> {
             txn.update_desired_transitions(transitions)?;
             jobs.extend(txn.upsert_evals(evals.clone()));
         }
-        Command::PlanApply(plan) => apply_plan(txn, plan, &mut jobs)?,
+        Command::PlanApply(plan) => apply_plan(txn, plan.clone(), &mut jobs)?,
         Command::ServiceRegistrationUpsert { services } => txn.upsert_service_registrations(services),
         Command::ServiceRegistrationDeleteByAlloc { alloc_ids } => {
             txn.delete_service_registrations(|r| alloc_ids.contains(&r.alloc_id));
@@ -157,7 +167,7 @@ fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnError> {
         }
         Command::PlanApplyBatch(plans) => {
             for plan in plans {
-                apply_plan(txn, plan, &mut jobs)?;
+                apply_plan(txn, plan.clone(), &mut jobs)?;
             }
         }
         Command::NodeDrainComplete { nodes, now } => {
@@ -172,14 +182,25 @@ fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnError> {
     Ok(())
 }
 
-fn apply_plan(txn: &mut Txn<'_>, plan: &PlanApply, jobs: &mut BTreeSet<NamespacedId>) -> Result<(), TxnError> {
+/// Applies plans taken out of their command (see [`ServerFsm::apply`]).
+fn apply_plans(txn: &mut Txn<'_>, plans: Vec<PlanApply>) -> Result<(), TxnError> {
+    let mut jobs = BTreeSet::new();
+    for plan in plans {
+        apply_plan(txn, plan, &mut jobs)?;
+    }
+    for key in &jobs {
+        txn.refresh_job_status(key);
+    }
+    Ok(())
+}
+
+fn apply_plan(txn: &mut Txn<'_>, plan: PlanApply, jobs: &mut BTreeSet<NamespacedId>) -> Result<(), TxnError> {
     // Allocs in the log carry no job when they run the plan's job; they share one copy.
-    let job = plan.job.clone().map(Arc::new);
+    let job = plan.job.map(Arc::new);
     let now = plan.now.unix_nanos();
     let allocs = plan
         .allocs_upserted
-        .iter()
-        .cloned()
+        .into_iter()
         .map(|mut a| {
             if a.job.is_none() {
                 a.job = job.clone();
@@ -193,10 +214,8 @@ fn apply_plan(txn: &mut Txn<'_>, plan: &PlanApply, jobs: &mut BTreeSet<Namespace
         .collect();
     jobs.extend(txn.stop_allocs(&plan.allocs_stopped, now));
     jobs.extend(txn.upsert_allocs_from_plan(allocs));
-    let mut evals = plan.evals.clone();
-    if let Some(e) = &plan.eval {
-        evals.push(e.clone());
-    }
+    let mut evals = plan.evals;
+    evals.extend(plan.eval);
     jobs.extend(txn.upsert_evals(evals));
     Ok(())
 }

@@ -17,7 +17,7 @@ pub use command::{AllocStop, ApplyResult, Command, DrainComplete, PlanApply};
 /// same state.
 pub trait Fsm: Send + Sync + 'static {
     /// Applies one committed command at Raft index `index`.
-    fn apply(&self, index: u64, cmd: &Command) -> ApplyResult;
+    fn apply(&self, index: u64, cmd: Command) -> ApplyResult;
     /// Serializes the whole state for a Raft snapshot.
     fn snapshot(&self) -> Result<Vec<u8>, String>;
     /// Replaces the whole state with a snapshot produced by [`Fsm::snapshot`].

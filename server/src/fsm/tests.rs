@@ -54,7 +54,7 @@ fn log() -> Vec<Command> {
 fn replay(cmds: &[Command]) -> (Arc<StateStore>, Vec<Option<String>>) {
     let store = Arc::new(StateStore::new());
     let fsm = ServerFsm::new(store.clone());
-    let results = cmds.iter().enumerate().map(|(i, c)| fsm.apply(i as u64 + 1, c).error).collect();
+    let results = cmds.iter().enumerate().map(|(i, c)| fsm.apply(i as u64 + 1, c.clone()).error).collect();
     (store, results)
 }
 
@@ -95,7 +95,7 @@ fn events_are_published_once_per_committed_command() {
     let broker = Arc::new(EventBroker::new(100));
     let fsm = ServerFsm::with_events(store, broker.clone());
     for (i, c) in log().iter().enumerate() {
-        fsm.apply(i as u64 + 1, c);
+        fsm.apply(i as u64 + 1, c.clone());
     }
     // Index 6 was refused and emits nothing; every other command emits one batch.
     assert_eq!(broker.buffered_indexes(), vec![1, 2, 3, 4, 5, 7, 8]);

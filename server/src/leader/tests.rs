@@ -152,7 +152,7 @@ async fn losing_leadership_stops_everything_and_winning_it_again_restores_pendin
     crate::fsm::Fsm::apply(
         &crate::fsm::ServerFsm::new(ts.store.clone()),
         index,
-        &Command::JobRegister { job: j, eval: Some(e.clone()), now: Timestamp::now() },
+        Command::JobRegister { job: j, eval: Some(e.clone()), now: Timestamp::now() },
     );
     assert_eq!(leader.broker().stats(), crate::broker::BrokerStats::default(), "a follower queues nothing");
 

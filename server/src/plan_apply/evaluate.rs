@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use nomad_proto::{Allocation, ClientStatus, Node, NodeStatus, Plan, PlanResult, SchedulingEligibility};
 
 use super::fit::{Held, fits};
-use crate::state::{State, Table};
+use crate::state::{AllocHold, Load, State, Table};
 
 /// Alloc changes accepted but maybe not yet in the state being read.
 #[derive(Debug, Default, Clone)]
@@ -65,25 +65,49 @@ fn is_live(state: &State, overlays: &[&Overlay], node_id: &str, id: &str) -> boo
     state.alloc(id).is_some_and(|a| a.node_id == node_id && !a.terminal())
 }
 
-/// What the live allocs on a node hold, by alloc ID, as `state` plus `overlays` (in order) have it.
-fn held_on<'a>(state: &'a State, overlays: &[&'a Overlay], node_id: &str) -> HashMap<&'a str, Held> {
-    let mut held: HashMap<&str, Held> =
-        state.allocs_by_node(node_id).filter(|a| !a.terminal()).map(|a| (a.id.as_str(), Held::of(a))).collect();
+/// What the live allocs on a node hold as `state` plus `overlays` (in order) have it, leaving
+/// out the allocs in `replaced` (the plan's own stops and placements on the node).
+///
+/// Starts from the node's summed load in `state` and corrects it for the few allocs the
+/// overlays or the plan touch, rather than walking every alloc on the node.
+fn load_on(state: &State, overlays: &[&Overlay], node_id: &str, replaced: &[&str]) -> Load {
+    let mut load = state.node_load(node_id).map(|l| l.live.clone()).unwrap_or_default();
+    // The last overlay to touch an alloc decides it: Some(held) upserted, None stopped.
+    let mut touched: Vec<(&str, Option<&Held>)> = Vec::new();
     for o in overlays {
-        if let Some(n) = o.nodes.get(node_id) {
-            for id in &n.stops {
-                held.remove(id.as_str());
-            }
-            for (id, h) in &n.upserts {
-                if h.terminal {
-                    held.remove(id.as_str());
-                } else {
-                    held.insert(id.as_str(), h.clone());
-                }
+        let Some(n) = o.nodes.get(node_id) else { continue };
+        let changes = n.stops.iter().map(|id| (id.as_str(), None)).chain(n.upserts.iter().map(|(id, h)| (id.as_str(), Some(h))));
+        for (id, held) in changes {
+            match touched.iter_mut().find(|(t, _)| *t == id) {
+                Some(t) => t.1 = held,
+                None => touched.push((id, held)),
             }
         }
     }
-    held
+    let mut counted_in_state = |id: &str| {
+        if let Some(a) = state.alloc(id)
+            && a.node_id == node_id
+            && !a.terminal()
+        {
+            load.remove(&AllocHold::of(a));
+        }
+    };
+    let mut seen: Vec<&str> = Vec::with_capacity(touched.len() + replaced.len());
+    for id in touched.iter().map(|(id, _)| *id).chain(replaced.iter().copied()) {
+        if !seen.contains(&id) {
+            seen.push(id);
+            counted_in_state(id);
+        }
+    }
+    for (id, held) in &touched {
+        if let Some(h) = held
+            && !h.terminal
+            && !replaced.contains(id)
+        {
+            load.add(&h.hold);
+        }
+    }
+    load
 }
 
 /// Whether the plan's part for one node may be committed; `Err` says why not.
@@ -116,13 +140,11 @@ pub fn evaluate_node_plan(state: &State, overlays: &[&Overlay], plan: &Plan, nod
     if node.scheduling_eligibility == SchedulingEligibility::Ineligible {
         return Err("node is not eligible".into());
     }
-    let mut held = held_on(state, overlays, node_id);
     let removed = [&plan.node_update, &plan.node_preemptions].into_iter().filter_map(|m| m.get(node_id)).flatten();
-    for a in removed.chain(placements.iter()) {
-        held.remove(a.id.as_str());
-    }
-    let proposed: Vec<Held> = placements.iter().map(Held::of).collect();
-    fits(node, held.values().chain(proposed.iter()))
+    let replaced: Vec<&str> = removed.chain(placements.iter()).map(|a| a.id.as_str()).collect();
+    let mut load = load_on(state, overlays, node_id, &replaced);
+    placements.iter().for_each(|a| load.add(&AllocHold::of(a)));
+    fits(node, &load)
 }
 
 /// The index a worker must reach before planning again after a refusal.

@@ -4,6 +4,8 @@ use std::collections::BTreeSet;
 
 use nomad_proto::{Allocation, Node};
 
+use crate::state::{AllocHold, Load};
+
 /// Resources held, in Nomad's units (MHz, MiB, MiB).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Usage {
@@ -18,17 +20,8 @@ pub struct Usage {
 /// What an alloc holds: its allocated resources, else its group's asks
 /// (allocs written before resources were recorded).
 pub fn alloc_usage(a: &Allocation) -> Usage {
-    if let Some(r) = &a.allocated_resources {
-        return Usage { cpu: r.cpu_shares(), memory_mb: r.memory_mb(), disk_mb: r.shared.disk_mb };
-    }
-    let Some(tg) = a.job.as_ref().and_then(|j| j.lookup_task_group(&a.task_group)) else {
-        return Usage::default();
-    };
-    Usage {
-        cpu: tg.tasks.iter().map(|t| t.resources.cpu).sum(),
-        memory_mb: tg.tasks.iter().map(|t| t.resources.memory_mb).sum(),
-        disk_mb: tg.ephemeral_disk.size_mb,
-    }
+    let h = AllocHold::of(a);
+    Usage { cpu: h.cpu, memory_mb: h.memory_mb, disk_mb: h.disk_mb }
 }
 
 /// What a node offers for allocs: its resources minus what it reserves.
@@ -68,12 +61,8 @@ pub fn parse_port_list(spec: &str) -> BTreeSet<i64> {
 /// What fitting needs to know of one alloc, without the alloc.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Held {
-    /// Resources.
-    pub usage: Usage,
-    /// Host ports.
-    pub ports: Vec<i64>,
-    /// Reserved cores.
-    pub cores: Vec<u16>,
+    /// Resources and ports.
+    pub hold: AllocHold,
     /// Finished (client or server side): holds nothing.
     pub terminal: bool,
 }
@@ -81,51 +70,42 @@ pub struct Held {
 impl Held {
     /// What `a` holds.
     pub fn of(a: &Allocation) -> Held {
-        let (ports, cores) = match &a.allocated_resources {
-            Some(r) => {
-                (r.host_ports().into_iter().collect(), r.tasks.values().flat_map(|t| t.cpu.reserved_cores.iter().copied()).collect())
-            }
-            None => (Vec::new(), Vec::new()),
-        };
-        Held { usage: alloc_usage(a), ports, cores, terminal: a.terminal() }
+        Held { hold: AllocHold::of(a), terminal: a.terminal() }
     }
 }
 
 /// Checks that `allocs` (the node's proposed non-terminal allocs) fit on
 /// `node`. The error names the exhausted dimension, as Nomad does.
 pub fn allocs_fit<'a>(node: &Node, allocs: impl IntoIterator<Item = &'a Allocation>) -> Result<(), String> {
-    let held: Vec<Held> = allocs.into_iter().map(Held::of).collect();
-    fits(node, held.iter())
+    let mut load = Load::default();
+    allocs.into_iter().for_each(|a| load.add(&AllocHold::of(a)));
+    fits(node, &load)
 }
 
-/// [`allocs_fit`] over what the allocs hold.
-pub fn fits<'a>(node: &Node, held: impl IntoIterator<Item = &'a Held>) -> Result<(), String> {
-    let capacity = node_capacity(node);
-    let mut used = Usage::default();
-    let mut ports = node.reserved_resources.as_ref().map(|r| parse_port_list(&r.networks.reserved_host_ports)).unwrap_or_default();
-    let mut cores = BTreeSet::new();
-    for h in held {
-        used.cpu += h.usage.cpu;
-        used.memory_mb += h.usage.memory_mb;
-        used.disk_mb += h.usage.disk_mb;
-        for p in &h.ports {
-            if !ports.insert(*p) {
-                return Err(format!("network: port collision ({p})"));
-            }
-        }
-        for c in &h.cores {
-            if !cores.insert(*c) {
-                return Err("cores".to_string());
-            }
+/// Whether `load` fits on `node`: no port held twice or reserved by the node, no core held
+/// twice, and cpu, memory and disk within what the node offers.
+pub fn fits(node: &Node, load: &Load) -> Result<(), String> {
+    if let Some(p) = load.repeated_port() {
+        return Err(format!("network: port collision ({p})"));
+    }
+    let reserved = node.reserved_resources.as_ref().map(|r| r.networks.reserved_host_ports.as_str()).unwrap_or("");
+    if !reserved.is_empty() && !load.ports.is_empty() {
+        let reserved = parse_port_list(reserved);
+        if let Some(p) = load.ports.iter().find(|p| reserved.contains(p)) {
+            return Err(format!("network: port collision ({p})"));
         }
     }
-    if used.cpu > capacity.cpu {
+    if load.repeated_core() {
+        return Err("cores".to_string());
+    }
+    let capacity = node_capacity(node);
+    if load.cpu > capacity.cpu {
         return Err("cpu".to_string());
     }
-    if used.memory_mb > capacity.memory_mb {
+    if load.memory_mb > capacity.memory_mb {
         return Err("memory".to_string());
     }
-    if used.disk_mb > capacity.disk_mb {
+    if load.disk_mb > capacity.disk_mb {
         return Err("disk".to_string());
     }
     Ok(())

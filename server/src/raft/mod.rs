@@ -36,8 +36,10 @@ pub type NodeId = u64;
 
 openraft::declare_raft_types!(
     /// openraft's type configuration: the log carries [`Command`]s, applying one yields an [`ApplyResult`].
+    /// Shared (`Arc`, serialized as the command itself) so that a write retried after a leader
+    /// change does not copy a plan of a hundred allocs for every attempt.
     pub TypeConfig:
-        D = Command,
+        D = std::sync::Arc<Command>,
         R = ApplyResult,
         NodeId = NodeId,
         Node = BasicNode,

@@ -56,14 +56,14 @@ impl Shared {
     }
 
     /// Writes through the local Raft, which must be the leader.
-    pub(crate) async fn write_local(&self, command: Command) -> Result<Applied, Refusal> {
+    pub(crate) async fn write_local(&self, command: Arc<Command>) -> Result<Applied, Refusal> {
         match self.raft.client_write(command).await {
             Ok(response) => Ok(Applied { index: response.log_id.index, result: response.data }),
             Err(e) => Err(refusal(e)),
         }
     }
 
-    async fn write_here(&self, command: Command, timeout: Duration) -> Attempt {
+    async fn write_here(&self, command: Arc<Command>, timeout: Duration) -> Attempt {
         match tokio::time::timeout(timeout, self.write_local(command)).await {
             Err(_) => Attempt::Failed(RaftError::CommitTimeout(self.apply_timeout)),
             Ok(Ok(applied)) => Attempt::Done(applied),
@@ -72,7 +72,7 @@ impl Shared {
         }
     }
 
-    async fn forward(&self, leader: &str, command: Command, timeout: Duration) -> Attempt {
+    async fn forward(&self, leader: &str, command: Arc<Command>, timeout: Duration) -> Attempt {
         let forward_error = |message: String| RaftError::Forward { leader: leader.to_string(), message };
         let mut client = match self.pool.client(leader) {
             Ok(client) => client,
@@ -188,6 +188,7 @@ impl RaftNode {
     /// forwarded to the leader. Waits at most the apply timeout for a leader and the commit; with no
     /// leader in that time it fails with [`RaftError::NoLeader`].
     pub async fn apply(&self, cmd: Command) -> Result<(u64, ApplyResult), RaftError> {
+        let cmd = Arc::new(cmd);
         let deadline = Instant::now() + self.shared.apply_timeout;
         let mut leader_changed = self.leader.clone();
         let mut last_error = RaftError::NoLeader;

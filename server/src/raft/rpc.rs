@@ -37,7 +37,7 @@ pub type InstallSnapshotReply = Result<InstallSnapshotResponse<NodeId>, RaftErro
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ForwardRequest {
     /// The write.
-    pub command: Command,
+    pub command: std::sync::Arc<Command>,
 }
 
 /// A write committed and applied by the leader.

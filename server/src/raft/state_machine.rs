@@ -76,7 +76,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             applied.last_log_id = Some(entry.log_id);
             results.push(match entry.payload {
                 EntryPayload::Blank => ApplyResult::ok(),
-                EntryPayload::Normal(cmd) => self.fsm.apply(entry.log_id.index, &cmd),
+                EntryPayload::Normal(cmd) => self.fsm.apply(entry.log_id.index, Arc::unwrap_or_clone(cmd)),
                 EntryPayload::Membership(membership) => {
                     applied.membership = StoredMembership::new(Some(entry.log_id), membership);
                     ApplyResult::ok()

@@ -44,8 +44,8 @@ impl TestFsm {
 }
 
 impl Fsm for TestFsm {
-    fn apply(&self, index: u64, cmd: &Command) -> ApplyResult {
-        self.applied.lock().unwrap().push((index, cmd.clone()));
+    fn apply(&self, index: u64, cmd: Command) -> ApplyResult {
+        self.applied.lock().unwrap().push((index, cmd));
         ApplyResult::ok()
     }
 
@@ -217,7 +217,10 @@ async fn corrupt_log_entry_fails_start_with_a_clear_error() {
 async fn log_store_truncates_purges_and_persists() {
     let dir = TempDir::new().unwrap();
     let path = dir.path().join("raft.redb");
-    let entry = |index| Entry::<TypeConfig> { log_id: log_id(1, 7, index), payload: EntryPayload::Normal(command(index as usize)) };
+    let entry = |index| Entry::<TypeConfig> {
+        log_id: log_id(1, 7, index),
+        payload: EntryPayload::Normal(std::sync::Arc::new(command(index as usize))),
+    };
     let indexes = |entries: Vec<Entry<TypeConfig>>| entries.iter().map(|e| e.log_id.index).collect::<Vec<_>>();
     {
         let mut store = LogStore::open(&path).unwrap();

@@ -44,6 +44,12 @@ impl PortSet {
         self.used.binary_search(&p).is_ok() || self.reserved.iter().any(|(lo, hi)| (*lo..=*hi).contains(&p))
     }
 
+    /// The ports taken by allocs (tests compare usages).
+    #[cfg(test)]
+    pub(crate) fn used(&self) -> &[u16] {
+        &self.used
+    }
+
     /// Marks `port` taken; false when it already was (a collision).
     pub(crate) fn insert(&mut self, port: i64) -> bool {
         if self.contains(port) {

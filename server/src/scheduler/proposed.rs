@@ -14,7 +14,7 @@ use nomad_proto::{Allocation, ClientStatus, DesiredStatus, Node, Plan};
 
 use super::fast_hash::{FastMap, FastSet};
 use super::usage::NodeUsage;
-use crate::state::State;
+use crate::state::{AllocHold, State};
 
 /// One change in where the eval's job has allocs.
 #[derive(Debug, Clone)]
@@ -40,6 +40,8 @@ pub(crate) struct Proposed<'a> {
     /// Keyed by the node's address in the snapshot (stable for its lifetime):
     /// cheaper than hashing and comparing node IDs on every visit.
     usage: FastMap<usize, NodeUsage>,
+    /// The job's unfinished allocs in the snapshot by node, built on first use.
+    job_allocs_by_node: Option<FastMap<&'a str, Vec<&'a Allocation>>>,
 }
 
 impl<'a> Proposed<'a> {
@@ -55,6 +57,7 @@ impl<'a> Proposed<'a> {
             upserted: FastSet::default(),
             journal: Vec::new(),
             usage: FastMap::default(),
+            job_allocs_by_node: None,
         }
     }
 
@@ -73,10 +76,6 @@ impl<'a> Proposed<'a> {
 
     fn is_job_alloc(&self, a: &Allocation) -> bool {
         a.job_id == self.job_id && a.namespace == self.namespace
-    }
-
-    fn group_index(&self, group: &str) -> Option<usize> {
-        self.groups.iter().position(|g| g == group)
     }
 
     /// Stops `alloc` (Nomad's `AppendStoppedAlloc`). The plan carries only the
@@ -170,19 +169,83 @@ impl<'a> Proposed<'a> {
         &self.usage[&key]
     }
 
-    fn compute_usage(&self, node: &Node) -> NodeUsage {
-        let mut u = NodeUsage::new(node, self.groups.len());
-        for a in self.state.allocs_by_node(&node.id) {
-            if a.client_terminal() || self.stopped.contains_key(&a.id) || self.upserted.contains(&a.id) {
-                continue;
+    /// The node's allocs as the plan leaves them: the node's summed load in the snapshot,
+    /// minus the allocs the plan stops or rewrites there, plus what it places; and how many of
+    /// them are the job's. Only the plan's entries for the node and the job's own allocs are
+    /// walked, not every alloc on the node.
+    fn compute_usage(&mut self, node: &Node) -> NodeUsage {
+        let state = self.state;
+        let mut load = state.node_load(&node.id).map(|l| l.placed.clone()).unwrap_or_default();
+        let replaced = |a: &Allocation| self.stopped.contains_key(&a.id) || self.upserted.contains(&a.id);
+        let planned = self.plan.node_update.get(&node.id).into_iter().chain(self.plan.node_allocation.get(&node.id)).flatten();
+        let mut seen: Vec<&str> = Vec::new();
+        for entry in planned {
+            if let Some(stored) = state.alloc(&entry.id)
+                && stored.node_id == node.id
+                && !stored.client_terminal()
+                && replaced(stored)
+                && !seen.contains(&stored.id.as_str())
+            {
+                seen.push(&stored.id);
+                load.remove(&AllocHold::of(stored));
             }
-            u.add(a, self.is_job_alloc(a), self.group_index(&a.task_group));
+        }
+        let mut job_allocs = 0;
+        let mut group_allocs = vec![0u32; self.groups.len()];
+        let mut count = |a: &Allocation| {
+            job_allocs += 1;
+            if let Some(g) = self.groups.iter().position(|g| *g == a.task_group) {
+                group_allocs[g] += 1;
+            }
+        };
+        let by_node = self.job_allocs_by_node.get_or_insert_with(|| {
+            let mut m: FastMap<&'a str, Vec<&'a Allocation>> = FastMap::default();
+            for a in state.allocs_by_job(&self.namespace, &self.job_id).filter(|a| !a.client_terminal()) {
+                m.entry(a.node_id.as_str()).or_default().push(a);
+            }
+            m
+        });
+        for a in by_node.get(node.id.as_str()).into_iter().flatten() {
+            if !replaced(a) {
+                count(a);
+            }
         }
         for a in self.plan.node_allocation.get(&node.id).into_iter().flatten() {
             if !a.client_terminal() {
-                u.add(a, self.is_job_alloc(a), self.group_index(&a.task_group));
+                load.add(&AllocHold::of(a));
+                if self.is_job_alloc(a) {
+                    count(a);
+                }
             }
         }
+        let mut u = NodeUsage::from_load(node, &load, self.groups.len());
+        u.job_allocs = job_allocs;
+        u.group_allocs = group_allocs;
+        #[cfg(test)]
+        self.check_against_walk(node, &u);
         u
+    }
+
+    /// Tests: the usage equals a walk over every alloc on the node.
+    #[cfg(test)]
+    fn check_against_walk(&self, node: &Node, u: &NodeUsage) {
+        let mut load = crate::state::Load::default();
+        let (mut job_allocs, mut group_allocs) = (0, vec![0u32; self.groups.len()]);
+        let stored = self.state.allocs_by_node(&node.id).map(|a| a.as_ref());
+        let stored = stored.filter(|a| !a.client_terminal() && !self.stopped.contains_key(&a.id) && !self.upserted.contains(&a.id));
+        let planned = self.plan.node_allocation.get(&node.id).into_iter().flatten().filter(|a| !a.client_terminal());
+        for a in stored.chain(planned) {
+            load.add(&AllocHold::of(a));
+            if self.is_job_alloc(a) {
+                job_allocs += 1;
+                if let Some(g) = self.groups.iter().position(|g| *g == a.task_group) {
+                    group_allocs[g] += 1;
+                }
+            }
+        }
+        let walked = NodeUsage::from_load(node, &load, self.groups.len());
+        assert_eq!((u.cpu, u.memory, u.disk, &u.cores), (walked.cpu, walked.memory, walked.disk, &walked.cores), "node {}", node.id);
+        assert_eq!((u.ports.used(), u.collision), (walked.ports.used(), walked.collision), "node {}", node.id);
+        assert_eq!((u.job_allocs, &u.group_allocs), (job_allocs, &group_allocs), "node {}", node.id);
     }
 }

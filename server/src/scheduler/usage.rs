@@ -1,8 +1,9 @@
 //! What a node has left: its capacity and the resources its allocs hold.
 
-use nomad_proto::{Allocation, Node};
+use nomad_proto::Node;
 
 use super::ports::PortSet;
+use crate::state::Load;
 
 /// A node's schedulable capacity: offered minus reserved.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -52,34 +53,16 @@ impl NodeUsage {
         NodeUsage { ports, collision, group_allocs: vec![0; groups], ..NodeUsage::default() }
     }
 
-    /// Adds an alloc's resources. `group` is the index of its group in the
-    /// eval's job when the alloc belongs to that job.
-    pub(crate) fn add(&mut self, alloc: &Allocation, same_job: bool, group: Option<usize>) {
-        if let Some(r) = &alloc.allocated_resources {
-            for t in r.tasks.values() {
-                self.cpu += t.cpu.cpu_shares;
-                self.memory += t.memory.memory_mb;
-                self.cores.extend_from_slice(&t.cpu.reserved_cores);
-                for n in &t.networks {
-                    self.add_ports(n.reserved_ports.iter().chain(&n.dynamic_ports).map(|p| p.value));
-                }
-            }
-            self.disk += r.shared.disk_mb;
-            // Shared.Ports is the authoritative list; networks only for older allocs.
-            if !r.shared.ports.is_empty() {
-                self.add_ports(r.shared.ports.iter().map(|p| p.value));
-            } else {
-                for n in &r.shared.networks {
-                    self.add_ports(n.reserved_ports.iter().chain(&n.dynamic_ports).map(|p| p.value));
-                }
-            }
-        }
-        if same_job {
-            self.job_allocs += 1;
-            if let Some(g) = group.and_then(|g| self.group_allocs.get_mut(g)) {
-                *g += 1;
-            }
-        }
+    /// What `load` holds on the node (ports through the node's reserved ones, so a port held
+    /// twice or reserved marks a collision).
+    pub(crate) fn from_load(node: &Node, load: &Load, groups: usize) -> NodeUsage {
+        let mut u = NodeUsage::new(node, groups);
+        u.cpu = load.cpu;
+        u.memory = load.memory_mb;
+        u.disk = load.disk_mb;
+        u.cores = load.cores.clone();
+        u.add_ports(load.ports.iter().copied());
+        u
     }
 
     fn add_ports(&mut self, ports: impl Iterator<Item = i64>) {

@@ -1,11 +1,12 @@
 //! The allocations table and its node and job indexes.
 
 use std::collections::BTreeSet;
+use std::ops::Bound;
 use std::sync::Arc;
 
 use nomad_proto::{Allocation, ClientStatus, DesiredStatus, DesiredTransition, NamespacedId};
 
-use super::{State, Table, Txn, TxnError};
+use super::{Key, State, Table, Txn, TxnError};
 
 impl State {
     /// One alloc.
@@ -20,12 +21,18 @@ impl State {
 
     /// Allocs whose ID starts with `prefix`.
     pub fn allocs_by_prefix<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = &'a Arc<Allocation>> + 'a {
-        self.allocs.range(prefix.to_string()..).map(|(_, a)| a).take_while(move |a| a.id.starts_with(prefix))
+        let from: (Bound<&str>, Bound<&str>) = (Bound::Included(prefix), Bound::Unbounded);
+        self.allocs.range::<_, str>(from).map(|(_, a)| a).take_while(move |a| a.id.starts_with(prefix))
     }
 
     /// Allocs on a node.
     pub fn allocs_by_node<'a>(&'a self, node_id: &str) -> impl Iterator<Item = &'a Arc<Allocation>> + use<'a> {
         self.allocs_by_node.get(node_id).into_iter().flat_map(|allocs| allocs.values())
+    }
+
+    /// What the allocs on a node hold (computed once per version of the node's alloc set).
+    pub fn node_load(&self, node_id: &str) -> Option<&super::NodeLoad> {
+        self.allocs_by_node.get(node_id).map(|allocs| allocs.load())
     }
 
     /// Allocs of a job.
@@ -64,7 +71,7 @@ fn merge_client_fields(stored: &Allocation, update: &Allocation) -> Allocation {
 impl Txn<'_> {
     fn put_alloc(&mut self, alloc: Allocation) {
         let key = NamespacedId::new(&alloc.namespace, &alloc.job_id);
-        let old = self.state.allocs.get(&alloc.id).cloned();
+        let old = self.state.allocs.get(alloc.id.as_str()).cloned();
         // Keep the job summary's counters in step with client status changes.
         let group = alloc.task_group.clone();
         let (old_status, new_status) = (old.as_ref().map(|o| o.client_status), alloc.client_status);
@@ -78,9 +85,18 @@ impl Txn<'_> {
             });
         }
         let alloc = Arc::new(alloc);
-        self.state.allocs_by_node.entry(alloc.node_id.clone()).or_default().insert(alloc.id.clone(), alloc.clone());
-        self.state.allocs_by_job.entry(key).or_default().insert(alloc.id.clone(), alloc.clone());
-        self.state.allocs.insert(alloc.id.clone(), alloc.clone());
+        let id: Key = match &old {
+            Some(_) => {
+                self.state.allocs.get_key_value(alloc.id.as_str()).map(|(k, _)| k.clone()).unwrap_or_else(|| alloc.id.as_str().into())
+            }
+            None => alloc.id.as_str().into(),
+        };
+        match self.state.allocs_by_node.get_mut(alloc.node_id.as_str()) {
+            Some(on_node) => on_node.insert(id.clone(), alloc.clone()),
+            None => self.state.allocs_by_node.entry(alloc.node_id.as_str().into()).or_default().insert(id.clone(), alloc.clone()),
+        }
+        self.state.allocs_by_job.entry(key).or_default().insert(id.clone(), alloc.clone());
+        self.state.allocs.insert(id, alloc.clone());
         self.touch(Table::Allocs);
         self.record(super::Change::Alloc(alloc));
     }
@@ -92,7 +108,7 @@ impl Txn<'_> {
         let index = self.index;
         let mut jobs = BTreeSet::new();
         for mut a in allocs {
-            match self.state.allocs.get(&a.id) {
+            match self.state.allocs.get(a.id.as_str()) {
                 Some(stored) => {
                     a.create_index = stored.create_index;
                     a.create_time = stored.create_time;
@@ -117,7 +133,7 @@ impl Txn<'_> {
         let index = self.index;
         let mut jobs = BTreeSet::new();
         for s in stops {
-            let Some(stored) = self.state.allocs.get(&s.alloc_id) else { continue };
+            let Some(stored) = self.state.allocs.get(s.alloc_id.as_str()) else { continue };
             let mut a = (**stored).clone();
             a.desired_status = DesiredStatus::Stop;
             a.desired_description = s.desired_description.clone();
@@ -148,7 +164,7 @@ impl Txn<'_> {
         let mut nodes = BTreeSet::new();
         for u in updates {
             nodes.insert(u.node_id.clone());
-            let Some(stored) = self.state.allocs.get(&u.id) else { continue };
+            let Some(stored) = self.state.allocs.get(u.id.as_str()) else { continue };
             let mut a = merge_client_fields(stored, u);
             a.modify_index = index;
             a.modify_time = now_ns;
@@ -168,7 +184,7 @@ impl Txn<'_> {
     ) -> Result<(), TxnError> {
         let index = self.index;
         for (id, t) in transitions {
-            let stored = self.state.allocs.get(id).ok_or_else(|| TxnError(format!("alloc not found: {id}")))?;
+            let stored = self.state.allocs.get(id.as_str()).ok_or_else(|| TxnError(format!("alloc not found: {id}")))?;
             let mut a = (**stored).clone();
             let d = &mut a.desired_transition;
             d.migrate = t.migrate.or(d.migrate);
@@ -186,7 +202,7 @@ impl Txn<'_> {
     pub fn delete_allocs(&mut self, ids: &[String]) -> BTreeSet<NamespacedId> {
         let mut jobs = BTreeSet::new();
         for id in ids {
-            let Some(a) = self.state.allocs.remove(id) else { continue };
+            let Some(a) = self.state.allocs.remove(id.as_str()) else { continue };
             let key = NamespacedId::new(&a.namespace, &a.job_id);
             let status = a.client_status;
             let group = a.task_group.clone();
@@ -196,14 +212,14 @@ impl Txn<'_> {
                 }
             });
             self.state.alloc_removed.insert(a.node_id.clone(), self.index);
-            if let Some(set) = self.state.allocs_by_node.get_mut(&a.node_id) {
+            if let Some(set) = self.state.allocs_by_node.get_mut(a.node_id.as_str()) {
                 set.remove(id);
                 if set.is_empty() {
-                    self.state.allocs_by_node.remove(&a.node_id);
+                    self.state.allocs_by_node.remove(a.node_id.as_str());
                 }
             }
             if let Some(set) = self.state.allocs_by_job.get_mut(&key) {
-                set.remove(id);
+                set.remove(id.as_str());
                 if set.is_empty() {
                     self.state.allocs_by_job.remove(&key);
                 }

@@ -1,6 +1,7 @@
 //! The evaluations table.
 
 use std::collections::BTreeSet;
+use std::ops::Bound;
 use std::sync::Arc;
 
 use nomad_proto::{Evaluation, NamespacedId};
@@ -20,7 +21,8 @@ impl State {
 
     /// Evals whose ID starts with `prefix`.
     pub fn evals_by_prefix<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = &'a Arc<Evaluation>> + 'a {
-        self.evals.range(prefix.to_string()..).map(|(_, e)| e).take_while(move |e| e.id.starts_with(prefix))
+        let from: (Bound<&str>, Bound<&str>) = (Bound::Included(prefix), Bound::Unbounded);
+        self.evals.range::<_, str>(from).map(|(_, e)| e).take_while(move |e| e.id.starts_with(prefix))
     }
 
     /// Evals of a job.
@@ -40,7 +42,7 @@ impl Txn<'_> {
         let index = self.index;
         let mut jobs = BTreeSet::new();
         for mut e in evals {
-            e.create_index = self.state.evals.get(&e.id).map_or(index, |old| old.create_index);
+            e.create_index = self.state.evals.get(e.id.as_str()).map_or(index, |old| old.create_index);
             e.modify_index = index;
             let key = e.namespaced_job_id();
             if !e.queued_allocations.is_empty() {
@@ -51,9 +53,10 @@ impl Txn<'_> {
                     }
                 });
             }
-            self.state.evals_by_job.entry(key.clone()).or_default().insert(e.id.clone());
+            let id: super::Key = e.id.as_str().into();
+            self.state.evals_by_job.entry(key.clone()).or_default().insert(id.clone());
             let e = Arc::new(e);
-            self.state.evals.insert(e.id.clone(), e.clone());
+            self.state.evals.insert(id, e.clone());
             self.record(super::Change::Eval(e));
             jobs.insert(key);
         }
@@ -67,10 +70,10 @@ impl Txn<'_> {
     pub fn delete_evals(&mut self, ids: &[String]) -> BTreeSet<NamespacedId> {
         let mut jobs = BTreeSet::new();
         for id in ids {
-            let Some(e) = self.state.evals.remove(id) else { continue };
+            let Some(e) = self.state.evals.remove(id.as_str()) else { continue };
             let key = e.namespaced_job_id();
             if let Some(set) = self.state.evals_by_job.get_mut(&key) {
-                set.remove(id);
+                set.remove(id.as_str());
                 if set.is_empty() {
                     self.state.evals_by_job.remove(&key);
                 }

@@ -19,6 +19,7 @@ mod changes;
 mod evals;
 mod jobs;
 mod namespaces;
+mod node_load;
 mod nodes;
 mod persist;
 mod services;
@@ -33,6 +34,12 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 pub use jobs::job_status;
+
+/// Keys of the large tables (alloc, eval and node IDs). A write copies the tree nodes on its
+/// path, keys included, and frees them when the last snapshot sharing the old ones goes: shared
+/// strings make that a reference count each instead of an allocation and a free.
+type Key = Arc<str>;
+pub use node_load::{AllocHold, Load, NodeLoad};
 
 /// The tables whose index blocking queries wait on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -75,15 +82,15 @@ pub struct State {
     jobs: OrdMap<NamespacedId, Arc<Job>>,
     job_summaries: OrdMap<NamespacedId, Arc<JobSummary>>,
     nodes: OrdMap<String, Arc<Node>>,
-    allocs: OrdMap<String, Arc<Allocation>>,
+    allocs: OrdMap<Key, Arc<Allocation>>,
     /// Node ID → its allocs (by alloc ID). The index holds the allocs themselves, not their IDs:
     /// the scheduler and the plan applier walk a node's allocs for every node they consider,
     /// and a lookup per alloc in `allocs` cost more than the rest of the walk.
-    allocs_by_node: OrdMap<String, OrdMap<String, Arc<Allocation>>>,
+    allocs_by_node: OrdMap<Key, node_load::NodeAllocs>,
     /// Job → its allocs (by alloc ID), for the same reason.
-    allocs_by_job: OrdMap<NamespacedId, OrdMap<String, Arc<Allocation>>>,
-    evals: OrdMap<String, Arc<Evaluation>>,
-    evals_by_job: OrdMap<NamespacedId, OrdSet<String>>,
+    allocs_by_job: OrdMap<NamespacedId, OrdMap<Key, Arc<Allocation>>>,
+    evals: OrdMap<Key, Arc<Evaluation>>,
+    evals_by_job: OrdMap<NamespacedId, OrdSet<Key>>,
     /// Per node, the index at which one of its allocs was last removed (so alloc watches notice GC).
     alloc_removed: OrdMap<String, u64>,
     namespaces: OrdMap<String, Arc<Namespace>>,

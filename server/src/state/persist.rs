@@ -98,8 +98,9 @@ impl State {
         }
         for e in p.evals {
             let key = e.namespaced_job_id();
-            s.evals_by_job.entry(key).or_default().insert(e.id.clone());
-            s.evals.insert(e.id.clone(), e);
+            let id: super::Key = e.id.as_str().into();
+            s.evals_by_job.entry(key).or_default().insert(id.clone());
+            s.evals.insert(id, e);
         }
         for (mut a, job_ref) in p.allocs {
             if let Some(i) = job_ref {
@@ -110,9 +111,10 @@ impl State {
                 a.job = Some(job.clone());
             }
             let a = Arc::new(a);
-            s.allocs_by_node.entry(a.node_id.clone()).or_default().insert(a.id.clone(), a.clone());
-            s.allocs_by_job.entry(NamespacedId::new(&a.namespace, &a.job_id)).or_default().insert(a.id.clone(), a.clone());
-            s.allocs.insert(a.id.clone(), a);
+            let id: super::Key = a.id.as_str().into();
+            s.allocs_by_node.entry(a.node_id.as_str().into()).or_default().insert(id.clone(), a.clone());
+            s.allocs_by_job.entry(NamespacedId::new(&a.namespace, &a.job_id)).or_default().insert(id.clone(), a.clone());
+            s.allocs.insert(id, a);
         }
         for r in p.services {
             s.services.insert(r.id.clone(), r);

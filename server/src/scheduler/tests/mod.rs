@@ -36,7 +36,7 @@ impl Harness {
 
     pub(crate) fn apply(&mut self, cmd: Command) {
         self.index += 1;
-        let r = self.fsm.apply(self.index, &cmd);
+        let r = self.fsm.apply(self.index, cmd);
         assert!(r.error.is_none(), "command refused: {:?}", r.error);
     }
 
