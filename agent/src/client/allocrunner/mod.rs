@@ -118,6 +118,7 @@ impl AllocRunner {
         let deployment_status = alloc.deployment_status.clone();
         Ok(Arc::new_cyclic(|weak: &std::sync::Weak<AllocRunner>| {
             let weak = weak.clone();
+            let node_ctx = ctx.clone();
             let env = HookEnv {
                 task_states: task_states_rx,
                 deployment_status: Arc::new(move |status| {
@@ -127,6 +128,10 @@ impl AllocRunner {
                     }
                 }),
                 cancel: hook_cancel.clone(),
+                shutdown: ctx.shutdown.clone(),
+                registrar: ctx.registrar.clone(),
+                node: Arc::new(move || node_ctx.node()),
+                region: ctx.region.clone(),
             };
             AllocRunner {
                 id: alloc.id.clone(),
