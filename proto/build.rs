@@ -35,6 +35,7 @@ fn main() {
         .comment("Nomad-native service registrations, written by the client running the alloc.")
         .method(unary("upsert", "Upsert", "ServiceRegistrationUpsertRequest", "GenericResponse"))
         .method(unary("delete_by_alloc", "DeleteByAlloc", "ServiceRegistrationDeleteRequest", "GenericResponse"))
+        .method(unary("delete_by_id", "DeleteByID", "ServiceRegistrationDeleteByIdRequest", "GenericResponse"))
         .build();
     Builder::new().compile(&[node, alloc, services]);
 }

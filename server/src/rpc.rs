@@ -1,4 +1,4 @@
-//! The client-facing gRPC services (`Node.*`, `Alloc.*`).
+//! The client-facing gRPC services (`Node.*`, `Alloc.*`, `ServiceRegistration.*`).
 //!
 //! Node RPCs reset leader-held heartbeat timers and write through Raft, so a
 //! follower forwards them to the leader once (a forwarded call that lands on
@@ -12,8 +12,8 @@ use nomad_proto::rpc::codec::MAX_MESSAGE_BYTES;
 use nomad_proto::rpc::{
     AllocClient, AllocRpc, AllocServer, AllocUpdateRequest, AllocsGetRequest, AllocsGetResponse, GenericResponse, NodeClient,
     NodeClientAllocsResponse, NodeRegisterRequest, NodeRpc, NodeServer, NodeSpecificRequest, NodeUpdateResponse, NodeUpdateStatusRequest,
-    ServiceRegistrationClient, ServiceRegistrationDeleteRequest, ServiceRegistrationRpc, ServiceRegistrationServer,
-    ServiceRegistrationUpsertRequest,
+    ServiceRegistrationClient, ServiceRegistrationDeleteByIdRequest, ServiceRegistrationDeleteRequest, ServiceRegistrationRpc,
+    ServiceRegistrationServer, ServiceRegistrationUpsertRequest,
 };
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
@@ -150,6 +150,13 @@ impl ServiceRegistrationRpc for ClientRpc {
             return ServiceRegistrationClient::new(ch).delete_by_alloc(forwarded(req.into_inner())).await;
         }
         Ok(Response::new(self.endpoints.service_delete_by_alloc(req.into_inner()).await?))
+    }
+
+    async fn delete_by_id(&self, req: Request<ServiceRegistrationDeleteByIdRequest>) -> Result<Response<GenericResponse>, Status> {
+        if let Some(ch) = self.forward_target(&req)? {
+            return ServiceRegistrationClient::new(ch).delete_by_id(forwarded(req.into_inner())).await;
+        }
+        Ok(Response::new(self.endpoints.service_delete_by_id(req.into_inner()).await?))
     }
 }
 

@@ -20,6 +20,8 @@ pub struct TestServer {
     pub consensus: Arc<LocalConsensus>,
     /// Endpoints.
     pub endpoints: Endpoints,
+    /// The event broker the consensus publishes to.
+    pub events: Arc<crate::events::EventBroker>,
 }
 
 impl TestServer {
@@ -31,9 +33,9 @@ impl TestServer {
         let heartbeats = Arc::new(Heartbeater::new(HeartbeatConfig::default()));
         heartbeats.arm(Vec::<String>::new());
         let endpoints = Endpoints::new(store.clone(), consensus.clone(), heartbeats, EndpointConfig::default())
-            .with_events(events)
+            .with_events(events.clone())
             .with_scheduler(Arc::new(crate::scheduler::BuiltinScheduler));
-        TestServer { store, consensus, endpoints }
+        TestServer { store, consensus, endpoints, events }
     }
 
     /// The HTTP router over this server.

@@ -21,6 +21,7 @@ pub mod monitor;
 pub mod node;
 pub mod prefix;
 pub mod server;
+pub mod service;
 pub mod status;
 pub mod tables;
 
@@ -56,6 +57,8 @@ pub enum Command {
     Eval(eval::EvalArgs),
     /// Show the servers.
     Server(server::ServerArgs),
+    /// Show Nomad-native service registrations.
+    Service(service::ServiceArgs),
     /// Show the status of jobs, or of any object by ID prefix.
     Status(status::StatusArgs),
     /// Print the version.
@@ -133,6 +136,7 @@ pub async fn run(command: Command) -> u8 {
         Command::Alloc(a) => alloc::run(a).await,
         Command::Eval(a) => eval::run(a).await,
         Command::Server(a) => server::run(a).await,
+        Command::Service(a) => service::run(a).await,
         Command::Status(a) => status::run(a).await,
         Command::Agent(_) | Command::Version => Err(Failure::new("agent and version are not API commands")),
     };

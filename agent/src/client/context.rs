@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::driver::DriverRegistry;
+use super::services::ServiceRegistrar;
 use super::state::StateDb;
 
 /// Shared by every runner of one client.
@@ -40,6 +41,8 @@ pub struct ClientContext {
     pub shutdown: CancellationToken,
     /// Every runner task, so shutdown can wait for all of them.
     pub tracker: TaskTracker,
+    /// Registers Nomad-native services with the servers.
+    pub registrar: Arc<dyn ServiceRegistrar>,
 }
 
 impl ClientContext {

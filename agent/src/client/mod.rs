@@ -26,6 +26,7 @@ pub mod http;
 pub mod reconnect;
 pub mod register;
 pub mod servers;
+pub mod services;
 pub mod state;
 pub mod sync;
 pub mod taskrunner;
@@ -151,7 +152,7 @@ pub(crate) struct ClientInner {
     config: ClientConfig,
     ctx: Arc<ClientContext>,
     identity: NodeIdentity,
-    servers: Servers,
+    servers: Arc<Servers>,
     allocs: Mutex<BTreeMap<String, Arc<AllocRunner>>>,
     invalid_allocs: Mutex<BTreeSet<String>>,
     servers_contacted: tokio_watch::Sender<bool>,
@@ -181,6 +182,8 @@ impl Client {
         let driver_infos = drivers.fingerprint_all().await;
         let node = register::node(&config, &identity, &driver_infos);
         let (updates_tx, updates_rx) = mpsc::unbounded_channel();
+        let servers = Arc::new(Servers::new(config.settings.servers.clone()));
+        let registrar = Arc::new(services::RpcRegistrar::new(servers.clone(), &identity.node_id, &identity.secret_id));
         let ctx = Arc::new(ClientContext {
             state: state.clone(),
             drivers,
@@ -194,9 +197,10 @@ impl Client {
             updates: updates_tx,
             shutdown: CancellationToken::new(),
             tracker: TaskTracker::new(),
+            registrar,
         });
         let inner = Arc::new(ClientInner {
-            servers: Servers::new(config.settings.servers.clone()),
+            servers,
             config,
             ctx: ctx.clone(),
             identity,

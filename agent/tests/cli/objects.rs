@@ -186,3 +186,53 @@ async fn server_members_marks_the_raft_leader() {
     nomad(&["job", "status", "-address", &addr]).await.expect_code(0).stdout_has("hello  service  50");
     srv.shutdown().await;
 }
+
+#[tokio::test]
+async fn service_list_and_info_show_registrations_and_an_unknown_service_exits_1() {
+    let (api, alloc) = cluster().await;
+    api.nomad(&["service", "list"]).await.expect_code(0).stdout_has("No service registrations found");
+    let node = api.server.store.snapshot().node(&alloc.node_id).map(|n| (**n).clone()).unwrap();
+    let reg = nomad_proto::ServiceRegistration {
+        id: format!("_nomad-task-{}-group-g-hello-web-http", alloc.id),
+        service_name: "hello-web".into(),
+        namespace: "default".into(),
+        node_id: node.id.clone(),
+        datacenter: "dc1".into(),
+        job_id: "hello".into(),
+        alloc_id: alloc.id.clone(),
+        tags: vec!["v1".into(), "edge".into()],
+        address: "10.0.0.7".into(),
+        port: 23456,
+        ..Default::default()
+    };
+    api.server
+        .endpoints
+        .service_upsert(nomad_proto::rpc::ServiceRegistrationUpsertRequest {
+            services: vec![reg],
+            node_id: node.id.clone(),
+            secret_id: node.secret_id.clone(),
+        })
+        .await
+        .unwrap();
+
+    api.nomad(&["service", "list"]).await.expect_code(0).stdout_has("Service Name  Tags\nhello-web     [v1,edge]");
+    api.nomad(&["service", "list", "-namespace", "*"])
+        .await
+        .expect_code(0)
+        .stdout_has("Service Name  Namespace  Tags\nhello-web     default    [v1,edge]");
+    let short = &alloc.id[..8];
+    api.nomad(&["service", "info", "hello-web"])
+        .await
+        .expect_code(0)
+        .stdout_has("Job ID  Address         Tags       Node ID   Alloc ID")
+        .stdout_has(&format!("hello   10.0.0.7:23456  [v1,edge]  4e0d0001  {short}"));
+    api.nomad(&["service", "info", "-verbose", "hello-web"]).await.expect_code(0).stdout_has(&format!("Alloc ID     = {}", alloc.id));
+    let run = api.nomad(&["service", "info", "-json", "hello-web"]).await;
+    run.expect_code(0);
+    let v: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!((v[0]["ServiceName"].as_str(), v[0]["Port"].as_i64()), (Some("hello-web"), Some(23456)));
+
+    api.nomad(&["service", "info", "nope"]).await.expect_code(1).stderr_has("No service registrations with name \"nope\" found");
+    api.nomad(&["service", "info"]).await.expect_code(1).stderr_has("<SERVICE_NAME>");
+    api.nomad(&["service", "info", "-json", "nope"]).await.expect_code(1).stderr_has("No service registrations with name \"nope\" found");
+}

@@ -8,5 +8,6 @@ mod reconnect;
 mod register;
 mod restore;
 mod run;
+mod services;
 mod support;
 mod sync;

@@ -263,12 +263,18 @@ impl TestServer {
 
     /// Registers `job` and places one alloc of its first group on `node_id`; returns the alloc ID.
     pub async fn place(&self, job: &Job, node_id: &str) -> String {
+        self.place_with(job, node_id, |_| {}).await
+    }
+
+    /// [`TestServer::place`], with `f` completing the alloc first (ports, say).
+    pub async fn place_with(&self, job: &Job, node_id: &str, f: impl FnOnce(&mut Allocation)) -> String {
         let now = Timestamp::now();
         self.apply(Command::JobRegister { job: job.clone(), eval: None, now }).await;
         // The alloc carries the job as stored (with its indexes), as a scheduler's plan does;
         // otherwise the scheduler would take it for an alloc of an older job version.
         let stored = self.store().snapshot().job(&job.namespace, &job.id).map(|j| (**j).clone()).expect("the job was registered");
-        let alloc = alloc_for(&stored, node_id);
+        let mut alloc = alloc_for(&stored, node_id);
+        f(&mut alloc);
         let id = alloc.id.clone();
         self.apply(Command::PlanApply(PlanApply { job: Some(stored), allocs_upserted: vec![alloc], now, ..PlanApply::default() })).await;
         id

@@ -13,21 +13,21 @@ use serde_json::Value;
 use crate::SETTLE;
 
 /// What a run of the CLI produced.
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Run {
+    pub(crate) code: i32,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 impl Run {
-    fn expect(self, code: i32, what: &str) -> Run {
+    pub(crate) fn expect(self, code: i32, what: &str) -> Run {
         assert_eq!(self.code, code, "{what}: exit code\n--- stdout\n{}\n--- stderr\n{}", self.stdout, self.stderr);
         self
     }
 }
 
 /// Runs the CLI with `NOMAD_ADDR` pointing at `agent` and no other `NOMAD_*` settings.
-fn nomad(agent: &Agent, args: &[&str]) -> Run {
+pub(crate) fn nomad(agent: &Agent, args: &[&str]) -> Run {
     let mut cmd = Command::new(nomad_e2e::binary());
     cmd.args(args);
     for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("NOMAD_")) {
@@ -46,7 +46,7 @@ fn example(name: &str) -> String {
 }
 
 /// A dev agent (server and client in one process) in `dir`, with its node ready.
-fn dev_agent(dir: &Path) -> Agent {
+pub(crate) fn dev_agent(dir: &Path) -> Agent {
     let agent = Agent::start("dev", dir, AgentOptions { args: vec!["-dev".into()], ..Default::default() }).expect("start dev agent");
     agent.wait_for_leader(SETTLE).unwrap();
     let http = agent.http();

@@ -9,6 +9,7 @@ mod events;
 mod python_nomad;
 mod server_restart;
 mod servers;
+mod services;
 
 use std::time::Duration;
 

@@ -204,3 +204,21 @@ pub struct ServiceRegistrationDeleteRequest {
     #[serde(rename = "SecretID")]
     pub secret_id: String,
 }
+
+/// `ServiceRegistration.DeleteByID`: a client removes one registration of its own (a task's
+/// service when the task stops).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct ServiceRegistrationDeleteByIdRequest {
+    /// Registration ID.
+    #[serde(rename = "ID")]
+    pub id: String,
+    /// Namespace of the registration.
+    pub namespace: String,
+    /// Calling node; the registration must be on it.
+    #[serde(rename = "NodeID")]
+    pub node_id: String,
+    /// The node's secret.
+    #[serde(rename = "SecretID")]
+    pub secret_id: String,
+}

@@ -1,6 +1,8 @@
 //! `ServiceRegistration.*`: Nomad-native services, written by clients, read over HTTP.
 
-use nomad_proto::rpc::{GenericResponse, ServiceRegistrationDeleteRequest, ServiceRegistrationUpsertRequest};
+use nomad_proto::rpc::{
+    GenericResponse, ServiceRegistrationDeleteByIdRequest, ServiceRegistrationDeleteRequest, ServiceRegistrationUpsertRequest,
+};
 
 use super::{EndpointError, Endpoints};
 use crate::fsm::Command;
@@ -43,6 +45,25 @@ impl Endpoints {
             return Ok(GenericResponse { index: snap.index });
         }
         let index = self.consensus.apply(Command::ServiceRegistrationDeleteByAlloc { alloc_ids: req.alloc_ids }).await?;
+        Ok(GenericResponse { index })
+    }
+
+    /// A client removes one registration of its own (a task's service when the task stops).
+    pub async fn service_delete_by_id(&self, req: ServiceRegistrationDeleteByIdRequest) -> Result<GenericResponse, EndpointError> {
+        let snap = self.store.snapshot();
+        let node = self.authenticate_node(&snap, &req.node_id, &req.secret_id)?;
+        if req.id.is_empty() {
+            return Err(EndpointError::BadRequest("missing service registration ID".into()));
+        }
+        let namespace = if req.namespace.is_empty() { "default" } else { req.namespace.as_str() };
+        let reg = snap
+            .service_registration(&req.id)
+            .filter(|r| r.namespace == namespace)
+            .ok_or_else(|| EndpointError::NotFound(format!("service registration {} not found", req.id)))?;
+        if reg.node_id != node.id {
+            return Err(EndpointError::PermissionDenied(format!("service registration {} is not on node {}", req.id, node.id)));
+        }
+        let index = self.consensus.apply(Command::ServiceRegistrationDeleteById { namespace: namespace.to_string(), id: req.id }).await?;
         Ok(GenericResponse { index })
     }
 }

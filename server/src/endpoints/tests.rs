@@ -327,7 +327,7 @@ async fn get_client_allocs_blocks_until_the_nodes_allocs_change() {
 
 mod services {
     use nomad_proto::ServiceRegistration;
-    use nomad_proto::rpc::{ServiceRegistrationDeleteRequest, ServiceRegistrationUpsertRequest};
+    use nomad_proto::rpc::{ServiceRegistrationDeleteByIdRequest, ServiceRegistrationDeleteRequest, ServiceRegistrationUpsertRequest};
 
     use super::*;
 
@@ -414,5 +414,65 @@ mod services {
             .await
             .unwrap();
         assert_eq!(ts.store.snapshot().service_registrations().count(), 0);
+    }
+
+    fn by_id(n: &nomad_proto::Node, namespace: &str, id: &str) -> ServiceRegistrationDeleteByIdRequest {
+        ServiceRegistrationDeleteByIdRequest {
+            id: id.into(),
+            namespace: namespace.into(),
+            node_id: n.id.clone(),
+            secret_id: n.secret_id.clone(),
+        }
+    }
+
+    #[tokio::test]
+    async fn delete_by_id_removes_one_registration_of_the_calling_node_only() {
+        let ts = TestServer::new();
+        let n1 = ready_node(&ts, "n1").await;
+        let n2 = ready_node(&ts, "n2").await;
+        let a = place_alloc(&ts, "n1", None, ClientStatus::Running).await;
+        let b = place_alloc(&ts, "n2", None, ClientStatus::Running).await;
+        let (web, api) = (reg(&a, "web"), reg(&a, "api"));
+        register(&ts, &n1, vec![web.clone(), api.clone()]).await.unwrap();
+        let other = reg(&b, "web");
+        register(&ts, &n2, vec![other.clone()]).await.unwrap();
+        let before = ts.store.snapshot().index;
+        let mut events = ts.events.subscribe(before + 1);
+        let count = || ts.store.snapshot().service_registrations().count();
+
+        let mut wrong_secret = n1.clone();
+        wrong_secret.secret_id = "x".into();
+        let e = ts.endpoints.service_delete_by_id(by_id(&wrong_secret, "default", &web.id)).await.unwrap_err();
+        assert!(matches!(e, EndpointError::PermissionDenied(_)), "{e:?}");
+        let e = ts.endpoints.service_delete_by_id(by_id(&n1, "default", &other.id)).await.unwrap_err();
+        assert!(matches!(&e, EndpointError::PermissionDenied(m) if m.contains("not on node n1")), "{e:?}");
+        let e = ts.endpoints.service_delete_by_id(by_id(&n1, "default", "_nomad-task-nope")).await.unwrap_err();
+        assert!(matches!(&e, EndpointError::NotFound(m) if m.contains("_nomad-task-nope")), "{e:?}");
+        let e = ts.endpoints.service_delete_by_id(by_id(&n1, "other", &web.id)).await.unwrap_err();
+        assert!(matches!(e, EndpointError::NotFound(_)), "the ID is looked up in the request's namespace: {e:?}");
+        let e = ts.endpoints.service_delete_by_id(by_id(&n1, "default", "")).await.unwrap_err();
+        assert!(matches!(e, EndpointError::BadRequest(_)), "{e:?}");
+        assert_eq!(count(), 3, "a refused delete changes nothing");
+
+        ts.endpoints.service_delete_by_id(by_id(&n1, "default", &web.id)).await.unwrap();
+        let snap = ts.store.snapshot();
+        let left: Vec<&str> = snap.service_registrations().map(|r| r.id.as_str()).collect();
+        assert_eq!(left.len(), 2);
+        assert!(!left.contains(&web.id.as_str()) && left.contains(&api.id.as_str()) && left.contains(&other.id.as_str()));
+
+        // Exactly one event, a deregistration of that service.
+        let next = async {
+            loop {
+                let b = events.next().await.unwrap();
+                if b.index > before {
+                    return b;
+                }
+            }
+        };
+        let batch = tokio::time::timeout(std::time::Duration::from_secs(10), next).await.unwrap();
+        assert_eq!(batch.index, ts.store.snapshot().index, "the delete is the only write since");
+        assert_eq!(batch.events.len(), 1);
+        assert_eq!((batch.events[0].topic.as_str(), batch.events[0].event_type.as_str()), ("Service", "ServiceDeregistration"));
+        assert_eq!(batch.events[0].key, web.id);
     }
 }

@@ -20,7 +20,7 @@ fn event_type(cmd: &Command) -> Option<&'static str> {
         Command::AllocDesiredTransition { .. } => "AllocationUpdateDesiredStatus",
         Command::PlanApply(_) | Command::PlanApplyBatch(_) => "PlanResult",
         Command::ServiceRegistrationUpsert { .. } => "ServiceRegistration",
-        Command::ServiceRegistrationDeleteByAlloc { .. } => "ServiceDeregistration",
+        Command::ServiceRegistrationDeleteByAlloc { .. } | Command::ServiceRegistrationDeleteById { .. } => "ServiceDeregistration",
         // Garbage collection and namespace changes emit nothing, as in Nomad.
         Command::EvalDelete { .. } | Command::NamespaceUpsert { .. } | Command::NamespaceDelete { .. } => return None,
     })

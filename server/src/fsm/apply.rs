@@ -155,6 +155,9 @@ fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnError> {
         Command::ServiceRegistrationDeleteByAlloc { alloc_ids } => {
             txn.delete_service_registrations(|r| alloc_ids.contains(&r.alloc_id));
         }
+        Command::ServiceRegistrationDeleteById { namespace, id } => {
+            txn.delete_service_registrations(|r| r.id == *id && r.namespace == *namespace);
+        }
         Command::NamespaceUpsert { namespaces } => {
             for ns in namespaces {
                 txn.upsert_namespace(ns.clone());

@@ -134,6 +134,13 @@ pub enum Command {
         /// Allocs.
         alloc_ids: Vec<String>,
     },
+    /// Remove one service registration.
+    ServiceRegistrationDeleteById {
+        /// Namespace of the registration.
+        namespace: String,
+        /// Registration ID.
+        id: String,
+    },
     /// Create or update namespaces.
     NamespaceUpsert {
         /// Namespaces.

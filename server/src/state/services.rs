@@ -12,6 +12,11 @@ impl State {
         self.services.values()
     }
 
+    /// One registration by ID.
+    pub fn service_registration(&self, id: &str) -> Option<&Arc<ServiceRegistration>> {
+        self.services.get(id)
+    }
+
     /// Registrations of one service in a namespace (`None`: all namespaces).
     pub fn service_registrations_by_name<'a>(
         &'a self,

@@ -118,6 +118,8 @@ impl AllocRunner {
         let deployment_status = alloc.deployment_status.clone();
         Ok(Arc::new_cyclic(|weak: &std::sync::Weak<AllocRunner>| {
             let weak = weak.clone();
+            // Weak: a worker outliving the runner must not keep the local state open.
+            let node_ctx = Arc::downgrade(&ctx);
             let env = HookEnv {
                 task_states: task_states_rx,
                 deployment_status: Arc::new(move |status| {
@@ -127,6 +129,10 @@ impl AllocRunner {
                     }
                 }),
                 cancel: hook_cancel.clone(),
+                shutdown: ctx.shutdown.clone(),
+                registrar: ctx.registrar.clone(),
+                node: Arc::new(move || node_ctx.upgrade().map(|c| c.node()).unwrap_or_default()),
+                region: ctx.region.clone(),
             };
             AllocRunner {
                 id: alloc.id.clone(),

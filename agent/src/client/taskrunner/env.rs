@@ -96,7 +96,7 @@ fn ip_for_addr(ip: &str) -> String {
 
 /// Every port the alloc holds, as label/value/to/IP: the flat list when the scheduler filled it,
 /// else the group and task networks.
-fn ports(alloc: &Allocation, task: &str) -> Vec<AllocatedPortMapping> {
+pub fn ports(alloc: &Allocation, task: &str) -> Vec<AllocatedPortMapping> {
     let Some(res) = &alloc.allocated_resources else { return Vec::new() };
     if !res.shared.ports.is_empty() {
         return res.shared.ports.clone();

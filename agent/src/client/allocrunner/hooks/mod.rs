@@ -14,6 +14,7 @@
 
 mod alloc_dir;
 mod health;
+mod services;
 mod shutdown_delay;
 
 use std::collections::BTreeMap;
@@ -27,8 +28,10 @@ use tokio_util::sync::CancellationToken;
 
 pub use alloc_dir::{AllocDirHook, unmount_all_under};
 pub use health::{HealthConfig, HealthHook, Verdict, evaluate};
+pub use services::{NodeFn, ServicesHook};
 pub use shutdown_delay::ShutdownDelayHook;
 
+use crate::client::services::ServiceRegistrar;
 use crate::client::state::HookState;
 
 /// What every phase gets.
@@ -110,6 +113,14 @@ pub struct HookEnv {
     pub deployment_status: Arc<dyn Fn(serde_json::Value) + Send + Sync>,
     /// Cancelled when the agent shuts down or the alloc is destroyed.
     pub cancel: CancellationToken,
+    /// Cancelled only when the agent shuts down.
+    pub shutdown: CancellationToken,
+    /// Where the alloc's Nomad-native services are registered.
+    pub registrar: Arc<dyn ServiceRegistrar>,
+    /// This node as last registered.
+    pub node: NodeFn,
+    /// Region (interpolation).
+    pub region: String,
 }
 
 /// The alloc hooks, in the order every phase runs them.
@@ -121,11 +132,15 @@ pub struct HookEnv {
 ///    destroy reads the disk.
 /// 2. `health` next: it must watch the task states before the first task starts, so it sees
 ///    the alloc become healthy (or fail) from the beginning.
-/// 3. `shutdown_delay` last: it only acts in prekill, where it waits the group's
+/// 3. `services` before `shutdown_delay`: when the alloc stops, its Nomad services are
+///    deregistered first (prekill waits for that attempt), so that during the shutdown delay no
+///    one is sent to the alloc any more and traffic drains, as in Nomad.
+/// 4. `shutdown_delay` last: it only acts in prekill, where it waits the group's
 ///    `shutdown_delay` between "the alloc stops" and the first kill signal.
 pub fn init_hooks(env: HookEnv) -> Vec<Box<dyn AllocHook>> {
     let cancel = env.cancel.clone();
-    vec![Box::new(AllocDirHook), Box::new(HealthHook::new(env)), Box::new(ShutdownDelayHook::new(cancel))]
+    let services = ServicesHook::new(&env);
+    vec![Box::new(AllocDirHook), Box::new(HealthHook::new(env)), Box::new(services), Box::new(ShutdownDelayHook::new(cancel))]
 }
 
 /// Runs prerun: in order, skipping done hooks, stopping at the first error. New states go into
@@ -265,8 +280,8 @@ mod tests {
     #[test]
     fn the_hook_list_order() {
         let (_tx, rx) = watch::channel(BTreeMap::new());
-        let env = HookEnv { task_states: rx, deployment_status: Arc::new(|_| {}), cancel: CancellationToken::new() };
+        let env = services::tests::env(rx, Arc::new(services::tests::FakeRegistrar::default()));
         let names: Vec<_> = init_hooks(env).iter().map(|h| h.name()).collect();
-        assert_eq!(names, ["alloc_dir", "health", "shutdown_delay"]);
+        assert_eq!(names, ["alloc_dir", "health", "services", "shutdown_delay"]);
     }
 }
