@@ -1,13 +1,19 @@
 //! The Raft log, the vote and the log pointers, in redb at `<data_dir>/raft/raft.redb`.
 //!
-//! Every write is one redb transaction committed with immediate durability
-//! (fsync) before openraft hears it is done, so a crash loses nothing that was
-//! acknowledged. Entries and pointers are stored as JSON.
+//! Every write goes through one writer thread, in the order openraft asked for it, and is
+//! committed with immediate durability (fsync) before openraft hears it is done, so a crash
+//! loses nothing that was acknowledged. Appends waiting in the writer's queue are committed
+//! together in one transaction (group commit): under load many entries share one fsync instead
+//! of queueing for one each. Entries stay in memory ([`Unapplied`]) from `append` until they are
+//! both on disk and applied: readable at once, as openraft requires of `append`, and handed to
+//! the state machine without decoding them again. Entries and pointers are stored as JSON.
 
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{AnyError, Entry, ErrorSubject, ErrorVerb, LogId, LogState, RaftLogReader, StorageError, StorageIOError, Vote};
@@ -62,7 +68,90 @@ fn storage_error(subject: ErrorSubject<NodeId>, verb: ErrorVerb, e: StoreError) 
 /// The log store; clones share the database and serve as openraft's log readers.
 #[derive(Clone)]
 pub(crate) struct LogStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     db: Arc<Database>,
+    unapplied: Arc<Unapplied>,
+    writes: Mutex<Option<mpsc::Sender<Job>>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// Entries appended and not yet both on disk and applied, by index. Removed as a contiguous
+/// prefix (both happen in index order), so what remains is the tail of the log.
+#[derive(Default)]
+pub(crate) struct Unapplied {
+    entries: Mutex<BTreeMap<u64, Held>>,
+}
+
+struct Held {
+    entry: Entry<TypeConfig>,
+    flushed: bool,
+    applied: bool,
+}
+
+impl Unapplied {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Held>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn append(&self, entries: &[Entry<TypeConfig>]) {
+        let held = entries.iter().map(|e| (e.log_id.index, Held { entry: e.clone(), flushed: false, applied: false }));
+        self.lock().extend(held);
+    }
+
+    /// The writer committed these entries.
+    fn flushed<'a>(&self, entries: impl Iterator<Item = &'a Entry<TypeConfig>>) {
+        let mut held = self.lock();
+        for e in entries {
+            // A truncation may have replaced it in the meantime; only this entry is on disk.
+            let Some(h) = held.get_mut(&e.log_id.index).filter(|h| h.entry.log_id == e.log_id) else { continue };
+            h.flushed = true;
+            if h.applied {
+                held.remove(&e.log_id.index);
+            }
+        }
+    }
+
+    /// The state machine is applying the entry: once on disk, memory lets go of it, so the
+    /// state machine holds the only reference to its command and can take it apart.
+    pub(crate) fn applying(&self, log_id: &LogId<NodeId>) {
+        let mut held = self.lock();
+        let Some(h) = held.get_mut(&log_id.index).filter(|h| h.entry.log_id == *log_id) else { return };
+        h.applied = true;
+        if h.flushed {
+            held.remove(&log_id.index);
+        }
+    }
+
+    fn range(&self, bounds: (Bound<u64>, Bound<u64>)) -> Vec<Entry<TypeConfig>> {
+        self.lock().range(bounds).map(|(_, h)| h.entry.clone()).collect()
+    }
+
+    fn last(&self) -> Option<LogId<NodeId>> {
+        self.lock().last_key_value().map(|(_, h)| h.entry.log_id)
+    }
+
+    fn retain(&self, keep: impl Fn(u64) -> bool) {
+        self.lock().retain(|index, _| keep(*index));
+    }
+}
+
+impl Drop for Inner {
+    /// Lets the writer finish what it was given, so the database is closed when the store is.
+    fn drop(&mut self) {
+        drop(self.writes.lock().unwrap_or_else(|e| e.into_inner()).take());
+        if let Some(writer) = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+/// A write for the writer thread.
+enum Job {
+    Append { entries: Vec<Entry<TypeConfig>>, callback: LogFlushed<TypeConfig> },
+    Other { work: Box<dyn FnOnce(&Database) -> StoreResult<()> + Send>, done: tokio::sync::oneshot::Sender<StoreResult<()>> },
 }
 
 impl LogStore {
@@ -78,33 +167,51 @@ impl LogStore {
             Ok(())
         };
         create_tables().map_err(|e| fail(&e))?;
-        let store = LogStore { db: Arc::new(db) };
-        store.check().map_err(|e| fail(&e))?;
-        Ok(store)
+        let db = Arc::new(db);
+        check(&db).map_err(|e| fail(&e))?;
+        let unapplied = Arc::new(Unapplied::default());
+        let (writes, jobs) = mpsc::channel();
+        let writer = std::thread::Builder::new()
+            .name("raft-log-writer".into())
+            .spawn({
+                let (db, unapplied) = (db.clone(), unapplied.clone());
+                move || run_writer(&db, &jobs, &unapplied)
+            })
+            .map_err(|e| fail(&e))?;
+        let inner = Inner { db, unapplied, writes: Mutex::new(Some(writes)), writer: Mutex::new(Some(writer)) };
+        Ok(LogStore { inner: Arc::new(inner) })
     }
 
-    /// Decodes the pointers and the first and last entries, so a corrupt store fails at start.
-    fn check(&self) -> StoreResult<()> {
-        read_meta::<Vote<NodeId>>(&self.db, VOTE)?;
-        read_meta::<Option<LogId<NodeId>>>(&self.db, COMMITTED)?;
-        read_meta::<LogId<NodeId>>(&self.db, LAST_PURGED)?;
-        let txn = self.db.begin_read()?;
-        let logs = txn.open_table(LOGS)?;
-        for (index, bytes) in [logs.first()?, logs.last()?].into_iter().flatten() {
-            decode::<Entry<TypeConfig>>(|| format!("log entry {}", index.value()), bytes.value())?;
+    /// The entries in memory, for the state machine to say what it applies.
+    pub(crate) fn unapplied(&self) -> Arc<Unapplied> {
+        self.inner.unapplied.clone()
+    }
+
+    fn send(&self, job: Job) -> StoreResult<()> {
+        let writes = self.inner.writes.lock().unwrap_or_else(|e| e.into_inner());
+        let sent = writes.as_ref().map(|w| w.send(job));
+        match sent {
+            Some(Ok(())) => Ok(()),
+            _ => Err(StoreError::Task("the log writer has stopped".into())),
         }
-        Ok(())
     }
 
-    /// Runs blocking redb work off the async runtime.
+    /// Runs a write on the writer thread, after every write sent before it.
+    async fn write(&self, work: impl FnOnce(&Database) -> StoreResult<()> + Send + 'static) -> StoreResult<()> {
+        let (done, result) = tokio::sync::oneshot::channel();
+        self.send(Job::Other { work: Box::new(work), done })?;
+        result.await.map_err(|_| StoreError::Task("the log writer has stopped".into()))?
+    }
+
+    /// Runs blocking redb reads off the async runtime.
     async fn blocking<T: Send + 'static>(&self, work: impl FnOnce(&Database) -> StoreResult<T> + Send + 'static) -> StoreResult<T> {
-        let db = self.db.clone();
+        let db = self.inner.db.clone();
         tokio::task::spawn_blocking(move || work(&db)).await.map_err(|e| StoreError::Task(e.to_string()))?
     }
 
     async fn write_meta<T: Serialize>(&self, key: &'static str, value: &T) -> StoreResult<()> {
         let bytes = encode(value);
-        self.blocking(move |db| {
+        self.write(move |db| {
             let txn = db.begin_write()?;
             txn.open_table(META)?.insert(key, bytes.as_slice())?;
             txn.commit()?;
@@ -112,6 +219,73 @@ impl LogStore {
         })
         .await
     }
+}
+
+/// Decodes the pointers and the first and last entries, so a corrupt store fails at start.
+fn check(db: &Database) -> StoreResult<()> {
+    read_meta::<Vote<NodeId>>(db, VOTE)?;
+    read_meta::<Option<LogId<NodeId>>>(db, COMMITTED)?;
+    read_meta::<LogId<NodeId>>(db, LAST_PURGED)?;
+    let txn = db.begin_read()?;
+    let logs = txn.open_table(LOGS)?;
+    for (index, bytes) in [logs.first()?, logs.last()?].into_iter().flatten() {
+        decode::<Entry<TypeConfig>>(|| format!("log entry {}", index.value()), bytes.value())?;
+    }
+    Ok(())
+}
+
+/// The writer thread: runs writes in the order they were sent; appends that are queued
+/// together are committed in one transaction, then acknowledged in order.
+fn run_writer(db: &Database, jobs: &mpsc::Receiver<Job>, unapplied: &Unapplied) {
+    let mut next = None;
+    loop {
+        let job = match next.take() {
+            Some(job) => job,
+            None => match jobs.recv() {
+                Ok(job) => job,
+                Err(_) => return,
+            },
+        };
+        let (entries, callback) = match job {
+            Job::Other { work, done } => {
+                let _ = done.send(work(db));
+                continue;
+            }
+            Job::Append { entries, callback } => (entries, callback),
+        };
+        let mut batch = vec![(entries, callback)];
+        while let Ok(job) = jobs.try_recv() {
+            match job {
+                Job::Append { entries, callback } => batch.push((entries, callback)),
+                other => {
+                    next = Some(other);
+                    break;
+                }
+            }
+        }
+        let result = commit_appends(db, batch.iter().flat_map(|(entries, _)| entries));
+        if result.is_ok() {
+            unapplied.flushed(batch.iter().flat_map(|(entries, _)| entries));
+        }
+        // Let go of the entries before openraft hears they are durable and applies them: the
+        // state machine should hold the only reference to each command.
+        let callbacks: Vec<LogFlushed<TypeConfig>> = batch.into_iter().map(|(_, callback)| callback).collect();
+        for callback in callbacks {
+            callback.log_io_completed(result.as_ref().map(|_| ()).map_err(|e| std::io::Error::other(e.to_string())));
+        }
+    }
+}
+
+fn commit_appends<'a>(db: &Database, entries: impl Iterator<Item = &'a Entry<TypeConfig>>) -> StoreResult<()> {
+    let txn = db.begin_write()?;
+    {
+        let mut logs = txn.open_table(LOGS)?;
+        for e in entries {
+            logs.insert(e.log_id.index, encode(e).as_slice())?;
+        }
+    }
+    txn.commit()?;
+    Ok(())
 }
 
 fn read_meta<T: DeserializeOwned>(db: &Database, key: &str) -> StoreResult<Option<T>> {
@@ -129,18 +303,27 @@ impl RaftLogReader<TypeConfig> for LogStore {
         range: RB,
     ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
         let bounds: (Bound<u64>, Bound<u64>) = (range.start_bound().cloned(), range.end_bound().cloned());
-        self.blocking(move |db| {
-            let txn = db.begin_read()?;
-            let logs = txn.open_table(LOGS)?;
-            let mut entries = Vec::new();
-            for item in logs.range::<u64>(bounds)? {
-                let (index, bytes) = item?;
-                entries.push(decode(|| format!("log entry {}", index.value()), bytes.value())?);
-            }
-            Ok(entries)
-        })
-        .await
-        .map_err(|e| storage_error(ErrorSubject::Logs, ErrorVerb::Read, e))
+        // Entries not committed yet come from memory; the rest, below the first of them, from disk.
+        let in_memory = self.inner.unapplied.range(bounds);
+        let disk_end = match in_memory.first() {
+            Some(first) => Bound::Excluded(first.log_id.index),
+            None => bounds.1,
+        };
+        let mut entries = self
+            .blocking(move |db| {
+                let txn = db.begin_read()?;
+                let logs = txn.open_table(LOGS)?;
+                let mut entries = Vec::new();
+                for item in logs.range::<u64>((bounds.0, disk_end))? {
+                    let (index, bytes) = item?;
+                    entries.push(decode(|| format!("log entry {}", index.value()), bytes.value())?);
+                }
+                Ok(entries)
+            })
+            .await
+            .map_err(|e| storage_error(ErrorSubject::Logs, ErrorVerb::Read, e))?;
+        entries.extend(in_memory);
+        Ok(entries)
     }
 }
 
@@ -148,14 +331,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogStore;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<NodeId>> {
-        self.blocking(|db| {
+        let last_pending = self.inner.unapplied.last();
+        self.blocking(move |db| {
             let last_purged_log_id = read_meta::<LogId<NodeId>>(db, LAST_PURGED)?;
             let txn = db.begin_read()?;
             let last_entry = match txn.open_table(LOGS)?.last()? {
                 Some((index, bytes)) => Some(decode::<Entry<TypeConfig>>(|| format!("log entry {}", index.value()), bytes.value())?),
                 None => None,
             };
-            let last_log_id = last_entry.map(|e| e.log_id).or(last_purged_log_id);
+            let last_log_id = last_pending.or(last_entry.map(|e| e.log_id)).or(last_purged_log_id);
             Ok(LogState { last_purged_log_id, last_log_id })
         })
         .await
@@ -191,36 +375,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
-        let encoded: Vec<(u64, Vec<u8>)> = entries.into_iter().map(|e| (e.log_id.index, encode(&e))).collect();
-        // The transaction is committed (fsynced) before the callback fires and before this returns,
-        // which also keeps appends ordered with every other write.
-        let result = self
-            .blocking(move |db| {
-                let txn = db.begin_write()?;
-                {
-                    let mut logs = txn.open_table(LOGS)?;
-                    for (index, bytes) in &encoded {
-                        logs.insert(*index, bytes.as_slice())?;
-                    }
-                }
-                txn.commit()?;
-                Ok(())
-            })
-            .await;
-        match result {
-            Ok(()) => {
-                callback.log_io_completed(Ok(()));
-                Ok(())
-            }
-            Err(e) => {
-                callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
-                Err(storage_error(ErrorSubject::Logs, ErrorVerb::Write, e))
-            }
-        }
+        // Readable at once (from memory), durable when the writer calls back. Encoding happens
+        // on the writer thread, off openraft's core loop.
+        let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        self.inner.unapplied.append(&entries);
+        self.send(Job::Append { entries, callback }).map_err(|e| storage_error(ErrorSubject::Logs, ErrorVerb::Write, e))
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
-        self.blocking(move |db| {
+        self.inner.unapplied.retain(|index| index < log_id.index);
+        self.write(move |db| {
             let txn = db.begin_write()?;
             txn.open_table(LOGS)?.retain_in(log_id.index.., |_, _| false)?;
             txn.commit()?;
@@ -232,8 +396,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
         let pointer = encode(&log_id);
+        self.inner.unapplied.retain(|index| index > log_id.index);
         // The pointer moves in the same transaction as the deletion, so the log state stays consistent.
-        self.blocking(move |db| {
+        self.write(move |db| {
             let txn = db.begin_write()?;
             txn.open_table(META)?.insert(LAST_PURGED, pointer.as_slice())?;
             txn.open_table(LOGS)?.retain_in(..=log_id.index, |_, _| false)?;

@@ -155,7 +155,7 @@ impl RaftNode {
             .map_err(|source| RaftError::Io { context: format!("creating {}", raft_dir.display()), source })?;
         let id = bootstrap::node_id(&raft_dir, cfg.node_id)?;
         let log_store = LogStore::open(&raft_dir.join("raft.redb"))?;
-        let state_machine = StateMachine::open(raft_dir.join("snapshots"), fsm)?;
+        let state_machine = StateMachine::open(raft_dir.join("snapshots"), fsm, log_store.unapplied())?;
         let pool = Arc::new(PeerPool::default());
         let network = Network::new(id, pool.clone());
         let raft = Raft::new(id, openraft_config(&cfg)?, network, log_store, state_machine)

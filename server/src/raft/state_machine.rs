@@ -15,6 +15,7 @@ use openraft::{
     StorageIOError, StoredMembership,
 };
 
+use super::log_store::Unapplied;
 use super::snapshot_store::{Meta, SnapshotError, SnapshotStore};
 use super::{NodeId, RaftError, TypeConfig};
 use crate::fsm::{ApplyResult, Fsm};
@@ -29,6 +30,8 @@ struct Applied {
 
 pub(crate) struct StateMachine {
     fsm: Arc<dyn Fsm>,
+    /// The log's entries in memory: told which entry is being applied, so it lets go of it.
+    unapplied: Arc<Unapplied>,
     applied: Arc<Mutex<Applied>>,
     snapshots: Arc<SnapshotStore>,
 }
@@ -40,7 +43,7 @@ fn snapshot_storage_error(meta: Option<&Meta>, e: impl std::fmt::Display) -> Sto
 
 impl StateMachine {
     /// Opens the snapshot directory and restores the FSM from the latest snapshot, if any.
-    pub(crate) fn open(dir: PathBuf, fsm: Arc<dyn Fsm>) -> Result<StateMachine, RaftError> {
+    pub(crate) fn open(dir: PathBuf, fsm: Arc<dyn Fsm>, unapplied: Arc<Unapplied>) -> Result<StateMachine, RaftError> {
         let (snapshots, current) = SnapshotStore::open(dir).map_err(|e| RaftError::Snapshot(e.to_string()))?;
         let mut applied = Applied::default();
         if let Some((meta, data)) = current {
@@ -48,7 +51,7 @@ impl StateMachine {
             tracing::info!(snapshot = %meta, "restored fsm from snapshot");
             applied = Applied { last_log_id: meta.last_log_id, membership: meta.last_membership };
         }
-        Ok(StateMachine { fsm, applied: Arc::new(Mutex::new(applied)), snapshots: Arc::new(snapshots) })
+        Ok(StateMachine { fsm, unapplied, applied: Arc::new(Mutex::new(applied)), snapshots: Arc::new(snapshots) })
     }
 }
 
@@ -74,6 +77,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut results = Vec::new();
         for entry in entries {
             applied.last_log_id = Some(entry.log_id);
+            self.unapplied.applying(&entry.log_id);
             results.push(match entry.payload {
                 EntryPayload::Blank => ApplyResult::ok(),
                 EntryPayload::Normal(cmd) => self.fsm.apply(entry.log_id.index, Arc::unwrap_or_clone(cmd)),

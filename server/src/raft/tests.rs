@@ -255,6 +255,37 @@ async fn log_store_truncates_purges_and_persists() {
 }
 
 #[tokio::test]
+async fn entries_are_read_from_memory_until_applied_then_from_disk() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("raft.redb");
+    let entry = |term, index| Entry::<TypeConfig> {
+        log_id: log_id(term, 7, index),
+        payload: EntryPayload::Normal(std::sync::Arc::new(command(index as usize))),
+    };
+    let ids = |entries: Vec<Entry<TypeConfig>>| entries.iter().map(|e| (e.log_id.leader_id.term, e.log_id.index)).collect::<Vec<_>>();
+    {
+        let mut store = LogStore::open(&path).unwrap();
+        let unapplied = store.unapplied();
+        store.blocking_append((1..=5).map(|i| entry(1, i))).await.unwrap();
+        assert_eq!(ids(store.try_get_log_entries(1..=5).await.unwrap()), [(1, 1), (1, 2), (1, 3), (1, 4), (1, 5)]);
+
+        // Applied entries leave memory; reads join disk and memory.
+        for i in 1..=3 {
+            unapplied.applying(&log_id(1, 7, i));
+        }
+        assert_eq!(ids(store.try_get_log_entries(2..).await.unwrap()), [(1, 2), (1, 3), (1, 4), (1, 5)]);
+
+        // A new leader's entries replace a truncated tail, in memory and on disk.
+        store.truncate(log_id(1, 7, 4)).await.unwrap();
+        store.blocking_append([entry(2, 4)]).await.unwrap();
+        assert_eq!(ids(store.try_get_log_entries(..).await.unwrap()), [(1, 1), (1, 2), (1, 3), (2, 4)]);
+        assert_eq!(store.get_log_state().await.unwrap().last_log_id, Some(log_id(2, 7, 4)));
+    }
+    let mut store = LogStore::open(&path).expect("the writer released the database");
+    assert_eq!(ids(store.try_get_log_entries(..).await.unwrap()), [(1, 1), (1, 2), (1, 3), (2, 4)], "all of it was on disk");
+}
+
+#[tokio::test]
 async fn write_without_a_leader_fails_within_the_apply_timeout() {
     init_tracing();
     let dir = TempDir::new().unwrap();
