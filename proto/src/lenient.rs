@@ -64,15 +64,12 @@ fn rename_for_struct(map: Map<String, Value>, fields: &'static [&'static str]) -
         }
     }
     for (k, v) in rest {
-        match fields.iter().find(|f| f.eq_ignore_ascii_case(&k)) {
-            Some(f) => {
-                if !out.contains_key(*f) {
-                    out.insert((*f).to_string(), v);
-                }
-            }
-            // Unknown keys are dropped: Go ignores them, and types that keep
-            // extra keys (flatten) are not used for request bodies.
-            None => {}
+        // Unknown keys are dropped: Go ignores them, and types that keep
+        // extra keys (flatten) are not used for request bodies.
+        if let Some(f) = fields.iter().find(|f| f.eq_ignore_ascii_case(&k))
+            && !out.contains_key(*f)
+        {
+            out.insert((*f).to_string(), v);
         }
     }
     out

@@ -54,7 +54,7 @@ impl Timestamp {
     }
 
     /// This instant moved forward by `d` (saturating).
-    pub fn add(self, d: Duration) -> Timestamp {
+    pub fn plus(self, d: Duration) -> Timestamp {
         Timestamp(self.0.saturating_add(i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)))
     }
 

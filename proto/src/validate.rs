@@ -245,10 +245,10 @@ fn validate_group(job: &Job, g: &TaskGroup) -> Vec<String> {
     let mut task_names: BTreeMap<&str, usize> = BTreeMap::new();
     let mut leaders = 0;
     for (i, t) in g.tasks.iter().enumerate() {
-        if !t.name.is_empty() {
-            if let Some(prev) = task_names.insert(t.name.as_str(), i) {
-                errs.push(format!("Task {} redefines '{}' from task {}", i + 1, t.name, prev + 1));
-            }
+        if !t.name.is_empty()
+            && let Some(prev) = task_names.insert(t.name.as_str(), i)
+        {
+            errs.push(format!("Task {} redefines '{}' from task {}", i + 1, t.name, prev + 1));
         }
         if t.leader {
             leaders += 1;
@@ -300,10 +300,10 @@ fn validate_task(t: &Task, g: &TaskGroup) -> Vec<String> {
     if t.log_config.max_file_size_mb < 1 {
         errs.push(format!("minimum file size is 1MB; got {}", t.log_config.max_file_size_mb));
     }
-    if let Some(l) = &t.lifecycle {
-        if ![lifecycle_hook::PRESTART, lifecycle_hook::POSTSTART, lifecycle_hook::POSTSTOP].contains(&l.hook.as_str()) {
-            errs.push(format!("invalid hook: {}", l.hook));
-        }
+    if let Some(l) = &t.lifecycle
+        && ![lifecycle_hook::PRESTART, lifecycle_hook::POSTSTART, lifecycle_hook::POSTSTOP].contains(&l.hook.as_str())
+    {
+        errs.push(format!("invalid hook: {}", l.hook));
     }
     for (i, c) in t.constraints.iter().enumerate() {
         if let Err(e) = validate_constraint(c) {

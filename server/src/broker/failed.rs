@@ -30,7 +30,7 @@ pub fn failed_eval_updates(eval: &Evaluation, delivery_limit: u32, followup_wait
         job_modify_index: eval.job_modify_index,
         status: EvalStatus::Pending,
         // Absolute, so a new leader keeps the remaining wait instead of starting over.
-        wait_until: now.add(followup_wait),
+        wait_until: now.plus(followup_wait),
         previous_eval: eval.id.clone(),
         create_time: now.unix_nanos(),
         modify_time: now.unix_nanos(),

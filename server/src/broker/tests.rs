@@ -141,7 +141,7 @@ fn a_failed_eval_gets_a_delayed_follow_up() {
     assert_eq!(followup.triggered_by, trigger::FAILED_FOLLOW_UP);
     assert_eq!(followup.previous_eval, "e1");
     assert_eq!((followup.priority, followup.job_id.as_str()), (70, "web"));
-    assert_eq!(followup.wait_until, now.add(Duration::from_secs(90)));
+    assert_eq!(followup.wait_until, now.plus(Duration::from_secs(90)));
 }
 
 #[tokio::test]
@@ -163,7 +163,7 @@ async fn the_reaper_writes_the_failed_eval_and_its_follow_up_then_acks() {
     let failed = snap.eval("e1").unwrap();
     let followup = snap.eval(&failed.next_eval).expect("follow-up stored");
     assert_eq!(followup.triggered_by, trigger::FAILED_FOLLOW_UP);
-    assert!(followup.wait_until > Timestamp::now().add(Duration::from_secs(50)));
+    assert!(followup.wait_until > Timestamp::now().plus(Duration::from_secs(50)));
     wait_until(|| b.outstanding("e1").is_none()).await;
     reaper.abort();
 }
@@ -176,7 +176,7 @@ async fn an_eval_waits_until_its_wait_until() {
         async move { b.run_timers().await }
     });
     let mut e = (*eval("later", "web", 50, 1)).clone();
-    e.wait_until = Timestamp::now().add(Duration::from_secs(30));
+    e.wait_until = Timestamp::now().plus(Duration::from_secs(30));
     b.enqueue(Arc::new(e));
     b.enqueue(eval("now", "db", 50, 2));
     assert_eq!(next(&b).await.eval.id, "now");

@@ -99,12 +99,12 @@ impl Endpoints {
                 _ => {}
             }
         }
-        if opts.preserve_counts {
-            if let Some(old) = &existing {
-                for g in &mut job.task_groups {
-                    if let Some(og) = old.lookup_task_group(&g.name) {
-                        g.count = og.count;
-                    }
+        if opts.preserve_counts
+            && let Some(old) = &existing
+        {
+            for g in &mut job.task_groups {
+                if let Some(og) = old.lookup_task_group(&g.name) {
+                    g.count = og.count;
                 }
             }
         }

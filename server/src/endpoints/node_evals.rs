@@ -51,8 +51,7 @@ pub fn create_node_evals(state: &State, node: &Node, node_index: u64, now: Times
 /// A status change that needs node evals: init→ready, down→ready, and any
 /// change into or out of `disconnected`.
 pub fn status_transition_requires_eval(new: NodeStatus, old: NodeStatus) -> bool {
-    (old == NodeStatus::Initializing && new == NodeStatus::Ready)
-        || (old == NodeStatus::Down && new == NodeStatus::Ready)
+    (new == NodeStatus::Ready && matches!(old, NodeStatus::Initializing | NodeStatus::Down))
         || (old == NodeStatus::Disconnected && new != NodeStatus::Disconnected)
         || (old != NodeStatus::Disconnected && new == NodeStatus::Disconnected)
 }

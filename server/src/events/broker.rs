@@ -68,7 +68,7 @@ impl TopicFilter {
     /// The batch with only matching events, or `None` when nothing matches.
     pub fn apply(&self, b: &EventBatch) -> Option<EventBatch> {
         let events: Vec<Event> = b.events.iter().filter(|e| self.matches(e)).cloned().collect();
-        (!events.is_empty()).then(|| EventBatch { index: b.index, events })
+        (!events.is_empty()).then_some(EventBatch { index: b.index, events })
     }
 }
 

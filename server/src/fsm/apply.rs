@@ -48,10 +48,10 @@ impl Fsm for ServerFsm {
         });
         match result {
             Ok(((), changes)) => {
-                if let Some(broker) = &self.events {
-                    if let Some(batch) = crate::events::batch_for(index, &cmd, &changes) {
-                        broker.publish(batch);
-                    }
+                if let Some(broker) = &self.events
+                    && let Some(batch) = crate::events::batch_for(index, &cmd, &changes)
+                {
+                    broker.publish(batch);
                 }
                 ApplyResult::ok()
             }

@@ -38,11 +38,10 @@ pub async fn stream(State(s): State<HttpState>, method: Method, uri: Uri, _body:
                 tokio::select! {
                     next = sub.next() => match next {
                         Ok(batch) => {
-                            if let Some(b) = filter.apply(&batch) {
-                                if tx.send(Ok(json_line(&b))).await.is_err() {
+                            if let Some(b) = filter.apply(&batch)
+                                && tx.send(Ok(json_line(&b))).await.is_err() {
                                     return;
                                 }
-                            }
                         }
                         Err(closed) => {
                             let _ = tx.send(Ok(json_line(&serde_json::json!({ "Error": closed.to_string() })))).await;

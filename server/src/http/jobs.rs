@@ -71,15 +71,15 @@ async fn register(s: &HttpState, q: &QueryOptions, url_id: Option<&str>, body: B
     if job.id.is_empty() {
         return Err(HttpError::bad_request("Job ID hasn't been provided"));
     }
-    if let Some(id) = url_id {
-        if id != job.id {
-            return Err(HttpError::bad_request("Job ID does not match name"));
-        }
+    if let Some(id) = url_id
+        && id != job.id
+    {
+        return Err(HttpError::bad_request("Job ID does not match name"));
     }
-    if job.job_type == nomad_proto::JobType::System {
-        if let Some(g) = job.task_groups.iter().find(|g| g.scaling.is_some()) {
-            return Err(HttpError::bad_request(format!("Task group {:?} has a scaling policy, which system jobs do not support", g.name)));
-        }
+    if job.job_type == nomad_proto::JobType::System
+        && let Some(g) = job.task_groups.iter().find(|g| g.scaling.is_some())
+    {
+        return Err(HttpError::bad_request(format!("Task group {:?} has a scaling policy, which system jobs do not support", g.name)));
     }
     // Namespace precedence: ?namespace, then the request body, then the job.
     if q.params.get("namespace").is_some_and(|n| !n.is_empty()) {

@@ -289,10 +289,10 @@ pub fn paginate<T: Serialize>(items: Vec<T>, q: &QueryOptions, token_of: impl Fn
 /// A list response: JSON array, meta headers, and `X-Nomad-NextToken` when paging.
 pub fn list_response<T: Serialize>(items: &[T], next: Option<String>, meta: QueryMeta, pretty: bool) -> HttpResult {
     let mut r = json_response(&items, Some(meta), pretty)?;
-    if let Some(t) = next {
-        if let Ok(v) = HeaderValue::from_str(&t) {
-            r.headers_mut().insert("x-nomad-nexttoken", v);
-        }
+    if let Some(t) = next
+        && let Ok(v) = HeaderValue::from_str(&t)
+    {
+        r.headers_mut().insert("x-nomad-nexttoken", v);
     }
     Ok(r)
 }

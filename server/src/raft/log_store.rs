@@ -148,10 +148,13 @@ impl Drop for Inner {
     }
 }
 
+/// A write other than an append, run on the writer thread.
+type Work = Box<dyn FnOnce(&Database) -> StoreResult<()> + Send>;
+
 /// A write for the writer thread.
 enum Job {
     Append { entries: Vec<Entry<TypeConfig>>, callback: LogFlushed<TypeConfig> },
-    Other { work: Box<dyn FnOnce(&Database) -> StoreResult<()> + Send>, done: tokio::sync::oneshot::Sender<StoreResult<()>> },
+    Other { work: Work, done: tokio::sync::oneshot::Sender<StoreResult<()>> },
 }
 
 impl LogStore {
