@@ -25,6 +25,7 @@ fn main() {
         .method(unary("install_snapshot", "InstallSnapshot", "InstallSnapshotArgs", "InstallSnapshotReply"))
         .method(unary("forward", "Forward", "ForwardRequest", "ForwardReply"))
         .method(unary("join", "Join", "JoinRequest", "JoinReply"))
+        .method(unary("remove_peer", "RemovePeer", "RemovePeerRequest", "RemovePeerReply"))
         .method(unary("info", "Info", "InfoRequest", "InfoReply"))
         .build();
     Builder::new().compile(&[raft]);

@@ -42,6 +42,14 @@ pub trait Consensus: Send + Sync + 'static {
     fn leader_rpc_addr(&self) -> Option<String>;
     /// RPC addresses of the voting servers.
     fn peers(&self) -> Vec<String>;
+    /// Every server of the Raft configuration; empty where no Raft runs.
+    fn raft_configuration(&self) -> Vec<crate::raft::RaftPeer> {
+        Vec::new()
+    }
+    /// Takes a server out of the Raft configuration (an operator's `remove-peer`).
+    fn remove_raft_peer(&self, id: crate::raft::NodeId) -> BoxFuture<'_, Result<(), ApplyError>> {
+        Box::pin(async move { Err(ApplyError::Refused(format!("cannot remove server {id}: this server does not run Raft"))) })
+    }
 }
 
 /// A single always-leading "cluster" that applies commands directly to the FSM.
@@ -213,5 +221,19 @@ impl Consensus for RaftConsensus {
 
     fn peers(&self) -> Vec<String> {
         self.raft.peers()
+    }
+
+    fn raft_configuration(&self) -> Vec<crate::raft::RaftPeer> {
+        self.raft.configuration()
+    }
+
+    fn remove_raft_peer(&self, id: crate::raft::NodeId) -> BoxFuture<'_, Result<(), ApplyError>> {
+        Box::pin(async move {
+            match self.raft.remove_peer(id).await {
+                Ok(()) => Ok(()),
+                Err(crate::raft::RaftError::NoLeader) => Err(ApplyError::NoLeader),
+                Err(e) => Err(ApplyError::Refused(e.to_string())),
+            }
+        })
     }
 }

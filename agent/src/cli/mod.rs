@@ -19,6 +19,7 @@ pub mod format;
 pub mod job;
 pub mod monitor;
 pub mod node;
+pub mod operator;
 pub mod prefix;
 pub mod server;
 pub mod service;
@@ -59,6 +60,8 @@ pub enum Command {
     Server(server::ServerArgs),
     /// Show Nomad-native service registrations.
     Service(service::ServiceArgs),
+    /// Cluster operations: the servers' Raft configuration.
+    Operator(operator::OperatorArgs),
     /// Show the status of jobs, or of any object by ID prefix.
     Status(status::StatusArgs),
     /// Print the version.
@@ -137,6 +140,7 @@ pub async fn run(command: Command) -> u8 {
         Command::Eval(a) => eval::run(a).await,
         Command::Server(a) => server::run(a).await,
         Command::Service(a) => service::run(a).await,
+        Command::Operator(a) => operator::run(a).await,
         Command::Status(a) => status::run(a).await,
         Command::Agent(_) | Command::Version => Err(Failure::new("agent and version are not API commands")),
     };

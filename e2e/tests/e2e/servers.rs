@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use nomad_e2e::{Cluster, ClusterOptions, wait_for};
 
+use crate::cli::nomad;
 use crate::job_json;
 
 #[test]
@@ -44,4 +45,37 @@ fn three_servers_elect_replicate_forward_and_fail_over() {
         (jobs.as_array()?.len() == 2).then_some(())
     })
     .unwrap();
+}
+
+#[test]
+fn a_server_gone_for_good_is_removed_with_operator_raft_remove_peer() {
+    let mut c = Cluster::start(ClusterOptions { servers: 3, ..Default::default() }).unwrap();
+    let leader = c.wait_for_leader(Duration::from_secs(60)).unwrap();
+    let (gone, follower) = ((leader + 1) % 3, (leader + 2) % 3);
+    let gone_addr = c.servers[gone].rpc_addr.clone();
+    c.servers[gone].kill9().unwrap();
+
+    let listed = nomad(&c.servers[follower], &["operator", "raft", "list-peers"]).expect(0, "list-peers");
+    assert_eq!(listed.stdout.lines().count(), 4, "a header and three servers:\n{}", listed.stdout);
+    assert!(listed.stdout.contains(&gone_addr) && listed.stdout.contains("leader"), "{}", listed.stdout);
+
+    let unknown = nomad(&c.servers[follower], &["operator", "raft", "remove-peer", "-peer-address", "10.9.9.9:4647"]);
+    let unknown = unknown.expect(1, "an address not in the configuration");
+    assert!(unknown.stderr.contains("was not found in the Raft configuration"), "{}", unknown.stderr);
+    let missing = nomad(&c.servers[follower], &["operator", "raft", "remove-peer"]).expect(1, "no peer given");
+    assert!(missing.stderr.contains("-peer-id or -peer-address"), "{}", missing.stderr);
+
+    // Asked of a follower, carried out by the leader.
+    let removed = nomad(&c.servers[follower], &["operator", "raft", "remove-peer", "-peer-address", &gone_addr]);
+    assert!(removed.expect(0, "remove-peer").stdout.contains(&gone_addr));
+    for i in [leader, follower] {
+        wait_for("the survivors to list two voters", Duration::from_secs(20), || {
+            let conf = c.servers[i].http().get_json("/v1/operator/raft/configuration").ok()?;
+            let servers = conf["Servers"].as_array()?.clone();
+            (servers.len() == 2 && servers.iter().all(|s| s["Voter"] == true && s["Address"] != gone_addr.as_str())).then_some(())
+        })
+        .unwrap();
+    }
+    let r = c.servers[follower].http().put_json("/v1/jobs", &job_json("after-removal")).unwrap();
+    assert!(r["Index"].as_u64().unwrap() > 0, "the two remaining servers commit");
 }

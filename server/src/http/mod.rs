@@ -14,6 +14,7 @@ pub mod filter;
 mod jobs;
 mod namespaces;
 mod nodes;
+mod operator;
 mod services;
 pub mod util;
 
@@ -71,6 +72,8 @@ pub fn router(state: HttpState) -> Router {
         .route("/v1/status/leader", any(agent::status_leader))
         .route("/v1/status/peers", any(agent::status_peers))
         .route("/v1/regions", any(agent::regions))
+        .route("/v1/operator/raft/configuration", any(operator::raft_configuration))
+        .route("/v1/operator/raft/peer", any(operator::raft_peer))
         .route("/v1/event/stream", any(events::stream))
         .route("/v1/services", any(services::services))
         .route("/v1/service/{*rest}", any(services::service_specific))

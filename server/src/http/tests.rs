@@ -615,3 +615,26 @@ async fn filter_expressions_apply_to_lists() {
     assert_eq!(mixed.status, StatusCode::BAD_REQUEST);
     assert_eq!(mixed.text(), "Filter expression cannot be used with other filter parameters");
 }
+
+#[tokio::test]
+async fn operator_raft_routes_answer_bad_input_with_clear_errors() {
+    // The in-process server runs no Raft: an empty configuration, and nothing to remove.
+    let ts = TestServer::new();
+    let conf = get(&ts, "/v1/operator/raft/configuration").await;
+    assert_eq!(conf.status, StatusCode::OK, "{}", conf.text());
+    assert_eq!(conf.json()["Servers"], json!([]));
+    let cases = [
+        ("/v1/operator/raft/peer", StatusCode::BAD_REQUEST, "Must specify either ?id"),
+        ("/v1/operator/raft/peer?id=1&address=127.0.0.1:4647", StatusCode::BAD_REQUEST, "only one of ?id or ?address"),
+        ("/v1/operator/raft/peer?id=abc", StatusCode::BAD_REQUEST, "invalid server ID \"abc\""),
+        ("/v1/operator/raft/peer?id=7", StatusCode::NOT_FOUND, "id 7 was not found in the Raft configuration"),
+        ("/v1/operator/raft/peer?address=10.0.0.9:4647", StatusCode::NOT_FOUND, "address \"10.0.0.9:4647\" was not found"),
+    ];
+    for (path, status, message) in cases {
+        let r = call(&ts, Method::DELETE, path, Body::empty()).await;
+        assert_eq!(r.status, status, "{path}: {}", r.text());
+        assert!(r.text().contains(message), "{path}: {}", r.text());
+    }
+    assert_eq!(get(&ts, "/v1/operator/raft/peer?id=1").await.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(call(&ts, Method::PUT, "/v1/operator/raft/configuration", Body::empty()).await.status, StatusCode::METHOD_NOT_ALLOWED);
+}

@@ -34,6 +34,19 @@ use crate::fsm::{ApplyResult, Command};
 /// A server's Raft id.
 pub type NodeId = u64;
 
+/// A server in the Raft configuration (`/v1/operator/raft/configuration`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RaftPeer {
+    /// Raft id.
+    pub id: NodeId,
+    /// Advertised RPC address.
+    pub addr: String,
+    /// Votes (a learner does not).
+    pub voter: bool,
+    /// Is the leader as this server knows it.
+    pub leader: bool,
+}
+
 openraft::declare_raft_types!(
     /// openraft's type configuration: the log carries [`Command`]s, applying one yields an [`ApplyResult`].
     /// Shared (`Arc`, serialized as the command itself) so that a write retried after a leader

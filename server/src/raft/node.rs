@@ -1,6 +1,6 @@
 //! [`RaftNode`]: starting Raft on a data dir, and the calls the rest of the server makes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,10 +12,10 @@ use tokio::time::Instant;
 
 use super::log_store::LogStore;
 use super::network::{Network, PeerPool, never_sent};
-use super::rpc::{Applied, ForwardRequest, JoinRequest, Refusal};
+use super::rpc::{Applied, ForwardRequest, JoinRequest, Refusal, RemovePeerRequest};
 use super::service::RaftService;
 use super::state_machine::StateMachine;
-use super::{NodeId, RaftConfig, RaftError, TypeConfig, bootstrap};
+use super::{NodeId, RaftConfig, RaftError, RaftPeer, TypeConfig, bootstrap};
 use crate::fsm::{ApplyResult, Command, Fsm};
 
 /// How often `apply` re-checks for a leader while waiting for one.
@@ -108,6 +108,44 @@ impl Shared {
             Ok(Err(status)) => Err(Refusal::Failed(format!("forwarding join to leader {leader}: {}", status.message()))),
             Err(_) => Err(Refusal::Failed(format!("forwarding join to leader {leader}: timed out"))),
         }
+    }
+
+    /// Handles `RemovePeer`: on the leader takes the server out of the configuration, elsewhere
+    /// passes the request to the leader once.
+    pub(crate) async fn remove_peer(&self, request: RemovePeerRequest) -> Result<(), Refusal> {
+        match self.remove_voter(request.node_id).await {
+            Err(Refusal::NotLeader) if !request.forwarded => {}
+            outcome => return outcome,
+        }
+        let (_, leader) = self.leader().ok_or(Refusal::NotLeader)?;
+        let mut client = self.pool.client(&leader).map_err(|e| Refusal::Failed(e.to_string()))?;
+        let forwarded = RemovePeerRequest { forwarded: true, ..request };
+        match tokio::time::timeout(self.apply_timeout, client.remove_peer(forwarded)).await {
+            Ok(Ok(reply)) => reply.into_inner(),
+            Ok(Err(status)) => Err(Refusal::Failed(format!("forwarding the removal to leader {leader}: {}", status.message()))),
+            Err(_) => Err(Refusal::Failed(format!("forwarding the removal to leader {leader}: timed out"))),
+        }
+    }
+
+    /// Removes a server (voter or learner) from the configuration.
+    async fn remove_voter(&self, id: NodeId) -> Result<(), Refusal> {
+        if !self.is_leader() {
+            return Err(Refusal::NotLeader);
+        }
+        let membership = self.raft.metrics().borrow().membership_config.clone();
+        let membership = membership.membership();
+        if membership.get_node(&id).is_none() {
+            return Err(Refusal::Failed(format!("no server with id {id} in the raft configuration")));
+        }
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        if voters.len() == 1 && voters.contains(&id) {
+            return Err(Refusal::Failed("refusing to remove the only voting server".into()));
+        }
+        let change = if voters.contains(&id) { ChangeMembers::RemoveVoters([id].into()) } else { ChangeMembers::RemoveNodes([id].into()) };
+        // Not retained as a learner: the server is gone for good.
+        self.raft.change_membership(change, false).await.map_err(refusal)?;
+        tracing::info!(node_id = id, "removed server from the raft cluster");
+        Ok(())
     }
 
     /// Adds a server as a learner, then promotes it to voter; a no-op for a voter.
@@ -235,6 +273,31 @@ impl RaftNode {
     /// The leader's RPC address, if one is known.
     pub fn leader_addr(&self) -> Option<String> {
         self.shared.leader().map(|(_, addr)| addr)
+    }
+
+    /// Every server in the configuration (voters and learners), by Raft id.
+    pub fn configuration(&self) -> Vec<RaftPeer> {
+        let metrics = self.shared.raft.metrics().borrow().clone();
+        let membership = metrics.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        membership
+            .nodes()
+            .map(|(id, node)| RaftPeer {
+                id: *id,
+                addr: node.addr.clone(),
+                voter: voters.contains(id),
+                leader: metrics.current_leader == Some(*id),
+            })
+            .collect()
+    }
+
+    /// Takes a server out of the cluster (forwarded to the leader); see [`RaftPeer`].
+    pub async fn remove_peer(&self, id: NodeId) -> Result<(), RaftError> {
+        match self.shared.remove_peer(RemovePeerRequest { node_id: id, forwarded: false }).await {
+            Ok(()) => Ok(()),
+            Err(Refusal::NotLeader) => Err(RaftError::NoLeader),
+            Err(Refusal::Failed(message)) => Err(RaftError::Raft(message)),
+        }
     }
 
     /// RPC addresses of the voting servers.

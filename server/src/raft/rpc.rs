@@ -66,6 +66,18 @@ pub struct JoinRequest {
 /// `Join` reply.
 pub type JoinReply = Result<(), Refusal>;
 
+/// `RemovePeer`: an operator takes a server out of the cluster (one that is gone for good).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RemovePeerRequest {
+    /// The server's Raft id.
+    pub node_id: NodeId,
+    /// Set by a follower passing the request on, so it travels at most one hop.
+    pub forwarded: bool,
+}
+
+/// `RemovePeer` reply.
+pub type RemovePeerReply = Result<(), Refusal>;
+
 /// `Info` request (no fields).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct InfoRequest {}

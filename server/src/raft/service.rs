@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status};
 use super::node::Shared;
 use super::rpc::{
     AppendEntriesArgs, AppendEntriesReply, ForwardReply, ForwardRequest, InfoReply, InfoRequest, InstallSnapshotArgs, InstallSnapshotReply,
-    JoinReply, JoinRequest, RaftRpc, RaftServer, VoteArgs, VoteReply,
+    JoinReply, JoinRequest, RaftRpc, RaftServer, RemovePeerReply, RemovePeerRequest, VoteArgs, VoteReply,
 };
 
 /// Serves one server's Raft to its peers.
@@ -47,6 +47,10 @@ impl RaftRpc for RaftService {
 
     async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinReply>, Status> {
         Ok(Response::new(self.shared.join(request.into_inner()).await))
+    }
+
+    async fn remove_peer(&self, request: Request<RemovePeerRequest>) -> Result<Response<RemovePeerReply>, Status> {
+        Ok(Response::new(self.shared.remove_peer(request.into_inner()).await))
     }
 
     async fn info(&self, _: Request<InfoRequest>) -> Result<Response<InfoReply>, Status> {

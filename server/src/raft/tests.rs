@@ -484,3 +484,40 @@ async fn fourth_server_joins_and_catches_up_from_a_snapshot() {
         server.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_server_is_removed_through_a_follower_and_the_rest_keep_committing() {
+    init_tracing();
+    let mut servers = start_cluster(3, 8192).await;
+    let all: Vec<&TestServer> = servers.iter().collect();
+    let leader = wait_for_leader(&all).await;
+    let (dead, follower) = ((leader + 1) % 3, (leader + 2) % 3);
+    let dead_id = servers[dead].node.node_id();
+    servers[dead].stop().await;
+
+    let err = servers[follower].node.remove_peer(999).await.unwrap_err();
+    assert!(err.to_string().contains("no server with id 999"), "{err}");
+    assert_eq!(servers[leader].node.configuration().len(), 3, "a refused removal changes nothing");
+
+    // Asked of a follower, done by the leader.
+    servers[follower].node.remove_peer(dead_id).await.unwrap();
+    let two_voters = |i: usize| {
+        let c = servers[i].node.configuration();
+        c.len() == 2 && c.iter().all(|p| p.voter && p.id != dead_id) && c.iter().filter(|p| p.leader).count() == 1
+    };
+    wait_for("both survivors see two voters and the leader", || two_voters(leader) && two_voters(follower)).await;
+    // Two of two voters commit: the dead server no longer counts towards the quorum.
+    let written = apply_all(&servers[follower].node, 0..3).await;
+    wait_for_fsms(&[&servers[leader], &servers[follower]], &written).await;
+
+    // The last voter is never removed.
+    let follower_id = servers[follower].node.node_id();
+    servers[leader].node.remove_peer(follower_id).await.unwrap();
+    servers[follower].stop().await;
+    let leader_id = servers[leader].node.node_id();
+    wait_for("the leader alone", || servers[leader].node.configuration().iter().map(|p| p.id).collect::<Vec<_>>() == [leader_id]).await;
+    let err = servers[leader].node.remove_peer(leader_id).await.unwrap_err();
+    assert!(err.to_string().contains("only voting server"), "{err}");
+    assert_eq!(apply_all(&servers[leader].node, 3..4).await.len(), 1, "a cluster of one still commits");
+    servers[leader].stop().await;
+}
