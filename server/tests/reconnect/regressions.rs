@@ -2,12 +2,12 @@
 //! its fix; the commit message of the fix tells the story).
 
 use crate::run;
-use crate::world::{Event, Pending, Scenario, Step};
+use crate::world::{Event, Kind, Pending, Scenario, Step};
 
 use Step::*;
 
 fn sc(count: i64, spare: bool, event: Event, pending: Pending, marked: bool) -> Scenario {
-    Scenario { count, max_disconnect: true, spare, event, pending, marked }
+    Scenario { kind: Kind::Service, count, max_disconnect: true, spare, event, pending, marked }
 }
 
 fn check(sc: Scenario, steps: &[Step]) {
