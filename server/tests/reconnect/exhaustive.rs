@@ -1,6 +1,7 @@
 //! Every ordering of the returning client's four calls, with the scheduler
 //! run (to completion) in every subset of the five gaps around them:
-//! 4! × 2⁵ = 768 orderings per scenario, for every scenario of the grid.
+//! 4! × 2⁵ = 768 orderings per scenario, for every scenario of the grid
+//! (56 service scenarios, 28 system ones).
 //!
 //! The orderings share prefixes, so they run as a walk of their prefix tree:
 //! each distinct prefix is executed once and the world is forked where
@@ -9,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::world::{Scenario, Step, World, codes, grid};
+use crate::world::{Kind, Scenario, Step, World, codes, grid};
 
 const CALLS: [Step; 4] = [Step::Register, Step::Heartbeat, Step::UpdateAlloc, Step::Pull];
 
@@ -150,30 +151,58 @@ fn there_are_768_distinct_orderings() {
 
 #[test]
 fn one_alloc_with_max_client_disconnect_and_a_spare_node() {
-    sweep(|s| s.count == 1 && s.max_disconnect && s.spare);
+    sweep(|s| s.kind == Kind::Service && s.count == 1 && s.max_disconnect && s.spare);
 }
 
 #[test]
 fn one_alloc_with_max_client_disconnect_and_no_spare_node() {
-    sweep(|s| s.count == 1 && s.max_disconnect && !s.spare);
+    sweep(|s| s.kind == Kind::Service && s.count == 1 && s.max_disconnect && !s.spare);
 }
 
 #[test]
 fn one_alloc_without_max_client_disconnect() {
-    sweep(|s| s.count == 1 && !s.max_disconnect);
+    sweep(|s| s.kind == Kind::Service && s.count == 1 && !s.max_disconnect);
 }
 
 #[test]
 fn two_allocs_with_max_client_disconnect_and_a_spare_node() {
-    sweep(|s| s.count == 2 && s.max_disconnect && s.spare);
+    sweep(|s| s.kind == Kind::Service && s.count == 2 && s.max_disconnect && s.spare);
 }
 
 #[test]
 fn two_allocs_with_max_client_disconnect_and_no_spare_node() {
-    sweep(|s| s.count == 2 && s.max_disconnect && !s.spare);
+    sweep(|s| s.kind == Kind::Service && s.count == 2 && s.max_disconnect && !s.spare);
 }
 
 #[test]
 fn two_allocs_without_max_client_disconnect() {
-    sweep(|s| s.count == 2 && !s.max_disconnect);
+    sweep(|s| s.kind == Kind::Service && s.count == 2 && !s.max_disconnect);
+}
+
+#[test]
+fn system_job_with_max_client_disconnect_and_a_spare_node() {
+    sweep(|s| s.kind == Kind::System && s.max_disconnect && s.spare);
+}
+
+#[test]
+fn system_job_with_max_client_disconnect_and_no_spare_node() {
+    sweep(|s| s.kind == Kind::System && s.max_disconnect && !s.spare);
+}
+
+#[test]
+fn system_job_without_max_client_disconnect_and_a_spare_node() {
+    sweep(|s| s.kind == Kind::System && !s.max_disconnect && s.spare);
+}
+
+#[test]
+fn system_job_without_max_client_disconnect_and_no_spare_node() {
+    sweep(|s| s.kind == Kind::System && !s.max_disconnect && !s.spare);
+}
+
+#[test]
+fn the_grid_has_56_service_and_28_system_scenarios() {
+    let g = grid();
+    assert_eq!(g.iter().filter(|s| s.kind == Kind::Service).count(), 56);
+    assert_eq!(g.iter().filter(|s| s.kind == Kind::System).count(), 28);
+    assert!(g.iter().filter(|s| s.kind == Kind::System).all(|s| s.count == 1));
 }

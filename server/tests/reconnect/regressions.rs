@@ -1,13 +1,14 @@
 //! The orderings that found bugs, kept as named tests (each failed before
-//! its fix; the commit message of the fix tells the story).
+//! its fix; the commit message of the fix tells the story), and the last one,
+//! which found a gap in the test model's idea of Nomad's rules.
 
 use crate::run;
-use crate::world::{Event, Pending, Scenario, Step};
+use crate::world::{Event, Kind, NODE, Pending, Scenario, Step};
 
 use Step::*;
 
 fn sc(count: i64, spare: bool, event: Event, pending: Pending, marked: bool) -> Scenario {
-    Scenario { count, max_disconnect: true, spare, event, pending, marked }
+    Scenario { kind: Kind::Service, count, max_disconnect: true, spare, event, pending, marked }
 }
 
 fn check(sc: Scenario, steps: &[Step]) {
@@ -73,4 +74,30 @@ fn a_down_node_with_unknown_allocs_returns_through_initializing() {
 fn an_alloc_disconnecting_again_keeps_its_one_replacement() {
     check(sc(2, true, Event::JobUpdate, Pending::Changed, true), &[Heartbeat, Pull, UpdateAlloc, Heartbeat, Register, Expire, Compute]);
     check(sc(1, true, Event::None, Pending::All, true), &[Heartbeat, UpdateAlloc, Heartbeat, Expire, Schedule]);
+}
+
+/// Not a bug, Nomad's rule, kept as the ordering that taught the model it: a
+/// system alloc fails while its node is away, the scheduler never marked it
+/// `unknown`, and the failure lands after the returning node's evals ran.
+/// Nomad creates no eval for it (system groups have no reschedule policy), so
+/// it stays failed until the job's next evaluation, which places its
+/// successor on the same node.
+#[test]
+fn a_failed_system_alloc_never_marked_unknown_waits_for_the_jobs_next_evaluation() {
+    let sc = Scenario {
+        kind: Kind::System,
+        count: 1,
+        max_disconnect: true,
+        spare: true,
+        event: Event::AllocFailed,
+        pending: Pending::Changed,
+        marked: false,
+    };
+    let w = run(sc, &[Heartbeat, Expire, Heartbeat, Schedule, UpdateAlloc]).unwrap_or_else(|e| panic!("scenario {sc}\n  {e}"));
+    assert!(w.trace().contains("the job's next evaluation"), "the failure was followed before the next evaluation:\n{}", w.trace());
+    let s = w.sim.state();
+    let failed = s.alloc(&w.originals[0]).unwrap();
+    assert_eq!((failed.desired_status, failed.client_status), (nomad_proto::DesiredStatus::Run, nomad_proto::ClientStatus::Failed));
+    let next = s.allocs_by_job("default", "web").find(|a| a.previous_allocation == failed.id).expect("a successor");
+    assert_eq!((next.node_id.as_str(), next.client_status), (NODE, nomad_proto::ClientStatus::Running));
 }

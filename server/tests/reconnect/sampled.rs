@@ -4,7 +4,8 @@
 //! repeated calls, the other clients acting late, heartbeat expiries while
 //! the client comes back, and clients that return before the scheduler
 //! marked their allocs. Each seed picks a scenario and a step sequence that
-//! contains the four calls at least once.
+//! contains the four calls at least once; the service and the system tests
+//! draw from their own part of the grid (a seed replays in its own test).
 //!
 //! `RECONNECT_SEED=<n>` replays one seed (printing its trace);
 //! `RECONNECT_SAMPLES=<n>` changes how many seeds run (default below).
@@ -14,17 +15,17 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 use crate::run;
-use crate::world::{Pending, Scenario, Step, codes, grid};
+use crate::world::{Kind, Pending, Scenario, Step, codes, grid};
 
 /// Seeds per test run by default.
 const SAMPLES: u64 = 3000;
 /// First seed (fixed, so every run covers the same sequences).
 const BASE_SEED: u64 = 0x5eed_0000;
 
-/// The scenario and steps of one seed.
-pub fn generate(seed: u64, with_expiry: bool) -> (Scenario, Vec<Step>) {
+/// The scenario (of the job kind given) and steps of one seed.
+pub fn generate(seed: u64, with_expiry: bool, kind: Kind) -> (Scenario, Vec<Step>) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let scenarios = grid();
+    let scenarios: Vec<Scenario> = grid().into_iter().filter(|s| s.kind == kind).collect();
     let mut sc = scenarios[rng.random_range(0..scenarios.len())];
     // Sometimes the client is back before the scheduler saw it go.
     if sc.max_disconnect && sc.event != crate::world::Event::Expired && rng.random_bool(0.25) {
@@ -68,11 +69,11 @@ pub fn generate(seed: u64, with_expiry: bool) -> (Scenario, Vec<Step>) {
     (sc, steps)
 }
 
-fn sweep(with_expiry: bool, salt: u64) {
+fn sweep(with_expiry: bool, salt: u64, kind: Kind, samples: u64) {
     let (seeds, verbose): (Vec<u64>, bool) = match std::env::var("RECONNECT_SEED").ok().and_then(|s| s.parse().ok()) {
         Some(seed) => (vec![seed], true),
         None => {
-            let n = std::env::var("RECONNECT_SAMPLES").ok().and_then(|s| s.parse().ok()).unwrap_or(SAMPLES);
+            let n = std::env::var("RECONNECT_SAMPLES").ok().and_then(|s| s.parse().ok()).unwrap_or(samples);
             ((0..n).map(|i| BASE_SEED + salt + i).collect(), false)
         }
     };
@@ -81,7 +82,7 @@ fn sweep(with_expiry: bool, salt: u64) {
     let mut stale_plans = 0;
     let mut refusals = 0;
     for &seed in &seeds {
-        let (sc, steps) = generate(seed, with_expiry);
+        let (sc, steps) = generate(seed, with_expiry, kind);
         match run(sc, &steps) {
             Ok(w) => {
                 stale_plans += steps.iter().filter(|s| **s == Step::Compute).count();
@@ -99,7 +100,7 @@ fn sweep(with_expiry: bool, salt: u64) {
         }
     }
     eprintln!(
-        "sampled (expiries: {with_expiry}): {} seeds in {:.1?}; {stale_plans} plans computed ahead of their apply, {refusals} partial refusals by the applier",
+        "sampled ({kind:?} job, expiries: {with_expiry}): {} seeds in {:.1?}; {stale_plans} plans computed ahead of their apply, {refusals} partial refusals by the applier",
         seeds.len(),
         start.elapsed()
     );
@@ -108,10 +109,20 @@ fn sweep(with_expiry: bool, salt: u64) {
 
 #[test]
 fn random_interleavings_with_stale_plans() {
-    sweep(false, 0);
+    sweep(false, 0, Kind::Service, SAMPLES);
 }
 
 #[test]
 fn random_interleavings_with_heartbeat_expiries() {
-    sweep(true, 1_000_000);
+    sweep(true, 1_000_000, Kind::Service, SAMPLES);
+}
+
+#[test]
+fn system_job_random_interleavings_with_stale_plans() {
+    sweep(false, 2_000_000, Kind::System, SAMPLES);
+}
+
+#[test]
+fn system_job_random_interleavings_with_heartbeat_expiries() {
+    sweep(true, 3_000_000, Kind::System, SAMPLES);
 }

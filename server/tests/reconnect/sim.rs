@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
-use nomad_proto::{ClientStatus, DesiredStatus, EvalStatus, Evaluation, NodeStatus, PlanResult, Timestamp};
+use nomad_proto::{ClientStatus, DesiredStatus, EvalStatus, Evaluation, JobType, NodeStatus, PlanResult, Timestamp};
 use nomad_server::broker::{BlockedEvals, diff_changes, effect_writes};
 use nomad_server::consensus::{Consensus, LocalConsensus};
 use nomad_server::endpoints::{EndpointConfig, Endpoints};
@@ -235,8 +235,8 @@ fn describe(state: &State, sub: &PlanSubmission, result: &PlanResult) -> String 
 /// The applier is about to commit `result` on `state`: nothing lands on a
 /// node that is not `ready`, except `unknown` markers on a `disconnected`
 /// node; no placement duplicates an alloc of the same name and job version
-/// that still runs on a `ready` node (whatever the servers think of it)
-/// unless the same commit stops it. Copies on nodes that are away or coming
+/// that still runs on a `ready` node (whatever the servers think of it;
+/// for a system job, on the same node) unless the same commit stops it. Copies on nodes that are away or coming
 /// back are what replacements and the reconnect rules are for; a copy of an
 /// older version is on its way out (destructive update, older reconnect).
 fn check_committed(state: &State, result: &PlanResult) -> Check {
@@ -255,11 +255,15 @@ fn check_committed(state: &State, result: &PlanResult) -> Check {
                 continue;
             }
             // New allocs run the plan's job, the current version.
-            let version = state.job(&a.namespace, &a.job_id).map(|j| j.version).unwrap_or_default();
+            let job = state.job(&a.namespace, &a.job_id);
+            let version = job.map(|j| j.version).unwrap_or_default();
+            // A system job runs the same name on every node: a copy is one on the same node.
+            let per_node = job.is_some_and(|j| j.job_type == JobType::System);
             let dup = state
                 .allocs_by_job(&a.namespace, &a.job_id)
                 .map(|o| o.as_ref())
                 .filter(|o| o.name == a.name && o.id != a.id && o.desired_status == DesiredStatus::Run && !o.client_terminal())
+                .filter(|o| !per_node || o.node_id == *node_id)
                 .filter(|o| !stopped.contains(o.id.as_str()))
                 .filter(|o| o.job.as_ref().is_none_or(|j| j.version >= version))
                 .find(|o| state.node(&o.node_id).is_some_and(|n| n.status == NodeStatus::Ready));

@@ -37,14 +37,26 @@ pub enum Pending {
     Changed,
 }
 
+/// The scheduler type of the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A service job: `count` allocs, replacements placed elsewhere while `node-1` is away.
+    Service,
+    /// A system job: one alloc per feasible node, never replaced on another node.
+    System,
+}
+
 /// One disconnect scenario.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Scenario {
-    /// The group's count (all on `node-1` when it goes away).
+    pub kind: Kind,
+    /// The group's count (all on `node-1` when it goes away); 1 for a system
+    /// job (one alloc per node).
     pub count: i64,
     /// The group has `max_client_disconnect` (1 h).
     pub max_disconnect: bool,
-    /// A second node (`node-2`) can take replacements.
+    /// A second node (`node-2`) can take replacements (a system job runs its
+    /// own alloc there from the start).
     pub spare: bool,
     pub event: Event,
     pub pending: Pending,
@@ -56,16 +68,18 @@ impl fmt::Display for Scenario {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "count={} max_client_disconnect={} spare_node={} event={:?} pending={:?} marked_before_return={}",
-            self.count, self.max_disconnect, self.spare, self.event, self.pending, self.marked
+            "{:?} job count={} max_client_disconnect={} spare_node={} event={:?} pending={:?} marked_before_return={}",
+            self.kind, self.count, self.max_disconnect, self.spare, self.event, self.pending, self.marked
         )
     }
 }
 
-/// Every scenario of the exhaustive grid (the event `Expired` needs a window).
+/// Every scenario of the exhaustive grid (the event `Expired` needs a
+/// window): the 56 service scenarios (count 1 and 2), then the 28 system ones
+/// (one alloc per node).
 pub fn grid() -> Vec<Scenario> {
     let mut out = Vec::new();
-    for count in [1, 2] {
+    for (kind, count) in [(Kind::Service, 1), (Kind::Service, 2), (Kind::System, 1)] {
         for max_disconnect in [true, false] {
             for spare in [true, false] {
                 for event in [Event::None, Event::JobUpdate, Event::AllocFailed, Event::Expired] {
@@ -73,7 +87,7 @@ pub fn grid() -> Vec<Scenario> {
                         continue;
                     }
                     for pending in [Pending::All, Pending::Changed] {
-                        out.push(Scenario { count, max_disconnect, spare, event, pending, marked: true });
+                        out.push(Scenario { kind, count, max_disconnect, spare, event, pending, marked: true });
                     }
                 }
             }
@@ -82,7 +96,25 @@ pub fn grid() -> Vec<Scenario> {
     out
 }
 
+impl Scenario {
+    pub fn system(&self) -> bool {
+        self.kind == Kind::System
+    }
+
+    /// The nodes the job runs on once `node-1` is back: a system job on every
+    /// ready node, a service job's `count` allocs wherever they fit.
+    fn nodes(&self) -> Vec<&'static str> {
+        if self.spare { vec![NODE, SPARE] } else { vec![NODE] }
+    }
+
+    /// Live allocs of the job at the end.
+    fn live(&self) -> i64 {
+        if self.system() { self.nodes().len() as i64 } else { self.count }
+    }
+}
+
 pub const NODE: &str = "node-1";
+pub const SPARE: &str = "node-2";
 pub const JOB: &str = "web";
 const WINDOW_SECS: i64 = 3600;
 
@@ -185,7 +217,7 @@ impl World {
             return Err(format!("setup placed {} allocs on {NODE}, wanted {}", w.originals.len(), sc.count));
         }
         if sc.spare {
-            let mut other = Client::new(nomad_server::testing::node("node-2"));
+            let mut other = Client::new(nomad_server::testing::node(SPARE));
             other.register(&w.sim);
             other.heartbeat(&w.sim);
             w.sim.leader()?;
@@ -273,6 +305,9 @@ impl World {
 
     fn register_job(&mut self, version: u32) -> Check {
         let mut job: Job = nomad_server::testing::job(JOB, self.sc.count);
+        if self.sc.system() {
+            job.job_type = nomad_proto::JobType::System;
+        }
         let tg = &mut job.task_groups[0];
         tg.tasks[0].resources.cpu = 100;
         tg.tasks[0].resources.memory_mb = 64;
@@ -465,25 +500,38 @@ impl World {
             return Err(format!("{NODE} is ready with LastMissedHeartbeatIndex {}", after.node(NODE).unwrap().last_missed_heartbeat_index));
         }
         check_summary(after)?;
-        // Once the node is back and the scheduler has caught up, one copy per name.
-        if is == NodeStatus::Ready && self.inflight.is_empty() && self.sim.due_evals().is_empty() {
-            let mut copies: BTreeMap<&str, Vec<&Allocation>> = BTreeMap::new();
-            for a in after.allocs_by_job("default", JOB) {
-                if a.desired_status == DesiredStatus::Run && matches!(a.client_status, ClientStatus::Running | ClientStatus::Pending) {
-                    copies.entry(a.name.as_str()).or_default().push(a);
+        if self.sc.system() {
+            // A system job's allocs never leave their node: at no point two live
+            // copies of a name on one node (an `unknown` one counts), and no alloc
+            // follows one on another node.
+            check_copies(after, true, |a| a.desired_status == DesiredStatus::Run && !a.client_terminal(), "")?;
+            for a in after.allocs_by_job("default", JOB).filter(|a| !a.previous_allocation.is_empty()) {
+                let prev = after.alloc(&a.previous_allocation).map(|p| p.node_id.clone()).unwrap_or_default();
+                if prev != a.node_id {
+                    return Err(format!(
+                        "{} ({}) on {} replaces {} of {prev}: a system alloc moved nodes",
+                        a.name,
+                        short(&a.id),
+                        a.node_id,
+                        short(&a.previous_allocation)
+                    ));
                 }
             }
-            if let Some((name, v)) = copies.iter().find(|(_, v)| v.len() > 1) {
-                let who: Vec<String> = v.iter().map(|a| format!("{} on {} ({})", short(&a.id), a.node_id, a.client_status)).collect();
-                return Err(format!("{NODE} is ready and nothing is due, yet {name} runs {} times: {}", v.len(), who.join(", ")));
-            }
+        } else if is == NodeStatus::Ready && self.inflight.is_empty() && self.sim.due_evals().is_empty() {
+            // Once the node is back and the scheduler has caught up, one copy per name.
+            let running = |a: &Allocation| {
+                a.desired_status == DesiredStatus::Run && matches!(a.client_status, ClientStatus::Running | ClientStatus::Pending)
+            };
+            check_copies(after, false, running, &format!("{NODE} is ready and nothing is due, yet "))?;
         }
         Ok(())
     }
 
     /// While `node-1` is away: its running allocs are `unknown` (with a
     /// window) or lost and stopped (without), and each has a replacement when
-    /// there is room.
+    /// there is room (a service job; a system job's never has one, and gets
+    /// no `max-disconnect-timeout` eval either: the node's re-check turns it
+    /// `down` once the window passed).
     fn check_while_away(&self) -> Check {
         let s = self.sim.state();
         for id in &self.originals {
@@ -496,12 +544,24 @@ impl World {
                 return Err(format!("while away {} is {}/{}, wanted lost/stop", a.name, a.client_status, a.desired_status.as_str()));
             }
             let replacements = s.allocs_by_job("default", JOB).filter(|r| r.previous_allocation == *id).count();
-            let want = usize::from(self.sc.spare);
+            let want = usize::from(self.sc.spare && !self.sc.system());
             if replacements != want {
                 return Err(format!("while away {} has {replacements} replacements, wanted {want}", a.name));
             }
         }
-        if self.sc.max_disconnect && !s.evals().any(|e| e.triggered_by == trigger::MAX_DISCONNECT_TIMEOUT && !e.wait_until.is_zero()) {
+        let timeout = s.evals().any(|e| e.triggered_by == trigger::MAX_DISCONNECT_TIMEOUT && !e.wait_until.is_zero());
+        if self.sc.system() {
+            if timeout {
+                return Err("a max-disconnect-timeout eval for a system job (Nomad creates none)".into());
+            }
+            // The spare node keeps running its own alloc.
+            let on_spare: Vec<&Allocation> = s.allocs_by_node(SPARE).map(|a| a.as_ref()).filter(|a| !a.terminal()).collect();
+            let want = usize::from(self.sc.spare);
+            if on_spare.len() != want || on_spare.iter().any(|a| a.client_status != ClientStatus::Running) {
+                let got: Vec<String> = on_spare.iter().map(|a| format!("{} {}", short(&a.id), a.client_status)).collect();
+                return Err(format!("while away {SPARE} runs {got:?}, wanted {want} running alloc(s)"));
+            }
+        } else if self.sc.max_disconnect && !timeout {
             return Err("no max-disconnect-timeout follow-up eval while away".into());
         }
         Ok(())
@@ -533,7 +593,7 @@ impl World {
                     .map(|e| e.wait_until)
                     .min();
                 match next {
-                    Some(at) if live < self.sc.count => {
+                    Some(at) if live < self.sc.live() => {
                         self.sim.advance(at.unix_nanos() - self.sim.now().unix_nanos());
                         self.note(format!("-- clock moves to {} (a delayed eval) --", at.to_rfc3339()));
                     }
@@ -556,6 +616,17 @@ impl World {
 
     /// The end state, after `settle`.
     pub fn check_end(&mut self) -> Check {
+        if self.failed_system_alloc_awaits_an_eval() {
+            // Nomad creates no eval for a failed system alloc (system groups have no
+            // reschedule policy): it is followed at the job's next evaluation. Only an
+            // alloc the servers never marked `unknown` gets here (an `unknown` one's
+            // update creates a `reconnect` eval), when its failure landed after the
+            // node's last eval. That next evaluation must place it on `node-1`.
+            let eval = Evaluation::for_job(&self.job(), trigger::NODE_UPDATE, self.sim.now());
+            self.sim.apply(nomad_server::fsm::Command::EvalUpsert { evals: vec![eval] })?;
+            self.note("-- the job's next evaluation (the failed system alloc waited for one) --".into());
+            self.settle()?;
+        }
         let s = self.sim.state();
         let node = s.node(NODE).unwrap();
         if node.status != NodeStatus::Ready || node.last_missed_heartbeat_index != 0 {
@@ -566,11 +637,21 @@ impl World {
         if let Some(a) = live.iter().find(|a| a.client_status != ClientStatus::Running) {
             return Err(format!("{} ({}) ends {}", a.name, short(&a.id), a.client_status));
         }
-        let mut names: Vec<&str> = live.iter().map(|a| a.name.as_str()).collect();
-        names.sort();
-        let want: Vec<String> = (0..self.sc.count).map(|i| format!("{JOB}.web[{i}]")).collect();
-        if names != want {
-            return Err(format!("the job ends with running allocs {names:?}, wanted {want:?}"));
+        if self.sc.system() {
+            // Exactly one running alloc on each ready node (all are feasible).
+            let mut have: Vec<String> = live.iter().map(|a| format!("{} on {}", a.name, a.node_id)).collect();
+            have.sort();
+            let want: Vec<String> = self.sc.nodes().iter().map(|n| format!("{JOB}.web[0] on {n}")).collect();
+            if have != want {
+                return Err(format!("the system job ends with running allocs {have:?}, wanted {want:?}"));
+            }
+        } else {
+            let mut names: Vec<&str> = live.iter().map(|a| a.name.as_str()).collect();
+            names.sort();
+            let want: Vec<String> = (0..self.sc.count).map(|i| format!("{JOB}.web[{i}]")).collect();
+            if names != want {
+                return Err(format!("the job ends with running allocs {names:?}, wanted {want:?}"));
+            }
         }
         if let Some(a) = live.iter().find(|a| a.job.as_ref().is_some_and(|j| j.version != job.version)) {
             return Err(format!("{} runs job version {} of {}", a.name, a.job.as_ref().unwrap().version, job.version));
@@ -587,7 +668,11 @@ impl World {
             return Err(format!("{NODE} runs {client_runs:?}, the servers want {server_wants:?}"));
         }
         if !self.flapped {
-            self.check_originals(&s)?;
+            if self.sc.system() {
+                self.check_system_originals(&s)?;
+            } else {
+                self.check_originals(&s)?;
+            }
         }
         self.check_converged()
     }
@@ -672,6 +757,90 @@ impl World {
         Ok(())
     }
 
+    /// A system job's alloc failed on `node-1` without ever being `unknown`, nothing
+    /// followed it, and no eval of the job is waiting: Nomad's rule leaves it so.
+    fn failed_system_alloc_awaits_an_eval(&self) -> bool {
+        let s = self.sim.state();
+        let [id] = self.originals.as_slice() else { return false };
+        let Some(o) = s.alloc(id) else { return false };
+        self.sc.system()
+            && self.sc.event == Event::AllocFailed
+            && o.desired_status == DesiredStatus::Run
+            && o.client_status == ClientStatus::Failed
+            && !o.alloc_states.iter().any(|st| st.value == "unknown")
+            && !s.allocs_by_job("default", JOB).any(|a| a.previous_allocation == *id)
+            && !s.allocs_by_node(NODE).any(|a| a.job_id == JOB && !a.terminal())
+            && !s
+                .evals()
+                .any(|e| e.job_id == JOB && matches!(e.status, nomad_proto::EvalStatus::Pending | nomad_proto::EvalStatus::Blocked))
+    }
+
+    /// What became of the alloc `node-1` ran, for a system job (Nomad's
+    /// `diffSystemAllocsForNode`): kept with a `running` AllocState after its
+    /// `unknown` one when it reconnects; otherwise (lost, failed, or
+    /// reconnected under an older job version) it is followed by a new alloc
+    /// on `node-1` itself, never on another node.
+    fn check_system_originals(&self, s: &State) -> Check {
+        let [id] = self.originals.as_slice() else {
+            return Err(format!("a system job ran {} allocs on {NODE}, wanted one", self.originals.len()));
+        };
+        let o = s.alloc(id).unwrap();
+        let tag = format!("{} ({})", o.name, short(id));
+        let failed = self.sc.event == Event::AllocFailed;
+        let states: Vec<&str> = o.alloc_states.iter().map(|st| st.value.as_str()).collect();
+        let successors: Vec<&Allocation> =
+            s.allocs_by_job("default", JOB).map(|a| a.as_ref()).filter(|a| a.previous_allocation == *id).collect();
+        let lost = !self.sc.max_disconnect || self.sc.event == Event::Expired;
+        let (want_desired, want_client, want_desc) = if lost {
+            // Stopped as lost while away; the client then reports what it did with it.
+            let client = if failed { ClientStatus::Failed } else { ClientStatus::Complete };
+            (DesiredStatus::Stop, client, Some(nomad_proto::alloc::ALLOC_LOST_DESC))
+        } else if failed {
+            // A failed system alloc is not stopped: the next eval places a new one on its node.
+            (DesiredStatus::Run, ClientStatus::Failed, None)
+        } else if self.sc.event == Event::JobUpdate {
+            // Reconnected, then replaced in place on its node by the new version.
+            (DesiredStatus::Stop, ClientStatus::Complete, Some(ALLOC_UPDATING_DESC))
+        } else {
+            (DesiredStatus::Run, ClientStatus::Running, None)
+        };
+        if o.desired_status != want_desired || o.client_status != want_client || want_desc.is_some_and(|d| o.desired_description != d) {
+            return Err(format!(
+                "system original {tag} ends {}/{} {:?}, wanted {}/{want_client} {want_desc:?}",
+                o.desired_status.as_str(),
+                o.client_status,
+                o.desired_description,
+                want_desired.as_str()
+            ));
+        }
+        // Marked `unknown` while away (unless the client was back before the scheduler saw it go).
+        let was_unknown = states.contains(&"unknown");
+        if self.sc.max_disconnect && self.sc.marked && !was_unknown {
+            return Err(format!("system original {tag} has AllocStates {states:?}, wanted an unknown one"));
+        }
+        if want_desired == DesiredStatus::Run && want_client == ClientStatus::Running {
+            let n = states.len();
+            if was_unknown && (n < 2 || states[n - 1] != "running" || states[n - 2] != "unknown") {
+                return Err(format!("kept system original {tag} has AllocStates {states:?}, wanted …, unknown, running"));
+            }
+            if !successors.is_empty() {
+                return Err(format!("kept system original {tag} has {} successors", successors.len()));
+            }
+            return Ok(());
+        }
+        // Not kept: exactly one successor, on node-1, running.
+        match successors.as_slice() {
+            [r] if r.node_id == NODE && r.desired_status == DesiredStatus::Run && r.client_status == ClientStatus::Running => Ok(()),
+            _ => {
+                let got: Vec<String> = successors
+                    .iter()
+                    .map(|r| format!("{} on {} {}/{}", short(&r.id), r.node_id, r.desired_status.as_str(), r.client_status))
+                    .collect();
+                Err(format!("system original {tag} is followed by {got:?}, wanted one running alloc on {NODE}"))
+            }
+        }
+    }
+
     /// Nothing changes any more: delayed follow-ups (the disconnect timeout
     /// left over from the disconnect) and a fresh eval leave every alloc as it is.
     fn check_converged(&mut self) -> Check {
@@ -697,6 +866,21 @@ impl World {
     pub fn trace(&self) -> String {
         self.log.join("\n    ")
     }
+}
+
+/// At most one alloc that `live` selects per name (per node and name when `per_node`).
+fn check_copies(s: &State, per_node: bool, live: impl Fn(&Allocation) -> bool, context: &str) -> Check {
+    let mut copies: BTreeMap<(&str, &str), Vec<&Allocation>> = BTreeMap::new();
+    for a in s.allocs_by_job("default", JOB).map(|a| a.as_ref()).filter(|a| live(a)) {
+        let node = if per_node { a.node_id.as_str() } else { "" };
+        copies.entry((node, a.name.as_str())).or_default().push(a);
+    }
+    if let Some(((node, name), v)) = copies.iter().find(|(_, v)| v.len() > 1) {
+        let who: Vec<String> = v.iter().map(|a| format!("{} on {} ({})", short(&a.id), a.node_id, a.client_status)).collect();
+        let place = if per_node { format!(" on {node}") } else { String::new() };
+        return Err(format!("{context}{name} runs {} times{place}: {}", v.len(), who.join(", ")));
+    }
+    Ok(())
 }
 
 fn node_status(s: &State) -> NodeStatus {
