@@ -88,6 +88,41 @@ pub(crate) async fn form_cluster(shared: Arc<Shared>, expect: usize, join: Vec<S
     }
 }
 
+/// A server that restarts with another advertised address than the configuration holds for it
+/// (it moved) asks the leader to record the new one (`Join` from a member updates its address),
+/// through itself or any other member, until the configuration it holds shows the new address.
+pub(crate) async fn record_moved_address(shared: Arc<Shared>) {
+    let mut delay = FIRST_RETRY;
+    loop {
+        let membership = shared.raft.metrics().borrow().membership_config.clone();
+        let membership = membership.membership();
+        let others: Vec<String> = match membership.get_node(&shared.id) {
+            Some(node) if node.addr != shared.addr => {
+                membership.nodes().filter(|(id, _)| **id != shared.id).map(|(_, node)| node.addr.clone()).collect()
+            }
+            // Not a member (removed), or the address is right.
+            _ => return,
+        };
+        let request = JoinRequest { node_id: shared.id, addr: shared.addr.clone(), forwarded: false };
+        let mut outcome = shared.join(request).await.map_err(|e| e.to_string());
+        for via in &others {
+            if outcome.is_ok() {
+                break;
+            }
+            outcome = request_join(&shared, via).await;
+        }
+        match outcome {
+            Ok(()) => tracing::info!(node_id = shared.id, addr = %shared.addr, "asked the cluster to record this server's new address"),
+            Err(e) => tracing::info!(node_id = shared.id, addr = %shared.addr, error = %e, "recording this server's new address"),
+        }
+        if shared.raft.is_initialized().await.is_err() {
+            return; // shut down
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(MAX_RETRY);
+    }
+}
+
 /// One round of discovery. `Ok` when this server initialized or joined a cluster, else what it waits for.
 async fn step(shared: &Shared, expect: usize, join: &[String]) -> Result<(), String> {
     let peers = discover(shared, join).await;

@@ -110,6 +110,20 @@ impl Shared {
         }
     }
 
+    /// Whether `addr` is server `id` (its `Info` says so).
+    async fn check_identity(&self, id: NodeId, addr: &str) -> Result<(), Refusal> {
+        if id == self.id && addr == self.addr {
+            return Ok(());
+        }
+        let mut client = self.pool.client(addr).map_err(|e| Refusal::Failed(format!("reaching {addr}: {e}")))?;
+        match tokio::time::timeout(self.apply_timeout, client.info(super::rpc::InfoRequest {})).await {
+            Ok(Ok(reply)) if reply.get_ref().node_id == id => Ok(()),
+            Ok(Ok(reply)) => Err(Refusal::Failed(format!("{addr} is server {}, not server {id}", reply.get_ref().node_id))),
+            Ok(Err(status)) => Err(Refusal::Failed(format!("reaching {addr}: {}", status.message()))),
+            Err(_) => Err(Refusal::Failed(format!("reaching {addr}: timed out"))),
+        }
+    }
+
     /// Handles `RemovePeer`: on the leader takes the server out of the configuration, elsewhere
     /// passes the request to the leader once.
     pub(crate) async fn remove_peer(&self, request: RemovePeerRequest) -> Result<(), Refusal> {
@@ -148,12 +162,22 @@ impl Shared {
         Ok(())
     }
 
-    /// Adds a server as a learner, then promotes it to voter; a no-op for a voter.
+    /// Adds a server as a learner, then promotes it to voter; a no-op for a voter. A member that
+    /// asks from a new address (it moved) has its address updated, once the new address answers
+    /// with its id: recording another server's address for it could split the cluster.
     async fn add_voter(&self, id: NodeId, addr: &str) -> Result<(), Refusal> {
         if !self.is_leader() {
             return Err(Refusal::NotLeader);
         }
         let membership = self.raft.metrics().borrow().membership_config.clone();
+        if let Some(old) = membership.membership().get_node(&id).map(|n| n.addr.clone())
+            && old != addr
+        {
+            self.check_identity(id, addr).await?;
+            let nodes = BTreeMap::from([(id, BasicNode::new(addr))]);
+            self.raft.change_membership(ChangeMembers::SetNodes(nodes), false).await.map_err(refusal)?;
+            tracing::info!(node_id = id, old = %old, addr, "server moved: recorded its new address");
+        }
         if membership.voter_ids().any(|voter| voter == id) {
             return Ok(());
         }
@@ -213,6 +237,8 @@ impl RaftNode {
             } else {
                 tasks.push(tokio::spawn(bootstrap::form_cluster(shared.clone(), cfg.bootstrap_expect, cfg.join)));
             }
+        } else {
+            tasks.push(tokio::spawn(bootstrap::record_moved_address(shared.clone())));
         }
         Ok(RaftNode { shared, leader, tasks: Arc::new(Mutex::new(tasks)) })
     }

@@ -322,7 +322,11 @@ struct TestServer {
 
 impl TestServer {
     async fn start(listener: TcpListener, configure: impl FnOnce(&mut RaftConfig)) -> TestServer {
-        let dir = TempDir::new().unwrap();
+        TestServer::start_in(TempDir::new().unwrap(), listener, configure).await
+    }
+
+    /// Starts a server on the state in `dir` (a restart when it holds some).
+    async fn start_in(dir: TempDir, listener: TcpListener, configure: impl FnOnce(&mut RaftConfig)) -> TestServer {
         let addr = listener.local_addr().unwrap().to_string();
         let mut cfg = config(dir.path(), &addr);
         configure(&mut cfg);
@@ -520,4 +524,34 @@ async fn a_dead_server_is_removed_through_a_follower_and_the_rest_keep_committin
     assert!(err.to_string().contains("only voting server"), "{err}");
     assert_eq!(apply_all(&servers[leader].node, 3..4).await.len(), 1, "a cluster of one still commits");
     servers[leader].stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_restarted_at_a_new_address_is_recorded_there_and_catches_up() {
+    init_tracing();
+    let mut servers = start_cluster(3, 8192).await;
+    let all: Vec<&TestServer> = servers.iter().collect();
+    let leader = wait_for_leader(&all).await;
+    let moved = (leader + 1) % 3;
+    let mut written = apply_all(&servers[leader].node, 0..3).await;
+    wait_for_fsms(&all, &written).await;
+
+    // The server stops and comes back on another port with the same state.
+    servers[moved].stop().await;
+    let id = servers[moved].node.node_id();
+    let dir = std::mem::replace(&mut servers[moved].dir, TempDir::new().unwrap());
+    let listener = listeners(1).await.pop().unwrap();
+    let new_addr = listener.local_addr().unwrap().to_string();
+    assert_ne!(new_addr, servers[moved].addr);
+    servers[moved] = TestServer::start_in(dir, listener, |_| {}).await;
+
+    let recorded = |s: &TestServer| s.node.configuration().iter().any(|p| p.id == id && p.addr == new_addr && p.voter);
+    wait_for("every server to record the new address", || servers.iter().all(|s| recorded(s))).await;
+    assert_eq!(servers[leader].node.configuration().len(), 3, "still three servers, none added");
+    written.extend(apply_all(&servers[moved].node, 3..6).await);
+    let all: Vec<&TestServer> = servers.iter().collect();
+    wait_for_fsms(&all, &written).await;
+    for s in &mut servers {
+        s.stop().await;
+    }
 }
