@@ -546,7 +546,7 @@ async fn a_server_restarted_at_a_new_address_is_recorded_there_and_catches_up() 
     servers[moved] = TestServer::start_in(dir, listener, |_| {}).await;
 
     let recorded = |s: &TestServer| s.node.configuration().iter().any(|p| p.id == id && p.addr == new_addr && p.voter);
-    wait_for("every server to record the new address", || servers.iter().all(|s| recorded(s))).await;
+    wait_for("every server to record the new address", || servers.iter().all(recorded)).await;
     assert_eq!(servers[leader].node.configuration().len(), 3, "still three servers, none added");
     written.extend(apply_all(&servers[moved].node, 3..6).await);
     let all: Vec<&TestServer> = servers.iter().collect();
