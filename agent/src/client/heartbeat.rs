@@ -175,6 +175,9 @@ impl ClientInner {
                         // (or the servers had not yet marked its allocs `unknown`) there would
                         // be nothing to send, and the node would stay initializing for good.
                         self.resend_alloc_states();
+                        // A node that was `down` lost its service registrations on the servers;
+                        // the allocs it keeps register theirs again (idempotent otherwise).
+                        self.ctx.registrar.resync();
                     }
                     have_heartbeated = true;
                     last_ok = Instant::now();

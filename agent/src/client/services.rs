@@ -202,6 +202,13 @@ pub trait ServiceRegistrar: Send + Sync {
     /// Changes whenever some call to the servers gets an answer: a retry waiting out a backoff
     /// may go at once.
     fn answers(&self) -> watch::Receiver<u64>;
+    /// Says the servers may have dropped this node's registrations (it was `down`: the servers
+    /// delete a down node's services, and a node coming back may keep its allocs).
+    fn resync(&self) {}
+    /// Changes after every [`ServiceRegistrar::resync`]: every alloc registers its services again.
+    fn resyncs(&self) -> watch::Receiver<u64> {
+        watch::channel(0).1
+    }
 }
 
 /// The real registrar: `ServiceRegistration.*` RPCs through the client's servers.
@@ -209,12 +216,13 @@ pub struct RpcRegistrar {
     servers: Arc<Servers>,
     node_id: String,
     secret_id: String,
+    resyncs: watch::Sender<u64>,
 }
 
 impl RpcRegistrar {
     /// Calls as node `node_id` with its secret.
     pub fn new(servers: Arc<Servers>, node_id: &str, secret_id: &str) -> RpcRegistrar {
-        RpcRegistrar { servers, node_id: node_id.to_string(), secret_id: secret_id.to_string() }
+        RpcRegistrar { servers, node_id: node_id.to_string(), secret_id: secret_id.to_string(), resyncs: watch::channel(0).0 }
     }
 }
 
@@ -257,6 +265,14 @@ impl ServiceRegistrar for RpcRegistrar {
 
     fn answers(&self) -> watch::Receiver<u64> {
         self.servers.answers()
+    }
+
+    fn resync(&self) {
+        self.resyncs.send_modify(|n| *n += 1);
+    }
+
+    fn resyncs(&self) -> watch::Receiver<u64> {
+        self.resyncs.subscribe()
     }
 }
 

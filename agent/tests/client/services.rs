@@ -118,3 +118,41 @@ async fn a_restarted_agent_registers_again_once_the_servers_are_back() {
     assert_eq!((web.address.as_str(), web.port), ("127.0.0.1", 24567));
     client.shutdown_destroying_allocs().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_back_from_down_with_its_alloc_kept_registers_its_services_again() {
+    let server = TestServer::start().await;
+    let root = tempfile::tempdir().unwrap();
+    let client = start_client(root.path(), &server).await;
+    wait_ready(&server, &client).await;
+    let node_id = client.node_id().to_string();
+    let id = server.place_with(&service_job(0), &node_id, with_port).await;
+    wait_until("both services are registered", || names(&server) == ["once-svc", "svcjob-web"]).await;
+
+    // The servers gave the node up: `down` drops its registrations; its alloc is `unknown`
+    // (a client back before the scheduler made it lost keeps it).
+    server
+        .apply(Command::NodeUpdateStatus {
+            node_id: node_id.clone(),
+            status: nomad_proto::NodeStatus::Down,
+            event: None,
+            updated_at: nomad_proto::Timestamp::now().unix_secs(),
+            evals: vec![],
+        })
+        .await;
+    assert!(registrations(&server).is_empty(), "a down node's registrations are removed");
+    server
+        .rewrite_alloc(&id, |a| {
+            a.client_status = ClientStatus::Unknown;
+            a.append_state(ClientStatus::Unknown, nomad_proto::Timestamp::now());
+        })
+        .await;
+
+    // Its next heartbeat is answered `initializing`: the services come back with the alloc.
+    wait_until("both services are registered again", || names(&server) == ["once-svc", "svcjob-web"]).await;
+    wait_until("the node is ready again", || {
+        server.store().snapshot().node(&node_id).is_some_and(|n| n.status == nomad_proto::NodeStatus::Ready)
+    })
+    .await;
+    client.shutdown_destroying_allocs().await;
+}

@@ -22,6 +22,8 @@
 //! or the agent shuts down. An agent shutdown leaves registrations in place (the tasks keep
 //! running). The hook's persisted state only records that registrations may exist, so a
 //! restored alloc also removes task services of tasks that stopped while the agent was away.
+//! A heartbeat answered `initializing` (a node coming back, perhaps from `down`, whose
+//! registrations the servers deleted) makes every worker register its services again.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -106,6 +108,7 @@ impl ServicesHook {
             alloc: alloc_rx,
             stopping: stopping_rx,
             task_states: self.task_states.clone(),
+            resyncs: self.registrar.resyncs(),
             shutdown: self.shutdown.clone(),
             attempts: attempts_tx,
             registered: BTreeMap::new(),
@@ -229,6 +232,8 @@ struct Worker {
     alloc: watch::Receiver<Arc<Allocation>>,
     stopping: watch::Receiver<bool>,
     task_states: watch::Receiver<BTreeMap<String, TaskState>>,
+    /// Changes when the servers may have dropped the registrations: register everything again.
+    resyncs: watch::Receiver<u64>,
     shutdown: CancellationToken,
     attempts: watch::Sender<u64>,
     /// What the servers are known to hold.
@@ -290,6 +295,12 @@ impl Worker {
                 r = self.stopping.changed() => if r.is_err() { return },
                 r = self.alloc.changed(), if !stopping => if r.is_err() { return },
                 r = self.task_states.changed(), if !stopping => if r.is_err() { return },
+                Ok(()) = self.resyncs.changed(), if !stopping => {
+                    // Known registrations become "maybe": the wanted ones are upserted again.
+                    for (id, r) in std::mem::take(&mut self.registered) {
+                        self.maybe.insert(id, r.namespace);
+                    }
+                }
                 _ = self.shutdown.cancelled() => return,
             }
         }
