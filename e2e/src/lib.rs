@@ -221,10 +221,42 @@ impl Agent {
 }
 
 impl Drop for Agent {
+    /// Kills the agent, then what it started that outlives it: a killed client leaves its tasks
+    /// running by design (a restarted agent reattaches), but a finished test must leave nothing.
     fn drop(&mut self) {
         if std::thread::panicking() {
             eprintln!("{}", self.logs());
         }
         let _ = self.kill9();
+        kill_executors_under(&self.dir);
     }
+}
+
+/// Kills every task executor whose command line names a path under `dir`, and its tasks.
+fn kill_executors_under(dir: &Path) {
+    let marker = dir.to_string_lossy().into_owned();
+    let Ok(procs) = std::fs::read_dir("/proc") else { return };
+    for p in procs.flatten() {
+        let Ok(pid) = p.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        if cmdline.contains("nomad-rs-executor") && cmdline.contains(&marker) {
+            kill_tree(pid);
+        }
+    }
+}
+
+/// SIGKILLs a process and its descendants (children first, so none is reparented away).
+fn kill_tree(pid: i32) {
+    let children: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| c.split_whitespace().filter_map(|p| p.parse().ok()).collect::<Vec<i32>>())
+        .collect();
+    for child in children {
+        kill_tree(child);
+    }
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
 }
