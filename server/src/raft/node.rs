@@ -100,13 +100,23 @@ impl Shared {
             Err(Refusal::NotLeader) if !request.forwarded => {}
             outcome => return outcome,
         }
-        let (_, leader) = self.leader().ok_or(Refusal::NotLeader)?;
-        let mut client = self.pool.client(&leader).map_err(|e| Refusal::Failed(e.to_string()))?;
         let forwarded = JoinRequest { forwarded: true, ..request };
-        match tokio::time::timeout(self.apply_timeout, client.join(forwarded)).await {
+        self.to_leader("join", |mut client| async move { client.join(forwarded).await }).await
+    }
+
+    /// Passes a request this server could not carry out (it is not the leader) to the leader,
+    /// once; `what` names it in errors.
+    async fn to_leader<F, Fut>(&self, what: &str, call: F) -> Result<(), Refusal>
+    where
+        F: FnOnce(super::rpc::RaftClient<tonic::transport::Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<Result<(), Refusal>>, tonic::Status>>,
+    {
+        let (_, leader) = self.leader().ok_or(Refusal::NotLeader)?;
+        let client = self.pool.client(&leader).map_err(|e| Refusal::Failed(e.to_string()))?;
+        match tokio::time::timeout(self.apply_timeout, call(client)).await {
             Ok(Ok(reply)) => reply.into_inner(),
-            Ok(Err(status)) => Err(Refusal::Failed(format!("forwarding join to leader {leader}: {}", status.message()))),
-            Err(_) => Err(Refusal::Failed(format!("forwarding join to leader {leader}: timed out"))),
+            Ok(Err(status)) => Err(Refusal::Failed(format!("forwarding {what} to leader {leader}: {}", status.message()))),
+            Err(_) => Err(Refusal::Failed(format!("forwarding {what} to leader {leader}: timed out"))),
         }
     }
 
@@ -131,14 +141,8 @@ impl Shared {
             Err(Refusal::NotLeader) if !request.forwarded => {}
             outcome => return outcome,
         }
-        let (_, leader) = self.leader().ok_or(Refusal::NotLeader)?;
-        let mut client = self.pool.client(&leader).map_err(|e| Refusal::Failed(e.to_string()))?;
         let forwarded = RemovePeerRequest { forwarded: true, ..request };
-        match tokio::time::timeout(self.apply_timeout, client.remove_peer(forwarded)).await {
-            Ok(Ok(reply)) => reply.into_inner(),
-            Ok(Err(status)) => Err(Refusal::Failed(format!("forwarding the removal to leader {leader}: {}", status.message()))),
-            Err(_) => Err(Refusal::Failed(format!("forwarding the removal to leader {leader}: timed out"))),
-        }
+        self.to_leader("the removal", |mut client| async move { client.remove_peer(forwarded).await }).await
     }
 
     /// Removes a server (voter or learner) from the configuration.

@@ -377,15 +377,7 @@ fn in_place_or_destructive<'a>(
 
 /// The rewritten alloc: new resources, but the ports and devices it holds.
 fn in_place_alloc(existing: &Allocation, tg: &TaskGroup, mut resources: nomad_proto::AllocatedResources, eval: &Evaluation) -> Allocation {
-    if let Some(old) = &existing.allocated_resources {
-        for (task, r) in resources.tasks.iter_mut() {
-            let prev = old.tasks.get(task);
-            r.networks = prev.map(|p| p.networks.clone()).unwrap_or_default();
-            r.devices = prev.map(|p| p.devices.clone()).unwrap_or_default();
-        }
-        resources.shared.networks = old.shared.networks.clone();
-        resources.shared.ports = old.shared.ports.clone();
-    }
+    super::updates::keep_held_networks(existing, &mut resources);
     resources.shared.disk_mb = tg.ephemeral_disk.size_mb;
     let mut a = existing.clone();
     a.eval_id = eval.id.clone();

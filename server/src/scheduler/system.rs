@@ -282,15 +282,7 @@ fn try_in_place<'a>(job: &Job, stack: &mut Stack<'a>, proposed: &mut Proposed<'a
     proposed.pop_stop(existing);
     let Some(sel) = selection else { return false };
     let mut resources = sel.resources;
-    if let Some(old) = &existing.allocated_resources {
-        for (task, r) in resources.tasks.iter_mut() {
-            let prev = old.tasks.get(task);
-            r.networks = prev.map(|p| p.networks.clone()).unwrap_or_default();
-            r.devices = prev.map(|p| p.devices.clone()).unwrap_or_default();
-        }
-        resources.shared.networks = old.shared.networks.clone();
-        resources.shared.ports = old.shared.ports.clone();
-    }
+    super::updates::keep_held_networks(existing, &mut resources);
     let mut a = existing.clone();
     a.eval_id = eval.id.clone();
     a.job = None;

@@ -9,6 +9,19 @@ use std::collections::BTreeMap;
 use nomad_proto::service::Service;
 use nomad_proto::{Affinity, Job, NetworkResource, Spread, TaskGroup};
 
+/// An in-place update keeps the ports, networks and devices the alloc already holds: only its
+/// cpu and memory are placed again.
+pub(crate) fn keep_held_networks(existing: &nomad_proto::Allocation, resources: &mut nomad_proto::AllocatedResources) {
+    let Some(old) = &existing.allocated_resources else { return };
+    for (task, r) in resources.tasks.iter_mut() {
+        let prev = old.tasks.get(task);
+        r.networks = prev.map(|p| p.networks.clone()).unwrap_or_default();
+        r.devices = prev.map(|p| p.devices.clone()).unwrap_or_default();
+    }
+    resources.shared.networks = old.shared.networks.clone();
+    resources.shared.ports = old.shared.ports.clone();
+}
+
 /// The first destructive difference for `group` between two job versions, if any.
 pub(crate) fn destructive_change(new: &Job, old: &Job, group: &str) -> Option<&'static str> {
     let (Some(a), Some(b)) = (new.lookup_task_group(group), old.lookup_task_group(group)) else {

@@ -15,13 +15,9 @@ pub(crate) struct Capacity {
 
 impl Capacity {
     pub(crate) fn of(node: &Node) -> Capacity {
-        let Some(r) = &node.node_resources else { return Capacity::default() };
-        let reserved = node.reserved_resources.as_ref();
-        Capacity {
-            cpu: r.cpu.cpu_shares - reserved.map_or(0, |x| x.cpu.cpu_shares),
-            memory: r.memory.memory_mb - reserved.map_or(0, |x| x.memory.memory_mb),
-            disk: r.disk.disk_mb - reserved.map_or(0, |x| x.disk.disk_mb),
-        }
+        // The same offer the plan applier checks against.
+        let u = crate::plan_apply::node_capacity(node);
+        Capacity { cpu: u.cpu, memory: u.memory_mb, disk: u.disk_mb }
     }
 }
 
