@@ -54,9 +54,7 @@ pub async fn show(ctx: &Ctx, id_prefix: &str, verbose: bool, json: bool) -> CmdR
     let eval = prefix::eval(ctx, id_prefix).await?;
     let path = format!("/v1/evaluation/{}", encode_path(&eval.id));
     if json {
-        let v = ctx.client.get_json(&path, &Query::new()).await.map_err(|e| Failure::new(format!("Error querying evaluation: {e}")))?;
-        println!("{}", serde_json::to_string_pretty(&v.value).unwrap_or_default());
-        return Ok(exit::OK);
+        return ctx.print_json(&path, &Query::new(), "Error querying evaluation").await;
     }
     let allocs = ctx
         .client

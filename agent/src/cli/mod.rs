@@ -125,6 +125,14 @@ impl Ctx {
         Ok(Ctx { client, style: Style::detect(flags.no_color) })
     }
 
+    /// `-json`: prints the API's answer for `path` as it came; `error` starts the message of a
+    /// failed read (`Error querying jobs`).
+    pub async fn print_json(&self, path: &str, q: &api::Query, error: &str) -> CmdResult {
+        let v = self.client.get_json(path, q).await.map_err(|e| Failure::new(format!("{error}: {e}")))?;
+        println!("{}", serde_json::to_string_pretty(&v.value).unwrap_or_default());
+        Ok(exit::OK)
+    }
+
     /// How many characters of an ID to show.
     pub fn id_len(&self, verbose: bool) -> usize {
         format::id_len(verbose)

@@ -63,9 +63,7 @@ pub async fn run(a: ServiceArgs) -> CmdResult {
 async fn list(ctx: &Ctx, json: bool) -> CmdResult {
     let err = |e| Failure::new(format!("Error listing service registrations: {e}"));
     if json {
-        let v = ctx.client.get_json("/v1/services", &Query::new()).await.map_err(err)?;
-        println!("{}", serde_json::to_string_pretty(&v.value).unwrap_or_default());
-        return Ok(exit::OK);
+        return ctx.print_json("/v1/services", &Query::new(), "Error listing service registrations").await;
     }
     let list = ctx.client.get::<Vec<ServiceRegistrationListStub>>("/v1/services", &Query::new()).await.map_err(err)?.value;
     if list.iter().all(|ns| ns.services.is_empty()) {
@@ -88,9 +86,7 @@ async fn info(ctx: &Ctx, name: &str, verbose: bool, json: bool) -> CmdResult {
         return Err(Failure::new(format!("No service registrations with name {name:?} found")));
     }
     if json {
-        let v = ctx.client.get_json(&path, &Query::new()).await.map_err(err)?;
-        println!("{}", serde_json::to_string_pretty(&v.value).unwrap_or_default());
-        return Ok(exit::OK);
+        return ctx.print_json(&path, &Query::new(), "Error listing service registrations").await;
     }
     println!("{}", if verbose { render_info_verbose(&regs) } else { render_info(&regs) });
     Ok(exit::OK)

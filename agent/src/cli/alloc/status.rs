@@ -35,9 +35,7 @@ pub async fn show(ctx: &Ctx, id_prefix: &str, verbose: bool, json: bool, short: 
     let stub = prefix::alloc(ctx, id_prefix).await?;
     let path = format!("/v1/allocation/{}", encode_path(&stub.id));
     if json {
-        let v = ctx.client.get_json(&path, &Query::new()).await.map_err(|e| Failure::new(format!("Error querying allocation: {e}")))?;
-        println!("{}", serde_json::to_string_pretty(&v.value).unwrap_or_default());
-        return Ok(exit::OK);
+        return ctx.print_json(&path, &Query::new(), "Error querying allocation").await;
     }
     let alloc = ctx
         .client

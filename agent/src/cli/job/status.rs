@@ -43,9 +43,7 @@ pub async fn run(api: &ApiFlags, args: StatusArgs) -> CmdResult {
 /// Prints the job list (also `nomad-rs status` without arguments).
 pub async fn list(ctx: &Ctx, json: bool) -> CmdResult {
     if json {
-        let v = ctx.client.get_json("/v1/jobs", &Query::new()).await.map_err(|e| Failure::new(format!("Error querying jobs: {e}")))?;
-        println!("{}", serde_json::to_string_pretty(&v.value).unwrap_or_default());
-        return Ok(exit::OK);
+        return ctx.print_json("/v1/jobs", &Query::new(), "Error querying jobs").await;
     }
     let jobs = ctx
         .client
@@ -67,9 +65,7 @@ pub async fn show(ctx: &Ctx, args: &StatusArgs, job_prefix: &str) -> CmdResult {
     let ns_q = || Query::new().param("namespace", stub.namespace.clone());
     let path = format!("/v1/job/{}", encode_path(&stub.id));
     if args.json {
-        let v = ctx.client.get_json(&path, &ns_q()).await.map_err(|e| Failure::new(format!("Error querying job: {e}")))?;
-        println!("{}", serde_json::to_string_pretty(&v.value).unwrap_or_default());
-        return Ok(exit::OK);
+        return ctx.print_json(&path, &ns_q(), "Error querying job").await;
     }
     let job = ctx.client.get::<Job>(&path, &ns_q()).await.map_err(|e| Failure::new(format!("Error querying job: {e}")))?.value;
     println!("{}", details(&job));

@@ -36,10 +36,7 @@ pub async fn run(api: &ApiFlags, args: StatusArgs) -> CmdResult {
 
 async fn list(ctx: &Ctx, args: &StatusArgs) -> CmdResult {
     if args.json {
-        let v =
-            ctx.client.get_json("/v1/nodes", &Query::new()).await.map_err(|e| Failure::new(format!("Error querying node status: {e}")))?;
-        println!("{}", serde_json::to_string_pretty(&v.value).unwrap_or_default());
-        return Ok(exit::OK);
+        return ctx.print_json("/v1/nodes", &Query::new(), "Error querying node status").await;
     }
     let nodes = ctx
         .client
@@ -59,9 +56,7 @@ async fn list(ctx: &Ctx, args: &StatusArgs) -> CmdResult {
 pub async fn show(ctx: &Ctx, id: &str, verbose: bool, json: bool) -> CmdResult {
     let path = format!("/v1/node/{}", encode_path(id));
     if json {
-        let v = ctx.client.get_json(&path, &Query::new()).await.map_err(|e| Failure::new(format!("Error querying node info: {e}")))?;
-        println!("{}", serde_json::to_string_pretty(&v.value).unwrap_or_default());
-        return Ok(exit::OK);
+        return ctx.print_json(&path, &Query::new(), "Error querying node info").await;
     }
     let node =
         ctx.client.get::<Node>(&path, &Query::new()).await.map_err(|e| Failure::new(format!("Error querying node info: {e}")))?.value;
