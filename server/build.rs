@@ -1,4 +1,4 @@
-//! Generates the server-to-server Raft gRPC service. Messages are serde types
+//! Generates the server-to-server gRPC services (Raft, Forward). Messages are serde types
 //! (openraft's own RPC structs plus a few of ours in `src/raft/rpc.rs`)
 //! carried by the JSON codec, so there is no protobuf copy of any of them.
 
@@ -8,8 +8,8 @@ fn unary(name: &str, route: &str, input: &str, output: &str) -> Method {
     Method::builder()
         .name(name)
         .route_name(route)
-        .input_type(format!("crate::raft::rpc::{input}"))
-        .output_type(format!("crate::raft::rpc::{output}"))
+        .input_type(input)
+        .output_type(output)
         .codec_path("nomad_proto::rpc::codec::JsonCodec")
         .build()
 }
@@ -19,14 +19,23 @@ fn main() {
     let raft = Service::builder()
         .name("Raft")
         .package("nomad.raft")
-        .comment("Server-to-server RPCs: Raft replication plus forwarding, joining and bootstrap discovery.")
-        .method(unary("append_entries", "AppendEntries", "AppendEntriesArgs", "AppendEntriesReply"))
-        .method(unary("vote", "Vote", "VoteArgs", "VoteReply"))
-        .method(unary("install_snapshot", "InstallSnapshot", "InstallSnapshotArgs", "InstallSnapshotReply"))
-        .method(unary("forward", "Forward", "ForwardRequest", "ForwardReply"))
-        .method(unary("join", "Join", "JoinRequest", "JoinReply"))
-        .method(unary("remove_peer", "RemovePeer", "RemovePeerRequest", "RemovePeerReply"))
-        .method(unary("info", "Info", "InfoRequest", "InfoReply"))
+        .comment("Server-to-server RPCs: Raft replication, joining and bootstrap discovery.")
+        .method(unary("append_entries", "AppendEntries", "crate::raft::rpc::AppendEntriesArgs", "crate::raft::rpc::AppendEntriesReply"))
+        .method(unary("vote", "Vote", "crate::raft::rpc::VoteArgs", "crate::raft::rpc::VoteReply"))
+        .method(unary(
+            "install_snapshot",
+            "InstallSnapshot",
+            "crate::raft::rpc::InstallSnapshotArgs",
+            "crate::raft::rpc::InstallSnapshotReply",
+        ))
+        .method(unary("join", "Join", "crate::raft::rpc::JoinRequest", "crate::raft::rpc::JoinReply"))
+        .method(unary("info", "Info", "crate::raft::rpc::InfoRequest", "crate::raft::rpc::InfoReply"))
         .build();
-    Builder::new().compile(&[raft]);
+    let forward = Service::builder()
+        .name("Forward")
+        .package("nomad.server")
+        .comment("A follower hands an API request it may not answer (a write, a plan) to the leader, with the caller's credentials.")
+        .method(unary("http", "Http", "crate::http::forward::ForwardedRequest", "crate::http::forward::ForwardedResponse"))
+        .build();
+    Builder::new().compile(&[raft, forward]);
 }

@@ -36,6 +36,15 @@ pub struct Cluster {
     _dir: tempfile::TempDir,
 }
 
+/// A new cluster key, as an operator makes one (`nomad-rs operator keygen`).
+pub fn cluster_key() -> Result<String> {
+    let out = std::process::Command::new(crate::binary()).args(["operator", "keygen"]).output()?;
+    if !out.status.success() {
+        bail!("nomad-rs operator keygen failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8(out.stdout)?.trim().to_string())
+}
+
 /// Reserves free ports by binding them, then releasing them just before use.
 pub fn reserve_ports(n: usize) -> Result<Vec<u16>> {
     let listeners: Vec<std::net::TcpListener> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
@@ -50,13 +59,14 @@ impl Cluster {
             bail!("a cluster needs at least one server");
         }
         let dir = tempfile::Builder::new().prefix("nomad-rs-e2e-").tempdir()?;
+        let key = cluster_key()?;
         let ports = reserve_ports(opts.servers * 2)?;
         let rpc: Vec<String> = (0..opts.servers).map(|i| format!("127.0.0.1:{}", ports[2 * i + 1])).collect();
         let mut servers = Vec::new();
         for i in 0..opts.servers {
             let join: Vec<String> = rpc.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, a)| format!("{a:?}")).collect();
             let config = format!(
-                "server {{\n  enabled = true\n  bootstrap_expect = {}\n  server_join {{\n    retry_join = [{}]\n  }}\n{}\n}}\n",
+                "server {{\n  enabled = true\n  encrypt = {key:?}\n  bootstrap_expect = {}\n  server_join {{\n    retry_join = [{}]\n  }}\n{}\n}}\n",
                 opts.servers,
                 join.join(", "),
                 opts.server_config

@@ -101,9 +101,15 @@ pub struct Node {
     pub datacenter: String,
     /// Name (defaults to the hostname).
     pub name: String,
-    /// Address of the client's HTTP API (`host:port`).
+    /// Address of the client's HTTP API (`host:port`), as the node declares it.
     #[serde(rename = "HTTPAddr")]
     pub http_addr: String,
+    /// The IP the node's RPC connection to the servers came from, recorded by the servers at
+    /// registration (whatever the node sends here is replaced). Requests the servers forward to
+    /// the node's HTTP API go to this IP (with the declared port), never to a host the node names.
+    /// Not shown by the HTTP API.
+    #[serde(rename = "RPCPeerIP", skip_serializing_if = "String::is_empty")]
+    pub rpc_peer_ip: String,
     /// TLS on the HTTP API.
     #[serde(rename = "TLSEnabled")]
     pub tls_enabled: bool,
@@ -167,6 +173,7 @@ impl Default for Node {
             datacenter: String::new(),
             name: String::new(),
             http_addr: String::new(),
+            rpc_peer_ip: String::new(),
             tls_enabled: false,
             attributes: BTreeMap::new(),
             node_resources: None,
@@ -299,11 +306,21 @@ impl Node {
         pool == crate::job::ALL_NODE_POOL || pool == self.node_pool || (pool.is_empty() && self.node_pool == crate::job::DEFAULT_NODE_POOL)
     }
 
-    /// A copy that is safe to show: the SecretID blanked.
+    /// A copy that is safe to show: the SecretID blanked (and the servers' own record of where
+    /// the node connected from left out, as Nomad's API has no such field).
     pub fn sanitized(&self) -> Node {
         let mut n = self.clone();
         n.secret_id.clear();
+        n.rpc_peer_ip.clear();
         n
+    }
+
+    /// Where the servers send requests for this node's HTTP API: the IP its RPC connection came
+    /// from with the port of its declared `HTTPAddr`. `None` when either is unknown.
+    pub fn forwarding_http_addr(&self) -> Option<String> {
+        let ip: std::net::IpAddr = self.rpc_peer_ip.parse().ok()?;
+        let port: u16 = self.http_addr.rsplit_once(':')?.1.parse().ok()?;
+        Some(std::net::SocketAddr::new(ip, port).to_string())
     }
 
     /// Appends events, keeping the newest [`MAX_RETAINED_NODE_EVENTS`].

@@ -133,7 +133,8 @@ struct RaftConsensus {
 
 impl RaftConsensus {
     async fn start(dir: &std::path::Path, store: Arc<StateStore>) -> RaftConsensus {
-        let cfg = RaftConfig::new(dir, "127.0.0.1:4647");
+        let auth = nomad_server::rpc_auth::ClusterAuth::new(nomad_server::rpc_auth::ClusterKey::generate(), "global");
+        let cfg = RaftConfig::new(dir, "127.0.0.1:4647", auth);
         let node = RaftNode::start(cfg, Arc::new(ServerFsm::new(store))).await.expect("raft starts");
         let (leader, _) = watch::channel(false);
         let mut changes = node.leader_changes();

@@ -53,6 +53,7 @@ pub trait Consensus: Send + Sync + 'static {
 }
 
 /// A single always-leading "cluster" that applies commands directly to the FSM.
+/// Not leading (`set_leader(false)`), it refuses every write, as a Raft follower does.
 pub struct LocalConsensus {
     fsm: ServerFsm,
     next_index: tokio::sync::Mutex<u64>,
@@ -201,7 +202,8 @@ impl Consensus for RaftConsensus {
                     None => Ok(index),
                     Some(e) => Err(ApplyError::Refused(e)),
                 },
-                Err(crate::raft::RaftError::NoLeader) => Err(ApplyError::NoLeader),
+                // Another server leads since the caller checked: nothing was written.
+                Err(crate::raft::RaftError::NoLeader | crate::raft::RaftError::NotLeader) => Err(ApplyError::NoLeader),
                 Err(e) => Err(ApplyError::Raft(e.to_string())),
             }
         })
@@ -231,7 +233,7 @@ impl Consensus for RaftConsensus {
         Box::pin(async move {
             match self.raft.remove_peer(id).await {
                 Ok(()) => Ok(()),
-                Err(crate::raft::RaftError::NoLeader) => Err(ApplyError::NoLeader),
+                Err(crate::raft::RaftError::NoLeader | crate::raft::RaftError::NotLeader) => Err(ApplyError::NoLeader),
                 Err(e) => Err(ApplyError::Refused(e.to_string())),
             }
         })

@@ -12,6 +12,7 @@ pub mod leader;
 pub mod plan_apply;
 pub mod raft;
 pub mod rpc;
+pub mod rpc_auth;
 pub mod scheduler;
 pub mod server;
 pub mod sim;

@@ -2,8 +2,11 @@
 //!
 //! Node RPCs reset leader-held heartbeat timers and write through Raft, so a
 //! follower forwards them to the leader once (a forwarded call that lands on
-//! a non-leader is refused instead of bouncing around). `tonic::Status`
-//! mapping happens only here.
+//! a non-leader is refused instead of bouncing around). The node's own call,
+//! its SecretID included, is what travels; the follower adds its server proof
+//! and the address the node's connection came from, which the leader records
+//! as the node's `RPCPeerIP` (`crate::rpc_auth`). `tonic::Status` mapping
+//! happens only here.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,17 +22,34 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::endpoints::Endpoints;
+use crate::rpc_auth::{AuthenticatedServer, ClusterAuth, NODE_PEER_HEADER, Stamp};
+
+/// Largest request a node may send. Anyone who reaches the RPC port may call these services
+/// (a new node registers without a secret), so a request is bounded well below what servers send
+/// each other; the largest real one, a client's batch of alloc updates, is far smaller.
+pub const MAX_NODE_REQUEST_BYTES: usize = 32 * 1024 * 1024;
 
 /// Metadata key marking a call that was already forwarded once.
 const FORWARDED: &str = "x-nomad-forwarded";
 
-/// Cached channels to other servers.
-#[derive(Default, Clone)]
+/// Cached channels to other servers, and the proof calls to them carry.
+#[derive(Clone)]
 pub struct Peers {
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    auth: Arc<ClusterAuth>,
 }
 
 impl Peers {
+    /// Channels whose calls prove they come from a server with `auth`.
+    pub fn new(auth: Arc<ClusterAuth>) -> Peers {
+        Peers { channels: Arc::default(), auth }
+    }
+
+    /// The interceptor stamping calls with this server's proof.
+    pub fn stamp(&self) -> Stamp {
+        self.auth.interceptor()
+    }
+
     /// A lazily connecting channel to `addr` (`host:port`).
     pub fn channel(&self, addr: &str) -> Result<Channel, Status> {
         let mut map = self.channels.lock().unwrap_or_else(|e| e.into_inner());
@@ -61,14 +81,14 @@ impl ClientRpc {
     /// The tonic services, ready to add to a server.
     pub fn services(&self) -> (NodeServer<ClientRpc>, AllocServer<ClientRpc>) {
         (
-            NodeServer::new(self.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES),
-            AllocServer::new(self.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES),
+            NodeServer::new(self.clone()).max_decoding_message_size(MAX_NODE_REQUEST_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES),
+            AllocServer::new(self.clone()).max_decoding_message_size(MAX_NODE_REQUEST_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES),
         )
     }
 
     /// The `ServiceRegistration` service.
     pub fn service_registration(&self) -> ServiceRegistrationServer<ClientRpc> {
-        ServiceRegistrationServer::new(self.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES)
+        ServiceRegistrationServer::new(self.clone()).max_decoding_message_size(MAX_NODE_REQUEST_BYTES)
     }
 
     /// Where to forward: `None` when this server should answer itself.
@@ -82,12 +102,30 @@ impl ClientRpc {
         let leader = self.endpoints.consensus().leader_rpc_addr().ok_or_else(|| Status::unavailable("No cluster leader"))?;
         self.peers.channel(&leader).map(Some)
     }
+
+    /// The node's call as it goes on to the leader: marked as forwarded, with this server's
+    /// proof and the address the node's connection came from.
+    fn forwarded<T>(&self, req: Request<T>) -> Request<T> {
+        let peer = peer_ip(&req);
+        let mut r = Request::new(req.into_inner());
+        r.metadata_mut().insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+        if let Some(ip) = peer.and_then(|ip| ip.to_string().parse().ok()) {
+            r.metadata_mut().insert(NODE_PEER_HEADER, ip);
+        }
+        self.peers.auth.stamp(r.metadata_mut());
+        r
+    }
 }
 
-fn forwarded<T>(inner: T) -> Request<T> {
-    let mut r = Request::new(inner);
-    r.metadata_mut().insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
-    r
+/// Where the node's own connection came from: the TCP peer, or, on a call a server forwarded
+/// (and proved it is one), the peer that server saw.
+fn peer_ip<T>(req: &Request<T>) -> Option<std::net::IpAddr> {
+    if req.extensions().get::<AuthenticatedServer>().is_some()
+        && let Some(ip) = req.metadata().get(NODE_PEER_HEADER).and_then(|v| v.to_str().ok()?.parse().ok())
+    {
+        return Some(ip);
+    }
+    req.remote_addr().map(|a| a.ip())
 }
 
 fn node_client(ch: Channel) -> NodeClient<Channel> {
@@ -98,28 +136,33 @@ fn node_client(ch: Channel) -> NodeClient<Channel> {
 impl NodeRpc for ClientRpc {
     async fn register(&self, req: Request<NodeRegisterRequest>) -> Result<Response<NodeUpdateResponse>, Status> {
         if let Some(ch) = self.forward_target(&req)? {
-            return node_client(ch).register(forwarded(req.into_inner())).await;
+            return node_client(ch).register(self.forwarded(req)).await;
         }
-        Ok(Response::new(self.endpoints.node_register(req.into_inner()).await?))
+        let peer = peer_ip(&req);
+        let mut register = req.into_inner();
+        // Recorded by the servers, never taken from the node: what the servers forward to the
+        // node's HTTP API goes to where its connection came from, not to an address it names.
+        register.node.rpc_peer_ip = peer.map(|ip| ip.to_string()).unwrap_or_default();
+        Ok(Response::new(self.endpoints.node_register(register).await?))
     }
 
     async fn update_status(&self, req: Request<NodeUpdateStatusRequest>) -> Result<Response<NodeUpdateResponse>, Status> {
         if let Some(ch) = self.forward_target(&req)? {
-            return node_client(ch).update_status(forwarded(req.into_inner())).await;
+            return node_client(ch).update_status(self.forwarded(req)).await;
         }
         Ok(Response::new(self.endpoints.node_update_status(req.into_inner()).await?))
     }
 
     async fn update_alloc(&self, req: Request<AllocUpdateRequest>) -> Result<Response<GenericResponse>, Status> {
         if let Some(ch) = self.forward_target(&req)? {
-            return node_client(ch).update_alloc(forwarded(req.into_inner())).await;
+            return node_client(ch).update_alloc(self.forwarded(req)).await;
         }
         Ok(Response::new(self.endpoints.node_update_alloc(req.into_inner()).await?))
     }
 
     async fn get_client_allocs(&self, req: Request<NodeSpecificRequest>) -> Result<Response<NodeClientAllocsResponse>, Status> {
         if let Some(ch) = self.forward_target(&req)? {
-            return node_client(ch).get_client_allocs(forwarded(req.into_inner())).await;
+            return node_client(ch).get_client_allocs(self.forwarded(req)).await;
         }
         Ok(Response::new(self.endpoints.node_get_client_allocs(req.into_inner()).await?))
     }
@@ -130,7 +173,7 @@ impl AllocRpc for ClientRpc {
     async fn get_allocs(&self, req: Request<AllocsGetRequest>) -> Result<Response<AllocsGetResponse>, Status> {
         if let Some(ch) = self.forward_target(&req)? {
             let client = AllocClient::new(ch).max_decoding_message_size(MAX_MESSAGE_BYTES);
-            return client.clone().get_allocs(forwarded(req.into_inner())).await;
+            return client.clone().get_allocs(self.forwarded(req)).await;
         }
         Ok(Response::new(self.endpoints.alloc_get_allocs(req.into_inner()).await?))
     }
@@ -140,21 +183,21 @@ impl AllocRpc for ClientRpc {
 impl ServiceRegistrationRpc for ClientRpc {
     async fn upsert(&self, req: Request<ServiceRegistrationUpsertRequest>) -> Result<Response<GenericResponse>, Status> {
         if let Some(ch) = self.forward_target(&req)? {
-            return ServiceRegistrationClient::new(ch).upsert(forwarded(req.into_inner())).await;
+            return ServiceRegistrationClient::new(ch).upsert(self.forwarded(req)).await;
         }
         Ok(Response::new(self.endpoints.service_upsert(req.into_inner()).await?))
     }
 
     async fn delete_by_alloc(&self, req: Request<ServiceRegistrationDeleteRequest>) -> Result<Response<GenericResponse>, Status> {
         if let Some(ch) = self.forward_target(&req)? {
-            return ServiceRegistrationClient::new(ch).delete_by_alloc(forwarded(req.into_inner())).await;
+            return ServiceRegistrationClient::new(ch).delete_by_alloc(self.forwarded(req)).await;
         }
         Ok(Response::new(self.endpoints.service_delete_by_alloc(req.into_inner()).await?))
     }
 
     async fn delete_by_id(&self, req: Request<ServiceRegistrationDeleteByIdRequest>) -> Result<Response<GenericResponse>, Status> {
         if let Some(ch) = self.forward_target(&req)? {
-            return ServiceRegistrationClient::new(ch).delete_by_id(forwarded(req.into_inner())).await;
+            return ServiceRegistrationClient::new(ch).delete_by_id(self.forwarded(req)).await;
         }
         Ok(Response::new(self.endpoints.service_delete_by_id(req.into_inner()).await?))
     }
@@ -167,10 +210,14 @@ mod tests {
     use super::*;
     use crate::testing::{TestServer, node};
 
+    fn test_peers() -> Peers {
+        Peers::new(ClusterAuth::new(crate::rpc_auth::ClusterKey::generate(), "global"))
+    }
+
     async fn serve(ts: &TestServer) -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let (node_svc, alloc_svc) = ClientRpc::new(ts.endpoints.clone(), Peers::default()).services();
+        let (node_svc, alloc_svc) = ClientRpc::new(ts.endpoints.clone(), test_peers()).services();
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(node_svc)
@@ -184,7 +231,7 @@ mod tests {
     async fn node_rpcs_over_real_grpc_map_errors_to_statuses() {
         let ts = TestServer::new();
         let addr = serve(&ts).await;
-        let mut client = node_client(Peers::default().channel(&addr).unwrap());
+        let mut client = node_client(test_peers().channel(&addr).unwrap());
         let n = node("n1");
         let r = client.register(NodeRegisterRequest { node: n.clone(), ..Default::default() }).await.unwrap().into_inner();
         assert!(r.heartbeat_ttl > 0);
@@ -203,20 +250,35 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_request_over_the_node_limit_is_refused_before_it_is_decoded() {
+        let ts = TestServer::new();
+        let addr = serve(&ts).await;
+        let mut client = node_client(test_peers().channel(&addr).unwrap());
+        let mut huge = node("n1");
+        huge.meta.insert("padding".into(), "x".repeat(MAX_NODE_REQUEST_BYTES + 1));
+        let err = client.register(NodeRegisterRequest { node: huge, ..Default::default() }).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::OutOfRange, "{err:?}");
+        assert!(ts.store.snapshot().node("n1").is_none());
+        let ok = client.register(NodeRegisterRequest { node: node("n1"), ..Default::default() }).await;
+        assert!(ok.is_ok(), "the server goes on serving: {ok:?}");
+    }
+
+    #[tokio::test]
     async fn a_follower_forwards_to_the_leader_and_never_twice() {
         let leader = TestServer::new();
         let leader_addr = serve(&leader).await;
         // A "follower" whose consensus is not leader and points at the leader.
         let follower = TestServer::new();
         follower.consensus.set_leader(false);
-        let follower_rpc = ClientRpc::new(follower.endpoints.clone(), Peers::default());
+        let follower_rpc = ClientRpc::new(follower.endpoints.clone(), test_peers());
         // LocalConsensus reports no leader address when it is not leader, so the
         // follower has nowhere to forward to: a clear unavailable error.
         let req = Request::new(NodeRegisterRequest { node: node("n1"), ..Default::default() });
         let err = follower_rpc.register(req).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::Unavailable);
         // A call already forwarded once is refused by a non-leader instead of bouncing.
-        let err = follower_rpc.register(forwarded(NodeRegisterRequest { node: node("n1"), ..Default::default() })).await.unwrap_err();
+        let once = follower_rpc.forwarded(Request::new(NodeRegisterRequest { node: node("n1"), ..Default::default() }));
+        let err = follower_rpc.register(once).await.unwrap_err();
         assert_eq!(err.message(), "No cluster leader");
         // Once the leader is known, the follower forwards and the leader writes.
         follower.consensus.set_remote_leader(Some(leader_addr));

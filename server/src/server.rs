@@ -13,10 +13,12 @@ use crate::endpoints::{EndpointConfig, Endpoints};
 use crate::events::EventBroker;
 use crate::fsm::ServerFsm;
 use crate::heartbeat::{HeartbeatConfig, Heartbeater};
+use crate::http::forward::{ForwardService, LeaderForwarder};
 use crate::http::{AgentInfo, HttpState};
 use crate::leader::{Leader, LeaderConfig, LeaderDeps};
 use crate::raft::{RaftConfig, RaftNode};
 use crate::rpc::{ClientRpc, Peers};
+use crate::rpc_auth::{ClusterAuth, ClusterKey, KeyError, RpcAuthLayer};
 use crate::state::StateStore;
 
 /// Settings of the server role (`server { ... }` plus the agent's basics).
@@ -45,6 +47,10 @@ pub struct ServerConfig {
     /// This server's advertised HTTP address, told to clients so client-only
     /// agents can forward API requests.
     pub http_advertise: String,
+    /// The cluster key (`server { encrypt }`, base64) servers prove themselves to each other
+    /// with. `None`: the key stored in the data dir, or a new one for a server that forms a
+    /// cluster of one.
+    pub encrypt: Option<String>,
 }
 
 impl ServerConfig {
@@ -62,6 +68,7 @@ impl ServerConfig {
             raft_snapshot_logs: 8192,
             event_buffer_size: 100,
             http_advertise: String::new(),
+            encrypt: None,
         }
     }
 }
@@ -75,6 +82,9 @@ pub enum ServerError {
     /// A listener failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    /// The cluster key is missing or unusable.
+    #[error("{0}")]
+    Key(#[from] KeyError),
 }
 
 /// A running server.
@@ -84,6 +94,8 @@ pub struct Server {
     endpoints: Endpoints,
     tasks: Vec<JoinHandle<()>>,
     rpc_addr: std::net::SocketAddr,
+    peers: Peers,
+    forward_service: ForwardService,
 }
 
 impl Server {
@@ -94,7 +106,10 @@ impl Server {
         let store = Arc::new(StateStore::new());
         let events = Arc::new(EventBroker::new(cfg.event_buffer_size));
         let fsm = Arc::new(ServerFsm::with_events(store.clone(), events.clone()));
-        let mut raft_cfg = RaftConfig::new(cfg.data_dir.clone(), cfg.rpc_advertise.clone());
+        let single_server = cfg.bootstrap_expect <= 1 && cfg.join.is_empty();
+        let key = ClusterKey::load_or_create(&cfg.data_dir, cfg.encrypt.as_deref(), single_server)?;
+        let auth = ClusterAuth::new(key, &cfg.region);
+        let mut raft_cfg = RaftConfig::new(cfg.data_dir.clone(), cfg.rpc_advertise.clone(), auth.clone());
         raft_cfg.bootstrap_expect = cfg.bootstrap_expect;
         raft_cfg.join = cfg.join.clone();
         raft_cfg.snapshot_logs = cfg.raft_snapshot_logs;
@@ -115,12 +130,18 @@ impl Server {
         )
         .with_events(events)
         .with_scheduler(scheduler.clone());
-        let client_rpc = ClientRpc::new(endpoints.clone(), Peers::default());
+        let peers = Peers::new(auth.clone());
+        let client_rpc = ClientRpc::new(endpoints.clone(), peers.clone());
         let (node_svc, alloc_svc) = client_rpc.services();
         let service_svc = client_rpc.service_registration();
+        let forward_service = ForwardService::new();
+        let forward_svc = forward_service.server();
         let rpc = tokio::spawn(async move {
             let served = tonic::transport::Server::builder()
+                // Who may call what: one table (`rpc_auth::RPC_TABLE`) in front of every service.
+                .layer(RpcAuthLayer::new(auth))
                 .add_service(raft.service())
+                .add_service(forward_svc)
                 .add_service(node_svc)
                 .add_service(alloc_svc)
                 .add_service(service_svc)
@@ -148,7 +169,7 @@ impl Server {
             leader_cfg,
         ));
         let leader = tokio::spawn(leader.run());
-        Ok(Server { store, consensus, endpoints, tasks: vec![rpc, leader], rpc_addr })
+        Ok(Server { store, consensus, endpoints, tasks: vec![rpc, leader], rpc_addr, peers, forward_service })
     }
 
     /// The state store.
@@ -171,9 +192,14 @@ impl Server {
         self.rpc_addr
     }
 
-    /// The HTTP API of this server.
+    /// The HTTP API of this server. Requests another server forwards to this one (as leader)
+    /// run through the same routes.
     pub fn http_router(&self, agent: AgentInfo) -> axum::Router {
-        crate::http::router(HttpState { endpoints: self.endpoints.clone(), agent: Arc::new(agent) })
+        let forwarder = LeaderForwarder::new(self.consensus.clone(), self.peers.clone());
+        let router =
+            crate::http::router(HttpState { endpoints: self.endpoints.clone(), agent: Arc::new(agent), forwarder: Some(forwarder) });
+        self.forward_service.serve_with(router.clone());
+        router
     }
 
     /// Waits until this server leads, up to `timeout`.

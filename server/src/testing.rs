@@ -43,6 +43,7 @@ impl TestServer {
         crate::http::router(HttpState {
             endpoints: self.endpoints.clone(),
             agent: Arc::new(AgentInfo { name: "test".into(), region: "global".into(), datacenter: "dc1".into(), ..AgentInfo::default() }),
+            forwarder: None,
         })
     }
 

@@ -9,11 +9,10 @@ use anyhow::{Context, Result};
 use clap::Args;
 use nomad_server::http::AgentInfo;
 use nomad_server::server::{Server, ServerConfig};
-use nomad_server::state::StateStore;
 use tokio::net::TcpListener;
 
 use crate::client::driver::{DriverOptions, DriverRegistry};
-use crate::client::http::{AllocLocator, ClientHttp};
+use crate::client::http::{AllocLocator, ClientHttp, StateLocator};
 use crate::client::{Client, ClientConfig};
 use crate::config::{AgentConfig, AgentFlags};
 
@@ -114,7 +113,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
     let mut server = None;
     let client_node_id: Arc<std::sync::OnceLock<String>> = Arc::default();
     if let Some(s) = cfg.server.clone() {
-        let rpc_bind = SocketAddr::new(cfg.bind_addr, cfg.rpc_port);
+        let rpc_bind = SocketAddr::new(cfg.rpc_bind_addr, cfg.rpc_port);
         let listener = TcpListener::bind(rpc_bind).await.with_context(|| format!("binding the RPC listener on {rpc_bind}"))?;
         if cfg.rpc_port == 0 {
             // An ephemeral port (tests): advertise the one the kernel picked, also to the
@@ -136,6 +135,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         sc.num_schedulers = s.num_schedulers;
         sc.event_buffer_size = s.event_buffer_size;
         sc.http_advertise = cfg.advertise_http.clone();
+        sc.encrypt = s.encrypt.clone();
         let srv = Server::start(sc, listener).await?;
         let info = AgentInfo {
             name: cfg.name.clone(),
@@ -169,7 +169,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
             router = router.merge(crate::http_forward::router(Arc::new(c.clone()), me));
         }
     }
-    let locator = server.as_ref().map(|s| Arc::new(StoreLocator(s.store().clone())) as Arc<dyn AllocLocator>);
+    let locator = server.as_ref().map(|s| Arc::new(StateLocator(s.store().clone())) as Arc<dyn AllocLocator>);
     router =
         router.merge(crate::client::http::router(ClientHttp { client: client.clone(), locator, own_addr: cfg.advertise_http.clone() }));
     let http = tokio::spawn(async move {
@@ -215,17 +215,6 @@ async fn start_client(cfg: &AgentConfig, settings: crate::config::ClientSettings
     cc.dev_mode = cfg.dev;
     let drivers = DriverRegistry::new(&DriverOptions::new(cfg.plugin_enabled("raw_exec")));
     Client::start(cc, drivers).await.context("starting the client")
-}
-
-/// Finds an alloc's node through the server role's state, for forwarding client requests.
-struct StoreLocator(Arc<StateStore>);
-
-impl AllocLocator for StoreLocator {
-    fn node_http_addr(&self, alloc_id: &str) -> Option<String> {
-        let snap = self.0.snapshot();
-        let alloc = snap.alloc(alloc_id)?;
-        Some(snap.node(&alloc.node_id).map(|n| n.http_addr.clone()).unwrap_or_default())
-    }
 }
 
 fn print_banner(cfg: &AgentConfig, http: SocketAddr, rpc: Option<SocketAddr>) {

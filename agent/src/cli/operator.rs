@@ -1,6 +1,7 @@
 //! `nomad-rs operator raft list-peers [-json]` and
 //! `nomad-rs operator raft remove-peer (-peer-id ID | -peer-address IP:PORT)`: the servers of the
-//! Raft configuration, and taking out one that is gone for good.
+//! Raft configuration, and taking out one that is gone for good. `nomad-rs operator keygen`: a
+//! new cluster key for `server { encrypt }`.
 
 use clap::{Args, Subcommand};
 use serde_json::Value;
@@ -26,6 +27,8 @@ pub enum OperatorCommand {
     /// The Raft configuration of the servers.
     #[command(subcommand)]
     Raft(RaftCommand),
+    /// Print a new cluster key for `server { encrypt = "..." }` (base64, 32 bytes).
+    Keygen,
 }
 
 /// `operator raft` commands.
@@ -58,8 +61,14 @@ pub struct RemovePeerArgs {
 
 /// Runs an operator command.
 pub async fn run(a: OperatorArgs) -> CmdResult {
+    let command = match a.command {
+        OperatorCommand::Keygen => {
+            println!("{}", nomad_server::rpc_auth::ClusterKey::generate().encode());
+            return Ok(exit::OK);
+        }
+        OperatorCommand::Raft(command) => command,
+    };
     let ctx = Ctx::new(&a.api)?;
-    let OperatorCommand::Raft(command) = a.command;
     match command {
         RaftCommand::ListPeers(l) => list_peers(&ctx, l.json).await,
         RaftCommand::RemovePeer(r) => remove_peer(&ctx, r).await,

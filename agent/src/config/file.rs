@@ -133,7 +133,8 @@ pub struct ServerBlock {
     pub retry_join: Option<Vec<String>>,
     /// Event stream buffer (batches).
     pub event_buffer_size: Option<usize>,
-    /// Accepted for compatibility.
+    /// The cluster key (base64 of 16, 24 or 32 bytes) the servers prove themselves to each other
+    /// with; `nomad-rs operator keygen` makes one.
     pub encrypt: Option<String>,
 }
 

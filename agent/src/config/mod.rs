@@ -63,6 +63,8 @@ pub struct ServerSettings {
     pub num_schedulers: usize,
     /// Event stream buffer.
     pub event_buffer_size: usize,
+    /// The cluster key servers prove themselves to each other with (`encrypt`, base64).
+    pub encrypt: Option<String>,
 }
 
 /// Client role settings.
@@ -105,8 +107,11 @@ pub struct AgentConfig {
     pub datacenter: String,
     /// Data dir (a temp dir in dev mode).
     pub data_dir: PathBuf,
-    /// Bind address of every listener.
+    /// Bind address of the HTTP listener.
     pub bind_addr: IpAddr,
+    /// Bind address of the RPC listener: `bind_addr`, except in dev mode, where it is always
+    /// 127.0.0.1 (a dev server's Raft and node RPCs are for this host only).
+    pub rpc_bind_addr: IpAddr,
     /// HTTP port.
     pub http_port: u16,
     /// RPC port.
@@ -161,9 +166,11 @@ impl AgentConfig {
         let rpc_port = flags.rpc_port.or(ports.rpc).unwrap_or(DEFAULT_RPC_PORT);
         let advertise_host =
             if bind_addr.is_unspecified() { local_ip().unwrap_or_else(|| "127.0.0.1".into()) } else { bind_addr.to_string() };
+        let rpc_bind_addr = if dev { IpAddr::from([127, 0, 0, 1]) } else { bind_addr };
         let advertise = f.advertise.unwrap_or_default();
         let advertise_http = advertise.http.unwrap_or_else(|| format!("{advertise_host}:{http_port}"));
-        let advertise_rpc = advertise.rpc.unwrap_or_else(|| format!("{advertise_host}:{rpc_port}"));
+        let advertise_rpc =
+            advertise.rpc.unwrap_or_else(|| if dev { format!("127.0.0.1:{rpc_port}") } else { format!("{advertise_host}:{rpc_port}") });
         let log_level = flags.log_level.clone().or(f.log_level).unwrap_or_else(|| if dev { "DEBUG".into() } else { "INFO".into() });
         if !["TRACE", "DEBUG", "INFO", "WARN", "ERROR", "OFF"].contains(&log_level.to_uppercase().as_str()) {
             return Err(invalid("log_level", format!("{log_level:?} is not one of TRACE, DEBUG, INFO, WARN, ERROR, OFF")));
@@ -202,6 +209,7 @@ impl AgentConfig {
                 heartbeat,
                 num_schedulers: sb.num_schedulers.unwrap_or(0),
                 event_buffer_size: sb.event_buffer_size.unwrap_or(100),
+                encrypt: sb.encrypt.filter(|k| !k.trim().is_empty()),
             })
         } else {
             None
@@ -257,6 +265,7 @@ impl AgentConfig {
             datacenter,
             data_dir,
             bind_addr,
+            rpc_bind_addr,
             http_port,
             rpc_port,
             advertise_http,
@@ -350,6 +359,23 @@ mod tests {
         assert_eq!(c.http_port, 4646);
         assert_eq!(c.client.as_ref().unwrap().servers, vec!["127.0.0.1:4647"]);
         assert_eq!(c.data_dir, PathBuf::from("/tmp/dev"));
+    }
+
+    #[test]
+    fn a_dev_agent_keeps_rpc_on_loopback_whatever_it_binds_http_to() {
+        let c = resolve("", AgentFlags { dev: true, bind: Some("0.0.0.0".into()), ..Default::default() }).unwrap();
+        assert!(c.bind_addr.is_unspecified(), "HTTP follows -bind");
+        assert_eq!(c.rpc_bind_addr.to_string(), "127.0.0.1");
+        assert_eq!(c.advertise_rpc, "127.0.0.1:4647");
+        assert_eq!(c.client.as_ref().unwrap().servers, vec!["127.0.0.1:4647"], "its own client reaches it there");
+        let server = resolve("data_dir = \"/a\"\nbind_addr = \"0.0.0.0\"\n", AgentFlags { server: true, ..Default::default() }).unwrap();
+        assert!(server.rpc_bind_addr.is_unspecified(), "a real server binds RPC where told");
+    }
+
+    #[test]
+    fn the_cluster_key_comes_from_server_encrypt() {
+        let c = resolve("data_dir = \"/a\"\nserver {\n  enabled = true\n  encrypt = \"a2V5\"\n}\n", AgentFlags::default()).unwrap();
+        assert_eq!(c.server.unwrap().encrypt.as_deref(), Some("a2V5"));
     }
 
     #[test]

@@ -196,3 +196,79 @@ async fn an_agent_without_the_alloc_forwards_to_its_client_or_says_where_to_go()
     assert!(body.contains("HTTPAddr"), "{body}");
     client.shutdown_destroying_allocs().await;
 }
+
+/// Accepts connections on `listener`, counting them; answers each request `ok` and keeps its
+/// head (request line and headers).
+fn record_requests(listener: tokio::net::TcpListener) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = heads.clone();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                seen.lock().unwrap().push(String::from_utf8_lossy(&head).into_owned());
+                let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok").await;
+            });
+        }
+    });
+    heads
+}
+
+/// Two listeners on one port: on 127.0.0.2 (the host a node names) and on 127.0.0.1 (where the
+/// node really is).
+async fn same_port_on_two_loopback_addresses() -> (tokio::net::TcpListener, tokio::net::TcpListener) {
+    for _ in 0..50 {
+        let named = tokio::net::TcpListener::bind("127.0.0.2:0").await.unwrap();
+        let port = named.local_addr().unwrap().port();
+        if let Ok(real) = tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
+            return (named, real);
+        }
+    }
+    panic!("no port free on both 127.0.0.1 and 127.0.0.2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_names_another_host_as_its_http_address_never_gets_a_request_sent_there() {
+    use nomad_proto::rpc::{NodeClient, NodeRegisterRequest};
+    let server = TestServer::start().await;
+    let (named, real) = same_port_on_two_loopback_addresses().await;
+    let port = real.local_addr().unwrap().port();
+    let named_host = record_requests(named);
+    let node_itself = record_requests(real);
+
+    // The node registers over its own connection (from 127.0.0.1), naming another host.
+    let mut forger = nomad_server::testing::node("forger");
+    forger.http_addr = format!("127.0.0.2:{port}");
+    forger.rpc_peer_ip = "10.66.66.66".into();
+    let mut rpc = NodeClient::connect(format!("http://{}", server.addr())).await.unwrap();
+    rpc.register(NodeRegisterRequest { node: forger, ..Default::default() }).await.unwrap();
+    let stored = server.store().snapshot().node("forger").map(|n| n.rpc_peer_ip.clone());
+    assert_eq!(stored.as_deref(), Some("127.0.0.1"), "the servers record where the connection came from, not what the node says");
+    let id = server.place(&job("fwd", JobType::Service, vec![sh_task("t", "sleep 30")], restart_policy(0, 0)), "forger").await;
+
+    // A server agent forwards a client request for the node's alloc, with the caller's token.
+    let locator = std::sync::Arc::new(nomad_agent::client::http::StateLocator(server.store()));
+    let server_agent = serve_router(router(ClientHttp { client: None, locator: Some(locator), own_addr: "127.0.0.1:1".into() })).await;
+    let req = hyper::Request::builder()
+        .uri(format!("http://{server_agent}/v1/client/fs/logs/{id}?task=t&type=stdout&plain=true"))
+        .header("X-Nomad-Token", "operator-secret-token")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = http().request(req).await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+
+    assert!(named_host.lock().unwrap().is_empty(), "the named host got nothing: {:?}", named_host.lock().unwrap());
+    let heads = node_itself.lock().unwrap().clone();
+    assert_eq!(heads.len(), 1, "the node itself got the request: {heads:?}");
+    assert!(heads[0].starts_with(&format!("GET /v1/client/fs/logs/{id}")), "{}", heads[0]);
+    assert!(!heads[0].to_ascii_lowercase().contains("x-nomad-token"), "the caller's token is not given to a node: {}", heads[0]);
+}

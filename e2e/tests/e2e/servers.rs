@@ -79,3 +79,46 @@ fn a_server_gone_for_good_is_removed_with_operator_raft_remove_peer() {
     let r = c.servers[follower].http().put_json("/v1/jobs", &job_json("after-removal")).unwrap();
     assert!(r["Index"].as_u64().unwrap() > 0, "the two remaining servers commit");
 }
+
+#[test]
+fn a_server_without_the_cluster_key_neither_forms_a_cluster_nor_joins_one() {
+    let c = Cluster::start(ClusterOptions { servers: 3, ..Default::default() }).unwrap();
+    let leader = c.wait_for_leader(Duration::from_secs(60)).unwrap();
+    let join: Vec<String> = c.servers.iter().map(|s| format!("{:?}", s.rpc_addr)).collect();
+    let dir = tempfile::tempdir().unwrap();
+
+    // Told to form or join a cluster with no key at all, the agent does not start, and says why.
+    let config = dir.path().join("no-key.hcl");
+    std::fs::write(&config, format!("server {{\n  enabled = true\n  bootstrap_expect = 3\n  retry_join = [{}]\n}}\n", join.join(", ")))
+        .unwrap();
+    let out = std::process::Command::new(nomad_e2e::binary())
+        .args(["agent", "-bind", "127.0.0.1", "-http-port", "0", "-rpc-port", "0", "-config"])
+        .arg(&config)
+        .arg("-data-dir")
+        .arg(dir.path().join("no-key"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains("server.encrypt") && said.contains("operator keygen"), "{said}");
+
+    // With another cluster's key it starts, but every server refuses its join.
+    let other_key = nomad_e2e::cluster::cluster_key().unwrap();
+    let config = format!(
+        "server {{\n  enabled = true\n  encrypt = {other_key:?}\n  bootstrap_expect = 0\n  retry_join = [{}]\n}}\n",
+        join.join(", ")
+    );
+    let stranger = nomad_e2e::Agent::start(
+        "stranger",
+        &dir.path().join("stranger"),
+        nomad_e2e::AgentOptions { config: Some(config), ..Default::default() },
+    )
+    .unwrap();
+    wait_for("the stranger's join to be refused", Duration::from_secs(30), || {
+        stranger.logs().contains("servers of this cluster only").then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", stranger.logs()));
+    let peers = c.servers[leader].http().get_json("/v1/status/peers").unwrap();
+    assert_eq!(peers.as_array().unwrap().len(), 3, "still three servers: {peers}");
+    assert!(!peers.to_string().contains(&stranger.rpc_addr), "{peers}");
+}

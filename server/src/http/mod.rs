@@ -11,6 +11,7 @@ mod allocs;
 mod evals;
 mod events;
 pub mod filter;
+pub mod forward;
 mod jobs;
 mod namespaces;
 mod nodes;
@@ -38,6 +39,9 @@ pub struct HttpState {
     pub endpoints: Endpoints,
     /// About this agent.
     pub agent: Arc<AgentInfo>,
+    /// Passes requests that need the leader to it; `None` where this server is the only one
+    /// (in-process tests over `LocalConsensus`).
+    pub forwarder: Option<Arc<forward::LeaderForwarder>>,
 }
 
 impl HttpState {
@@ -53,9 +57,10 @@ async fn respond(f: impl Future<Output = HttpResult>) -> Response {
     }
 }
 
-/// The `/v1` routes of the server role. The agent merges its own (client) routes.
+/// The `/v1` routes of the server role. The agent merges its own (client) routes. On a
+/// follower, requests that need the leader are passed to it (`forward`).
 pub fn router(state: HttpState) -> Router {
-    Router::new()
+    let routes = Router::new()
         .route("/v1/jobs", any(jobs::jobs))
         .route("/v1/jobs/parse", any(jobs::jobs_parse))
         .route("/v1/job/{*rest}", any(jobs::job_specific))
@@ -76,11 +81,16 @@ pub fn router(state: HttpState) -> Router {
         .route("/v1/operator/raft/peer", any(operator::raft_peer))
         .route("/v1/event/stream", any(events::stream))
         .route("/v1/services", any(services::services))
-        .route("/v1/service/{*rest}", any(services::service_specific))
-        .fallback(|| async { StatusCode::NOT_FOUND })
-        .with_state(state)
+        .route("/v1/service/{*rest}", any(services::service_specific));
+    let routes = match state.forwarder.clone() {
+        Some(forwarder) => routes.route_layer(axum::middleware::from_fn_with_state(forwarder, forward::to_leader)),
+        None => routes,
+    };
+    routes.fallback(|| async { StatusCode::NOT_FOUND }).with_state(state)
 }
 
+#[cfg(test)]
+mod forward_tests;
 #[cfg(test)]
 mod plan_tests;
 #[cfg(test)]

@@ -125,9 +125,13 @@ pub(crate) async fn record_moved_address(shared: Arc<Shared>) {
 
 /// One round of discovery. `Ok` when this server initialized or joined a cluster, else what it waits for.
 async fn step(shared: &Shared, expect: usize, join: &[String]) -> Result<(), String> {
-    let peers = discover(shared, join).await;
+    let (peers, refusals) = discover(shared, join).await;
     if let Some(member) = peers.iter().find(|peer| peer.initialized) {
         return request_join(shared, &member.addr).await;
+    }
+    if !refusals.is_empty() {
+        // Say it plainly: the usual cause is a missing or wrong `encrypt` key.
+        return Err(format!("refused by {}", refusals.join("; ")));
     }
     if expect < 2 {
         return Err(format!("no initialized server among {join:?} to join"));
@@ -149,12 +153,14 @@ async fn step(shared: &Shared, expect: usize, join: &[String]) -> Result<(), Str
     }
 }
 
-/// `Info` from every reachable `join` address other than this server.
-async fn discover(shared: &Shared, join: &[String]) -> Vec<InfoReply> {
+/// `Info` from every reachable `join` address other than this server, and the servers that
+/// refused to answer it (this server could not prove it is one of theirs).
+async fn discover(shared: &Shared, join: &[String]) -> (Vec<InfoReply>, Vec<String>) {
     let calls = join.iter().filter(|addr| **addr != shared.addr).map(|addr| async move {
         let mut client = shared.pool.client(addr).ok()?;
         match tokio::time::timeout(INFO_TIMEOUT, client.info(InfoRequest {})).await {
-            Ok(Ok(reply)) => Some(reply.into_inner()),
+            Ok(Ok(reply)) => Some(Ok(reply.into_inner())),
+            Ok(Err(status)) if status.code() == tonic::Code::Unauthenticated => Some(Err(format!("{addr}: {}", status.message()))),
             Ok(Err(status)) => {
                 tracing::debug!(addr, error = %status.message(), "raft bootstrap: server not reachable");
                 None
@@ -162,8 +168,15 @@ async fn discover(shared: &Shared, join: &[String]) -> Vec<InfoReply> {
             Err(_) => None,
         }
     });
-    let replies = futures::future::join_all(calls).await;
-    replies.into_iter().flatten().filter(|reply| reply.node_id != shared.id).collect()
+    let (mut replies, mut refusals) = (Vec::new(), Vec::new());
+    for outcome in futures::future::join_all(calls).await.into_iter().flatten() {
+        match outcome {
+            Ok(reply) if reply.node_id != shared.id => replies.push(reply),
+            Ok(_) => {}
+            Err(refusal) => refusals.push(refusal),
+        }
+    }
+    (replies, refusals)
 }
 
 async fn request_join(shared: &Shared, via: &str) -> Result<(), String> {

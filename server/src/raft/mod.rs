@@ -4,7 +4,8 @@
 //! - `log_store`: the log, vote and log pointers in redb (`<data_dir>/raft/raft.redb`),
 //! - `state_machine` + `snapshot_store`: the adapter that feeds committed commands to the [`Fsm`] and keeps its
 //!   snapshot on disk (`<data_dir>/raft/snapshots/`),
-//! - `rpc`, `network`, `service`: the server-to-server `Raft` gRPC service (client and server halves),
+//! - `rpc`, `network`, `service`: the server-to-server `Raft` gRPC service (client and server halves;
+//!   every call carries the server proof of `crate::rpc_auth`),
 //! - `bootstrap`: the persisted node id and cluster formation (`bootstrap_expect`, `join`),
 //! - `node`: [`RaftNode`], the handle the rest of the server uses.
 
@@ -23,6 +24,7 @@ use std::io::Cursor;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub(crate) use network::never_sent;
 pub use node::RaftNode;
 pub use openraft::BasicNode;
 pub use service::RaftService;
@@ -83,11 +85,17 @@ pub struct RaftConfig {
     pub snapshot_logs: u64,
     /// Longest [`RaftNode::apply`] waits for a leader and for its write to commit.
     pub apply_timeout_ms: u64,
+    /// How this server proves itself to its peers (and checks theirs).
+    pub auth: std::sync::Arc<crate::rpc_auth::ClusterAuth>,
 }
 
 impl RaftConfig {
     /// A single-server configuration with the default timings.
-    pub fn new(data_dir: impl Into<PathBuf>, advertise_rpc: impl Into<String>) -> RaftConfig {
+    pub fn new(
+        data_dir: impl Into<PathBuf>,
+        advertise_rpc: impl Into<String>,
+        auth: std::sync::Arc<crate::rpc_auth::ClusterAuth>,
+    ) -> RaftConfig {
         RaftConfig {
             node_id: None,
             data_dir: data_dir.into(),
@@ -100,6 +108,7 @@ impl RaftConfig {
             snapshot_logs: 8192,
             // Nomad holds an RPC up to 5s while there is no leader.
             apply_timeout_ms: 5000,
+            auth,
         }
     }
 
@@ -131,20 +140,13 @@ pub enum RaftError {
     /// No leader was known, or it refused the write as not leader, for the whole apply timeout.
     #[error("no cluster leader")]
     NoLeader,
-    /// This server is not the leader (for leader-only calls such as [`RaftNode::barrier`]).
+    /// Another server leads: leader-only calls ([`RaftNode::apply`], [`RaftNode::barrier`],
+    /// [`RaftNode::remove_peer`]) are not carried out here.
     #[error("not the cluster leader")]
     NotLeader,
     /// The write was submitted but not confirmed within the apply timeout; it may still commit.
     #[error("timed out after {0:?} waiting for the write to commit")]
     CommitTimeout(Duration),
-    /// Forwarding a write to the leader failed.
-    #[error("forwarding to leader {leader}: {message}")]
-    Forward {
-        /// The leader's address.
-        leader: String,
-        /// What went wrong.
-        message: String,
-    },
     /// Raft refused or failed the request.
     #[error("raft: {0}")]
     Raft(String),

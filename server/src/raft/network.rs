@@ -1,5 +1,6 @@
 //! The client half of the `Raft` service: openraft's `RaftNetwork` over tonic,
-//! and the per-peer channel pool it shares with forwarding and bootstrap.
+//! and the per-peer channel pool it shares with joining and bootstrap. Every call
+//! carries this server's proof (`crate::rpc_auth`).
 
 use std::collections::HashMap;
 use std::error::Error;
@@ -12,24 +13,34 @@ use openraft::error::{InstallSnapshotError, RPCError, RaftError, RemoteError, Ti
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{AppendEntriesResponse, InstallSnapshotResponse, VoteResponse};
 use openraft::{BasicNode, RPCTypes};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{ConnectError, Status};
 
 use super::rpc::{AppendEntriesArgs, InstallSnapshotArgs, RaftClient, VoteArgs};
 use super::{NodeId, TypeConfig};
+use crate::rpc_auth::{ClusterAuth, Stamp};
+
+/// A `Raft` client whose calls carry this server's proof.
+pub(crate) type PeerClient = RaftClient<InterceptedService<Channel, Stamp>>;
 
 /// How long establishing a connection to a peer may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Lazily connected channels, one per peer address, reused by every call.
-#[derive(Default)]
 pub(crate) struct PeerPool {
     channels: Mutex<HashMap<String, Channel>>,
+    auth: Arc<ClusterAuth>,
 }
 
 impl PeerPool {
+    /// A pool whose calls prove they come from a server with `auth`.
+    pub(crate) fn new(auth: Arc<ClusterAuth>) -> PeerPool {
+        PeerPool { channels: Mutex::default(), auth }
+    }
+
     /// A client for the server at `addr` (`host:port`); connects on first use and reconnects after failures.
-    pub(crate) fn client(&self, addr: &str) -> Result<RaftClient<Channel>, tonic::transport::Error> {
+    pub(crate) fn client(&self, addr: &str) -> Result<PeerClient, tonic::transport::Error> {
         let mut channels = self.channels.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let channel = match channels.get(addr) {
             Some(channel) => channel.clone(),
@@ -39,7 +50,9 @@ impl PeerPool {
                 channel
             }
         };
-        Ok(RaftClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES))
+        Ok(RaftClient::with_interceptor(channel, self.auth.interceptor())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES))
     }
 }
 
@@ -89,7 +102,7 @@ impl PeerConnection {
         &self,
         action: RPCTypes,
         option: &RPCOption,
-        call: impl FnOnce(RaftClient<Channel>) -> Fut,
+        call: impl FnOnce(PeerClient) -> Fut,
     ) -> Result<T, RPCError<NodeId, BasicNode, E>>
     where
         E: Error,

@@ -11,12 +11,18 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::log_store::LogStore;
-use super::network::{Network, PeerPool, never_sent};
-use super::rpc::{Applied, ForwardRequest, JoinRequest, Refusal, RemovePeerRequest};
+use super::network::{Network, PeerClient, PeerPool};
+use super::rpc::{JoinRequest, Refusal};
 use super::service::RaftService;
 use super::state_machine::StateMachine;
 use super::{NodeId, RaftConfig, RaftError, RaftPeer, TypeConfig, bootstrap};
 use crate::fsm::{ApplyResult, Command, Fsm};
+
+/// A write committed and applied by this server as leader.
+struct Applied {
+    index: u64,
+    result: ApplyResult,
+}
 
 /// How often `apply` re-checks for a leader while waiting for one.
 const LEADER_RECHECK: Duration = Duration::from_millis(100);
@@ -56,7 +62,7 @@ impl Shared {
     }
 
     /// Writes through the local Raft, which must be the leader.
-    pub(crate) async fn write_local(&self, command: Arc<Command>) -> Result<Applied, Refusal> {
+    async fn write_local(&self, command: Arc<Command>) -> Result<Applied, Refusal> {
         match self.raft.client_write(command).await {
             Ok(response) => Ok(Applied { index: response.log_id.index, result: response.data }),
             Err(e) => Err(refusal(e)),
@@ -69,28 +75,6 @@ impl Shared {
             Ok(Ok(applied)) => Attempt::Done(applied),
             Ok(Err(Refusal::NotLeader)) => Attempt::Retry(RaftError::NoLeader),
             Ok(Err(Refusal::Failed(message))) => Attempt::Failed(RaftError::Raft(message)),
-        }
-    }
-
-    async fn forward(&self, leader: &str, command: Arc<Command>, timeout: Duration) -> Attempt {
-        let forward_error = |message: String| RaftError::Forward { leader: leader.to_string(), message };
-        let mut client = match self.pool.client(leader) {
-            Ok(client) => client,
-            Err(e) => return Attempt::Failed(forward_error(e.to_string())),
-        };
-        let mut request = tonic::Request::new(ForwardRequest { command });
-        request.set_timeout(timeout);
-        match tokio::time::timeout(timeout, client.forward(request)).await {
-            Err(_) => Attempt::Failed(RaftError::CommitTimeout(self.apply_timeout)),
-            Ok(Ok(reply)) => match reply.into_inner() {
-                Ok(applied) => Attempt::Done(applied),
-                Err(Refusal::NotLeader) => Attempt::Retry(RaftError::NoLeader),
-                Err(Refusal::Failed(message)) => Attempt::Failed(forward_error(message)),
-            },
-            // A leader that just died refuses connections until the others elect a new one.
-            Ok(Err(status)) if never_sent(&status) => Attempt::Retry(forward_error(status.message().to_string())),
-            // Anything else may have reached the leader: retrying could apply the command twice.
-            Ok(Err(status)) => Attempt::Failed(forward_error(status.message().to_string())),
         }
     }
 
@@ -108,7 +92,7 @@ impl Shared {
     /// once; `what` names it in errors.
     async fn to_leader<F, Fut>(&self, what: &str, call: F) -> Result<(), Refusal>
     where
-        F: FnOnce(super::rpc::RaftClient<tonic::transport::Channel>) -> Fut,
+        F: FnOnce(PeerClient) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<Result<(), Refusal>>, tonic::Status>>,
     {
         let (_, leader) = self.leader().ok_or(Refusal::NotLeader)?;
@@ -134,18 +118,7 @@ impl Shared {
         }
     }
 
-    /// Handles `RemovePeer`: on the leader takes the server out of the configuration, elsewhere
-    /// passes the request to the leader once.
-    pub(crate) async fn remove_peer(&self, request: RemovePeerRequest) -> Result<(), Refusal> {
-        match self.remove_voter(request.node_id).await {
-            Err(Refusal::NotLeader) if !request.forwarded => {}
-            outcome => return outcome,
-        }
-        let forwarded = RemovePeerRequest { forwarded: true, ..request };
-        self.to_leader("the removal", |mut client| async move { client.remove_peer(forwarded).await }).await
-    }
-
-    /// Removes a server (voter or learner) from the configuration.
+    /// Removes a server (voter or learner) from the configuration; only the leader can.
     async fn remove_voter(&self, id: NodeId) -> Result<(), Refusal> {
         if !self.is_leader() {
             return Err(Refusal::NotLeader);
@@ -222,7 +195,7 @@ impl RaftNode {
         let id = bootstrap::node_id(&raft_dir, cfg.node_id)?;
         let log_store = LogStore::open(&raft_dir.join("raft.redb"))?;
         let state_machine = StateMachine::open(raft_dir.join("snapshots"), fsm, log_store.unapplied())?;
-        let pool = Arc::new(PeerPool::default());
+        let pool = Arc::new(PeerPool::new(cfg.auth.clone()));
         let network = Network::new(id, pool.clone());
         let raft = Raft::new(id, openraft_config(&cfg)?, network, log_store, state_machine)
             .await
@@ -252,9 +225,11 @@ impl RaftNode {
         RaftService::server(self.shared.clone())
     }
 
-    /// Commits `cmd` and returns its Raft index and the FSM's result. On a follower the write is
-    /// forwarded to the leader. Waits at most the apply timeout for a leader and the commit; with no
-    /// leader in that time it fails with [`RaftError::NoLeader`].
+    /// Commits `cmd` and returns its Raft index and the FSM's result. Only the leader writes: a
+    /// command never travels to another server (a follower forwards the API request that makes
+    /// it instead, see `crate::http::forward`), so on a follower this fails with
+    /// [`RaftError::NotLeader`]. While no leader is known it waits, at most the apply timeout,
+    /// for one; with none in that time it fails with [`RaftError::NoLeader`].
     pub async fn apply(&self, cmd: Command) -> Result<(u64, ApplyResult), RaftError> {
         let cmd = Arc::new(cmd);
         let deadline = Instant::now() + self.shared.apply_timeout;
@@ -269,7 +244,7 @@ impl RaftNode {
             let attempt = match self.shared.leader() {
                 None => Attempt::Retry(RaftError::NoLeader),
                 Some((id, _)) if id == self.shared.id => self.shared.write_here(cmd.clone(), remaining).await,
-                Some((_, addr)) => self.shared.forward(&addr, cmd.clone(), remaining).await,
+                Some(_) => Attempt::Failed(RaftError::NotLeader),
             };
             last_error = match attempt {
                 Attempt::Done(applied) => return Ok((applied.index, applied.result)),
@@ -321,11 +296,12 @@ impl RaftNode {
             .collect()
     }
 
-    /// Takes a server out of the cluster (forwarded to the leader); see [`RaftPeer`].
+    /// Takes a server out of the cluster; only the leader can (the operator API forwards the
+    /// request to it). See [`RaftPeer`].
     pub async fn remove_peer(&self, id: NodeId) -> Result<(), RaftError> {
-        match self.shared.remove_peer(RemovePeerRequest { node_id: id, forwarded: false }).await {
+        match self.shared.remove_voter(id).await {
             Ok(()) => Ok(()),
-            Err(Refusal::NotLeader) => Err(RaftError::NoLeader),
+            Err(Refusal::NotLeader) => Err(RaftError::NotLeader),
             Err(Refusal::Failed(message)) => Err(RaftError::Raft(message)),
         }
     }

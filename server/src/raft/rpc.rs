@@ -1,5 +1,5 @@
 //! Messages of the server-to-server `Raft` gRPC service and the generated
-//! client and server. Replication messages are openraft's own serde types;
+//! client and server (every call carries the server proof: `crate::rpc_auth`). Replication messages are openraft's own serde types;
 //! the error half of each reply is carried in the message, so a remote Raft
 //! error is told apart from a transport failure.
 
@@ -10,7 +10,6 @@ use openraft::raft::{
 use serde::{Deserialize, Serialize};
 
 use super::{NodeId, TypeConfig};
-use crate::fsm::{ApplyResult, Command};
 
 #[allow(missing_docs, clippy::all)]
 mod generated {
@@ -33,25 +32,6 @@ pub type InstallSnapshotArgs = InstallSnapshotRequest<TypeConfig>;
 /// `InstallSnapshot` reply.
 pub type InstallSnapshotReply = Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>;
 
-/// `Forward`: a follower hands a write to the leader.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ForwardRequest {
-    /// The write.
-    pub command: std::sync::Arc<Command>,
-}
-
-/// A write committed and applied by the leader.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Applied {
-    /// Raft index of the write.
-    pub index: u64,
-    /// What the FSM returned.
-    pub result: ApplyResult,
-}
-
-/// `Forward` reply.
-pub type ForwardReply = Result<Applied, Refusal>;
-
 /// `Join`: a server asks to become a voter.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JoinRequest {
@@ -65,18 +45,6 @@ pub struct JoinRequest {
 
 /// `Join` reply.
 pub type JoinReply = Result<(), Refusal>;
-
-/// `RemovePeer`: an operator takes a server out of the cluster (one that is gone for good).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct RemovePeerRequest {
-    /// The server's Raft id.
-    pub node_id: NodeId,
-    /// Set by a follower passing the request on, so it travels at most one hop.
-    pub forwarded: bool,
-}
-
-/// `RemovePeer` reply.
-pub type RemovePeerReply = Result<(), Refusal>;
 
 /// `Info` request (no fields).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -93,7 +61,7 @@ pub struct InfoReply {
     pub initialized: bool,
 }
 
-/// Why a server did not carry out a `Forward` or `Join`.
+/// Why a server did not carry out a `Join`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum Refusal {
     /// The server is not the leader; nothing was written, so the caller may retry elsewhere.

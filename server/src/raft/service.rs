@@ -1,7 +1,8 @@
 //! The server half of the `Raft` service.
 //!
-//! Peer-only: replication calls go straight to openraft; `Forward` and `Join`
-//! act only on the leader (a follower passes a `Join` on once); `Info` answers
+//! Peer-only (the RPC listener lets only callers with the server proof reach
+//! it, `crate::rpc_auth`): replication calls go straight to openraft; `Join`
+//! acts only on the leader (a follower passes it on once); `Info` answers
 //! bootstrap discovery. Failures travel inside the reply, so a tonic `Status`
 //! here always means the transport or a stopped Raft.
 
@@ -12,8 +13,8 @@ use tonic::{Request, Response, Status};
 
 use super::node::Shared;
 use super::rpc::{
-    AppendEntriesArgs, AppendEntriesReply, ForwardReply, ForwardRequest, InfoReply, InfoRequest, InstallSnapshotArgs, InstallSnapshotReply,
-    JoinReply, JoinRequest, RaftRpc, RaftServer, RemovePeerReply, RemovePeerRequest, VoteArgs, VoteReply,
+    AppendEntriesArgs, AppendEntriesReply, InfoReply, InfoRequest, InstallSnapshotArgs, InstallSnapshotReply, JoinReply, JoinRequest,
+    RaftRpc, RaftServer, VoteArgs, VoteReply,
 };
 
 /// Serves one server's Raft to its peers.
@@ -41,16 +42,8 @@ impl RaftRpc for RaftService {
         Ok(Response::new(self.shared.raft.install_snapshot(request.into_inner()).await))
     }
 
-    async fn forward(&self, request: Request<ForwardRequest>) -> Result<Response<ForwardReply>, Status> {
-        Ok(Response::new(self.shared.write_local(request.into_inner().command).await))
-    }
-
     async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinReply>, Status> {
         Ok(Response::new(self.shared.join(request.into_inner()).await))
-    }
-
-    async fn remove_peer(&self, request: Request<RemovePeerRequest>) -> Result<Response<RemovePeerReply>, Status> {
-        Ok(Response::new(self.shared.remove_peer(request.into_inner()).await))
     }
 
     async fn info(&self, _: Request<InfoRequest>) -> Result<Response<InfoReply>, Status> {

@@ -19,9 +19,11 @@ use tokio_stream::wrappers::TcpListenerStream;
 
 use super::log_store::LogStore;
 use super::network::{PeerPool, never_sent};
-use super::rpc::InfoRequest;
+use super::rpc::{InfoRequest, JoinRequest, RaftClient, VoteArgs};
 use super::{RaftConfig, RaftError, RaftNode, TypeConfig};
 use crate::fsm::{ApplyResult, Command, Fsm};
+use crate::rpc_auth::{ClusterAuth, ClusterKey, RpcAuthLayer, Stamp};
+use tonic::service::interceptor::InterceptedService;
 
 /// How long any awaited condition may take before the test fails.
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -68,6 +70,12 @@ fn init_tracing() {
     let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).try_init();
 }
 
+/// The cluster key every test server of this process shares.
+fn test_auth() -> Arc<ClusterAuth> {
+    static AUTH: std::sync::OnceLock<Arc<ClusterAuth>> = std::sync::OnceLock::new();
+    AUTH.get_or_init(|| ClusterAuth::new(ClusterKey::generate(), "global")).clone()
+}
+
 /// Test timings: fast elections, but loose enough for a busy 2-core machine.
 fn config(dir: &Path, addr: &str) -> RaftConfig {
     RaftConfig {
@@ -75,7 +83,7 @@ fn config(dir: &Path, addr: &str) -> RaftConfig {
         election_timeout_min_ms: 800,
         election_timeout_max_ms: 1600,
         apply_timeout_ms: 15_000,
-        ..RaftConfig::new(dir, addr)
+        ..RaftConfig::new(dir, addr, test_auth())
     }
 }
 
@@ -306,7 +314,7 @@ async fn write_without_a_leader_fails_within_the_apply_timeout() {
 async fn refused_connection_counts_as_never_sent() {
     // Reserve a port, then free it: nothing listens there.
     let addr = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().to_string();
-    let status = PeerPool::default().client(&addr).unwrap().info(InfoRequest {}).await.err().unwrap();
+    let status = PeerPool::new(test_auth()).client(&addr).unwrap().info(InfoRequest {}).await.err().unwrap();
     assert!(never_sent(&status), "{status:?}");
 }
 
@@ -336,6 +344,7 @@ impl TestServer {
         let service = node.service();
         let serving = tokio::spawn(async move {
             tonic::transport::Server::builder()
+                .layer(RpcAuthLayer::new(test_auth()))
                 .add_service(service)
                 .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
                     let _ = stopped.await;
@@ -399,7 +408,7 @@ async fn wait_for_fsms(servers: &[&TestServer], expected: &[(u64, Command)]) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_servers_bootstrap_forward_writes_and_fail_over() {
+async fn three_servers_bootstrap_commit_on_the_leader_and_fail_over() {
     init_tracing();
     let mut servers = start_cluster(3, 8192).await;
     let all: Vec<&TestServer> = servers.iter().collect();
@@ -411,18 +420,19 @@ async fn three_servers_bootstrap_forward_writes_and_fail_over() {
     addrs.sort();
     assert_eq!(peers, addrs, "all three bootstrapped as voters");
 
-    // A follower cannot commit by itself: these succeed only by being forwarded to the leader.
-    let mut written = apply_all(&servers[follower].node, 0..5).await;
+    // A command never travels between servers: a follower refuses it (the API request that
+    // makes it is what a follower forwards), and nothing is written.
+    let err = servers[follower].node.apply(command(100)).await.unwrap_err();
+    assert!(matches!(err, RaftError::NotLeader), "{err}");
+    let mut written = apply_all(&servers[leader].node, 0..5).await;
     wait_for_fsms(&all, &written).await;
 
     let old_leader = servers[leader].addr.clone();
     servers[leader].stop().await;
     let survivors: Vec<&TestServer> = (0..3).filter(|&i| i != leader).map(|i| &servers[i]).collect();
-    // Written at once: apply waits out the election (refused connections to the old leader are retried).
-    written.extend(apply_all(&survivors[0].node, 5..10).await);
     let new_leader = wait_for_leader(&survivors).await;
     assert_ne!(survivors[new_leader].addr, old_leader);
-    written.extend(apply_all(&survivors[1].node, 10..12).await);
+    written.extend(apply_all(&survivors[new_leader].node, 5..12).await);
     wait_for_fsms(&survivors, &written).await;
 
     for server in &mut servers {
@@ -476,7 +486,7 @@ async fn fourth_server_joins_and_catches_up_from_a_snapshot() {
     wait_for_fsms(&[&fourth], &written).await;
     assert!(fourth.fsm.restores() >= 1, "it caught up by installing the leader's snapshot");
 
-    written.extend(apply_all(&fourth.node, 40..42).await);
+    written.extend(apply_all(&servers[leader].node, 40..42).await);
     let mut everyone: Vec<&TestServer> = servers.iter().collect();
     everyone.push(&fourth);
     wait_for_fsms(&everyone, &written).await;
@@ -490,7 +500,7 @@ async fn fourth_server_joins_and_catches_up_from_a_snapshot() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_server_is_removed_through_a_follower_and_the_rest_keep_committing() {
+async fn a_dead_server_is_removed_by_the_leader_and_the_rest_keep_committing() {
     init_tracing();
     let mut servers = start_cluster(3, 8192).await;
     let all: Vec<&TestServer> = servers.iter().collect();
@@ -499,19 +509,21 @@ async fn a_dead_server_is_removed_through_a_follower_and_the_rest_keep_committin
     let dead_id = servers[dead].node.node_id();
     servers[dead].stop().await;
 
-    let err = servers[follower].node.remove_peer(999).await.unwrap_err();
+    let err = servers[leader].node.remove_peer(999).await.unwrap_err();
     assert!(err.to_string().contains("no server with id 999"), "{err}");
+    // Only the leader changes the configuration (the operator API forwards the request to it).
+    let err = servers[follower].node.remove_peer(dead_id).await.unwrap_err();
+    assert!(matches!(err, RaftError::NotLeader), "{err}");
     assert_eq!(servers[leader].node.configuration().len(), 3, "a refused removal changes nothing");
 
-    // Asked of a follower, done by the leader.
-    servers[follower].node.remove_peer(dead_id).await.unwrap();
+    servers[leader].node.remove_peer(dead_id).await.unwrap();
     let two_voters = |i: usize| {
         let c = servers[i].node.configuration();
         c.len() == 2 && c.iter().all(|p| p.voter && p.id != dead_id) && c.iter().filter(|p| p.leader).count() == 1
     };
     wait_for("both survivors see two voters and the leader", || two_voters(leader) && two_voters(follower)).await;
     // Two of two voters commit: the dead server no longer counts towards the quorum.
-    let written = apply_all(&servers[follower].node, 0..3).await;
+    let written = apply_all(&servers[leader].node, 0..3).await;
     wait_for_fsms(&[&servers[leader], &servers[follower]], &written).await;
 
     // The last voter is never removed.
@@ -548,10 +560,69 @@ async fn a_server_restarted_at_a_new_address_is_recorded_there_and_catches_up() 
     let recorded = |s: &TestServer| s.node.configuration().iter().any(|p| p.id == id && p.addr == new_addr && p.voter);
     wait_for("every server to record the new address", || servers.iter().all(recorded)).await;
     assert_eq!(servers[leader].node.configuration().len(), 3, "still three servers, none added");
-    written.extend(apply_all(&servers[moved].node, 3..6).await);
     let all: Vec<&TestServer> = servers.iter().collect();
+    let leader = wait_for_leader(&all).await;
+    written.extend(apply_all(&servers[leader].node, 3..6).await);
     wait_for_fsms(&all, &written).await;
     for s in &mut servers {
         s.stop().await;
+    }
+}
+
+/// Stamps calls with a proof made with some key, or sends none.
+#[derive(Clone)]
+struct MaybeProof(Option<Stamp>);
+
+impl tonic::service::Interceptor for MaybeProof {
+    fn call(&mut self, request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        match &mut self.0 {
+            Some(stamp) => stamp.call(request),
+            None => Ok(request),
+        }
+    }
+}
+
+/// A `Raft` client on `addr` whose calls carry a proof made with `auth`'s key (none without).
+async fn client_with(addr: &str, auth: Option<Arc<ClusterAuth>>) -> RaftClient<InterceptedService<tonic::transport::Channel, MaybeProof>> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
+    RaftClient::with_interceptor(channel, MaybeProof(auth.map(|a| a.interceptor())))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stranger_can_neither_join_vote_replicate_nor_ask_who_is_there() {
+    init_tracing();
+    let mut servers = start_cluster(3, 8192).await;
+    let all: Vec<&TestServer> = servers.iter().collect();
+    let leader = wait_for_leader(&all).await;
+    let written = apply_all(&servers[leader].node, 0..3).await;
+    wait_for_fsms(&all, &written).await;
+    let before = servers[leader].node.configuration();
+
+    for target in [leader, (leader + 1) % 3] {
+        let addr = servers[target].addr.clone();
+        // Without a proof, and with a proof made with another cluster's key: both refused.
+        for auth in [None, Some(ClusterAuth::new(ClusterKey::generate(), "global"))] {
+            let mut client = client_with(&addr, auth).await;
+            let join = client.join(JoinRequest { node_id: 4242, addr: "127.0.0.1:1".into(), forwarded: false }).await.unwrap_err();
+            assert_eq!(join.code(), tonic::Code::Unauthenticated, "{join:?}");
+            assert!(join.message().contains("servers of this cluster only"), "{}", join.message());
+            let info = client.info(InfoRequest {}).await.unwrap_err();
+            assert_eq!(info.code(), tonic::Code::Unauthenticated);
+            let vote = VoteArgs { vote: Vote::new(1_000, 4242), last_log_id: Some(log_id(1_000, 4242, 1_000)) };
+            assert_eq!(client.vote(vote).await.unwrap_err().code(), tonic::Code::Unauthenticated);
+        }
+    }
+    // The stranger's join changed nothing, and the cluster keeps its leader and keeps committing.
+    assert_eq!(servers[leader].node.configuration(), before);
+    assert!(servers[leader].node.is_leader(), "a stranger's vote request unseated no one");
+    let mut written = written;
+    written.extend(apply_all(&servers[leader].node, 3..5).await);
+    wait_for_fsms(&all, &written).await;
+
+    // A server given the cluster's key is a server: the same calls are answered.
+    let mut peer = client_with(&servers[leader].addr, Some(test_auth())).await;
+    assert_eq!(peer.info(InfoRequest {}).await.unwrap().into_inner().node_id, servers[leader].node.node_id());
+    for server in &mut servers {
+        server.stop().await;
     }
 }

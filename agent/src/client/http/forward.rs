@@ -11,10 +11,26 @@ use nomad_server::http::util::HttpError;
 /// Marks a forwarded request, so it is never forwarded again.
 const FORWARDED: &str = "x-nomad-rs-forwarded";
 
+/// The caller's credentials, meant for the servers: a client node is not given them.
+const CREDENTIALS: &[&str] = &["x-nomad-token", "authorization"];
+
 /// Finds where an alloc runs.
 pub trait AllocLocator: Send + Sync {
-    /// `None` when the alloc is unknown; otherwise its node's `HTTPAddr` (empty when unknown).
+    /// `None` when the alloc is unknown; otherwise where to reach its node's HTTP API (empty when
+    /// unknown): the IP the node's RPC connection came from with its HTTP port.
     fn node_http_addr(&self, alloc_id: &str) -> Option<String>;
+}
+
+/// Finds an alloc's node through the server role's state: the IP the node's own RPC connection
+/// came from (`Node::forwarding_http_addr`), never a host the node declared.
+pub struct StateLocator(pub std::sync::Arc<nomad_server::state::StateStore>);
+
+impl AllocLocator for StateLocator {
+    fn node_http_addr(&self, alloc_id: &str) -> Option<String> {
+        let snap = self.0.snapshot();
+        let alloc = snap.alloc(alloc_id)?;
+        Some(snap.node(&alloc.node_id).and_then(|n| n.forwarding_http_addr()).unwrap_or_default())
+    }
 }
 
 pub(super) fn already_forwarded(req: &Request<Body>) -> bool {
@@ -29,6 +45,9 @@ pub(super) async fn forward(addr: &str, req: Request<Body>) -> Result<Response, 
         format!("http://{addr}{path}").parse().map_err(|e| HttpError::bad_request(format!("node address {addr:?} is not usable: {e}")))?;
     parts.headers.insert(FORWARDED, HeaderValue::from_static("1"));
     parts.headers.remove("host");
+    for header in CREDENTIALS {
+        parts.headers.remove(*header);
+    }
     let client: Client<_, Body> = Client::builder(TokioExecutor::new()).build_http();
     let resp = client
         .request(Request::from_parts(parts, body))

@@ -5,8 +5,10 @@
 //! - `GET /v1/client/allocation/<alloc_id>/stats`: resource usage ([`stats`]).
 //!
 //! An agent serves these for its own allocs. For an alloc another client runs, an agent that
-//! can look the alloc up (it runs the server role) forwards the request once to that node's
-//! `HTTPAddr`; an agent that can do neither answers 400 and says where to send it.
+//! can look the alloc up (it runs the server role) forwards the request once to that node: to the
+//! IP its RPC connection came from with the port of its `HTTPAddr` (never to a host the node
+//! names), without the caller's credentials; an agent that can do neither answers 400 and says
+//! where to send it.
 
 mod forward;
 mod logs;
@@ -23,7 +25,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use nomad_server::http::util::HttpError;
 
-pub use forward::AllocLocator;
+pub use forward::{AllocLocator, StateLocator};
 
 use super::Client;
 use super::allocrunner::AllocRunner;
