@@ -66,6 +66,26 @@ async fn the_task_is_pid_1_in_a_chroot_and_cannot_see_host_processes() {
 }
 
 #[tokio::test]
+async fn host_directories_are_read_only_in_the_chroot_and_alloc_is_writable() {
+    require_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let script = "touch /etc/nomad-rs-probe 2>/dev/null && echo etc=writable || echo etc=read-only; \
+                  touch /usr/nomad-rs-probe 2>/dev/null && echo usr=writable || echo usr=read-only; \
+                  echo x > /alloc/probe && echo alloc=writable; echo y > /tmp/probe && echo tmp=writable";
+    let task = task(dir.path(), "ro", json!({"command": "/bin/sh", "args": ["-c", script]}));
+    let driver = exec_driver(&options(false));
+    let handle = driver.start(&task).await.unwrap();
+    let exit = driver.wait(&handle).await.unwrap();
+    driver.destroy(&handle).await.unwrap();
+    let out = log(&task, "stdout", 0);
+    assert!(exit.successful(), "{exit:?} stderr: {}", log(&task, "stderr", 0));
+    for line in ["etc=read-only", "usr=read-only", "alloc=writable", "tmp=writable"] {
+        assert!(out.contains(line), "{line}: {out}");
+    }
+    assert!(!Path::new("/etc/nomad-rs-probe").exists() && !Path::new("/usr/nomad-rs-probe").exists());
+}
+
+#[tokio::test]
 async fn cgroup_limits_are_written_and_removed_on_destroy() {
     require_root!();
     let dir = tempfile::tempdir().unwrap();
