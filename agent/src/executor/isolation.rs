@@ -14,8 +14,8 @@ use std::path::{Component, Path, PathBuf};
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
 use nix::mount::{MsFlags, mount};
-use nix::sys::stat::Mode;
 use nix::sched::{CloneFlags, unshare};
+use nix::sys::stat::Mode;
 use nix::unistd::{Gid, Uid, User, chdir, chroot, setgid, setgroups, sethostname, setuid};
 use serde::{Deserialize, Serialize};
 
@@ -183,9 +183,9 @@ fn proc_fd_path(fd: RawFd, buf: &mut [u8; 32]) -> &CStr {
 
 /// Resolves `rel` beneath `root` with no symlink anywhere and returns an `O_PATH` fd on it.
 fn target_beneath(root: &OwnedFd, rel: &CStr) -> Result<OwnedFd, Errno> {
-    let how = OpenHow::new().flags(OFlag::O_PATH | OFlag::O_CLOEXEC).resolve(
-        ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS,
-    );
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
     openat2(root.as_fd(), rel, how)
 }
 
@@ -231,8 +231,7 @@ impl Prepared {
         }
         // A fresh procfs shows only this PID namespace.
         let proc_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-        mount_beneath(&root, &self.proc_dir, Some(c"proc"), Some(c"proc"), proc_flags, none)
-            .map_err(|e| ("mount /proc".to_string(), e))?;
+        mount_beneath(&root, &self.proc_dir, Some(c"proc"), Some(c"proc"), proc_flags, none).map_err(|e| ("mount /proc".to_string(), e))?;
         let tmp_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
         mount_beneath(&root, &self.tmp_dir, Some(c"tmpfs"), Some(c"tmpfs"), tmp_flags, Some(c"mode=1777"))
             .map_err(|e| ("mount tmpfs /tmp".to_string(), e))?;

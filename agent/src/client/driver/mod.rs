@@ -17,11 +17,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::fs_beneath::{Beneath, FsError, Links};
 use futures::future::BoxFuture;
 use nix::sys::signal::Signal;
 use nomad_proto::DriverInfo;
 use serde::de::DeserializeOwned;
-use crate::fs_beneath::{Beneath, FsError, Links};
 
 pub use crate::executor::ExitResult;
 pub use crate::executor::cgroups::{CgroupVersion, TaskCgroup};
