@@ -91,7 +91,8 @@ async fn symlinks_a_task_plants_in_alloc_logs_are_neither_read_nor_written_throu
         let (code, body) = get(&format!("{logs}{query}")).await;
         assert_eq!(code, 200, "{query}");
         let leaked = body.windows(12).any(|w| w == &SECRET[..12]) || String::from_utf8_lossy(&body).contains("cm9vdDok");
-        assert!(!leaked, "the logs route returned the victim ({query}): {}", String::from_utf8_lossy(&body));
+        let head = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
+        assert!(!leaked, "the logs route returned the victim ({query}): {head}");
     }
     assert_eq!(std::fs::read(&victim).unwrap(), SECRET, "rotation wrote nothing into the victim");
     assert_eq!(std::fs::metadata(&victim).unwrap().permissions().mode() & 0o7777, 0o600);
