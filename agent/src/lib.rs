@@ -4,5 +4,6 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod executor;
+pub mod fs_beneath;
 pub mod http_forward;
 pub mod logging;

@@ -6,15 +6,20 @@
 //! namespace* and chroots. Those mounts are never visible on the host and vanish with the
 //! namespace when the task's last process exits, so there is nothing to unmount on destroy.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::path::{Component, Path, PathBuf};
 
 use nix::errno::Errno;
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
 use nix::mount::{MsFlags, mount};
 use nix::sched::{CloneFlags, unshare};
+use nix::sys::stat::Mode;
 use nix::unistd::{Gid, Uid, User, chdir, chroot, setgid, setgroups, sethostname, setuid};
 use serde::{Deserialize, Serialize};
+
+use crate::fs_beneath::{Beneath, FsError, Links};
 
 /// What the task's chroot contains and who it runs as.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,9 +63,13 @@ pub struct Symlink {
 }
 
 /// Everything the child needs, resolved before fork so the child only makes system calls.
+/// Mount targets are kept relative to the root: the child resolves each beneath the root
+/// itself (no symlink on the way) and mounts on the fd it got, never on a path a task could
+/// have swapped for a symlink to a host directory.
 #[derive(Debug)]
 pub struct Prepared {
     root: CString,
+    /// (host source, target relative to the root, read-only)
     binds: Vec<(CString, CString, bool)>,
     proc_dir: CString,
     tmp_dir: CString,
@@ -73,36 +82,40 @@ pub struct Prepared {
 /// Why the child's setup failed: the step, for the error message, and the errno.
 pub type StepError = (String, Errno);
 
-/// Host-side setup: checks sources, creates mount points and symlinks, resolves the user.
+/// `path` inside the root, as a path relative to it.
+fn relative_in_root(path: &Path) -> PathBuf {
+    path.components().filter(|c| matches!(c, Component::Normal(_))).collect()
+}
+
+/// Host-side setup: checks sources, creates mount points and symlinks, resolves the user. The
+/// task dir is the task's own (it may have left anything in it in an earlier run), so all of
+/// it is done beneath the root through `fs_beneath`, never through a symlink.
 pub fn prepare(spec: &IsolationSpec) -> Result<Prepared, String> {
-    let root = &spec.root;
-    if !root.is_dir() {
-        return Err(format!("chroot root {} is not a directory", root.display()));
-    }
-    let inside = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
+    let root = Beneath::open(&spec.root).map_err(|e| format!("chroot root: {e}"))?;
     let mut binds = Vec::new();
     for link in &spec.symlinks {
-        let path = inside(&link.path);
-        if fs::symlink_metadata(&path).is_err() {
-            std::os::unix::fs::symlink(&link.target, &path).map_err(|e| format!("create symlink {}: {e}", path.display()))?;
+        let path = relative_in_root(&link.path);
+        match root.stat(&path, Links::Refuse) {
+            Ok(_) => {}
+            Err(e) if e.is_not_found() => root.symlink(&path, &link.target).map_err(|e| e.to_string())?,
+            Err(e) => return Err(e.to_string()),
         }
     }
     for bind in &spec.binds {
         let meta = fs::metadata(&bind.source).map_err(|e| format!("chroot source {} does not exist: {e}", bind.source.display()))?;
-        let target = inside(&bind.target);
-        make_mount_point(&target, meta.is_dir())?;
+        let target = relative_in_root(&bind.target);
+        make_mount_point(&root, &target, meta.is_dir())?;
         binds.push((cstring(&bind.source)?, cstring(&target)?, bind.read_only));
     }
     for device in &spec.devices {
         fs::metadata(device).map_err(|e| format!("device {} is missing on the host: {e}", device.display()))?;
-        let target = inside(device);
-        make_mount_point(&target, false)?;
+        let target = relative_in_root(device);
+        make_mount_point(&root, &target, false)?;
         binds.push((cstring(device)?, cstring(&target)?, false));
     }
-    let proc_dir = inside(Path::new("/proc"));
-    let tmp_dir = inside(Path::new("/tmp"));
-    make_mount_point(&proc_dir, true)?;
-    make_mount_point(&tmp_dir, true)?;
+    for dir in ["proc", "tmp"] {
+        make_mount_point(&root, Path::new(dir), true)?;
+    }
     let ids = match &spec.user {
         None => None,
         Some(name) => {
@@ -113,10 +126,10 @@ pub fn prepare(spec: &IsolationSpec) -> Result<Prepared, String> {
         }
     };
     Ok(Prepared {
-        root: cstring(root)?,
+        root: cstring(&spec.root)?,
         binds,
-        proc_dir: cstring(&proc_dir)?,
-        tmp_dir: cstring(&tmp_dir)?,
+        proc_dir: c"proc".to_owned(),
+        tmp_dir: c"tmp".to_owned(),
         hostname: spec.hostname.clone(),
         cgroup_procs: spec.cgroup_procs.clone(),
         cwd: cstring(&spec.cwd)?,
@@ -124,20 +137,70 @@ pub fn prepare(spec: &IsolationSpec) -> Result<Prepared, String> {
     })
 }
 
-fn make_mount_point(path: &Path, dir: bool) -> Result<(), String> {
-    let made = if dir {
-        fs::create_dir_all(path)
-    } else {
-        if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent).map_err(|e| format!("create {}: {e}", parent.display()))?;
-        }
-        fs::OpenOptions::new().create(true).truncate(false).write(true).open(path).map(drop)
+/// A directory (or an empty regular file, for a file bind) at `target` beneath the root; an
+/// existing one is kept as it is.
+fn make_mount_point(root: &Beneath, target: &Path, dir: bool) -> Result<(), String> {
+    let fail = |e: FsError| format!("create mount point /{}: {e}", target.display());
+    let ensure_dir = |rel: &Path| match root.open_dir(rel, Links::Refuse) {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_not_found() => root.create_dir_all(rel, 0o755).map(drop),
+        Err(e) => Err(e),
     };
-    made.map_err(|e| format!("create mount point {}: {e}", path.display()))
+    if dir {
+        ensure_dir(target).map_err(fail)
+    } else {
+        if let Some(parent) = target.parent().filter(|p| !p.as_os_str().is_empty()) {
+            ensure_dir(parent).map_err(fail)?;
+        }
+        root.create_file(target, 0o644).map(drop).map_err(fail)
+    }
 }
 
 fn cstring(path: &Path) -> Result<CString, String> {
     CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| format!("path {} contains a NUL byte", path.display()))
+}
+
+/// `/proc/self/fd/<fd>` written into `buf`, without allocating (the child runs after fork).
+fn proc_fd_path(fd: RawFd, buf: &mut [u8; 32]) -> &CStr {
+    const PREFIX: &[u8] = b"/proc/self/fd/";
+    buf[..PREFIX.len()].copy_from_slice(PREFIX);
+    let mut digits = [0u8; 10];
+    let (mut n, mut len) = (fd.unsigned_abs(), 0);
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        n /= 10;
+        len += 1;
+        if n == 0 {
+            break;
+        }
+    }
+    for i in 0..len {
+        buf[PREFIX.len() + i] = digits[len - 1 - i];
+    }
+    buf[PREFIX.len() + len] = 0;
+    CStr::from_bytes_with_nul(&buf[..PREFIX.len() + len + 1]).unwrap_or(c"/proc/self/fd/")
+}
+
+/// Resolves `rel` beneath `root` with no symlink anywhere and returns an `O_PATH` fd on it.
+fn target_beneath(root: &OwnedFd, rel: &CStr) -> Result<OwnedFd, Errno> {
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    openat2(root.as_fd(), rel, how)
+}
+
+/// Mounts on `rel` beneath `root`, through the fd of what was resolved.
+fn mount_beneath(
+    root: &OwnedFd,
+    rel: &CStr,
+    source: Option<&CStr>,
+    fstype: Option<&CStr>,
+    flags: MsFlags,
+    data: Option<&CStr>,
+) -> Result<(), Errno> {
+    let target = target_beneath(root, rel)?;
+    let mut buf = [0u8; 32];
+    mount(source, proc_fd_path(target.as_raw_fd(), &mut buf), fstype, flags, data)
 }
 
 impl Prepared {
@@ -152,22 +215,28 @@ impl Prepared {
         // Without this, our mounts would propagate back to the host's shared mounts.
         mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
             .map_err(|e| ("make mounts private".to_string(), e))?;
+        // Opened in the new mount namespace: mount targets resolved from it are in it too.
+        let root = nix::fcntl::open(self.root.as_c_str(), OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
+            .map_err(|e| (format!("open chroot root {}", self.root.to_string_lossy()), e))?;
+        let none = None::<&CStr>;
         for (source, target, read_only) in &self.binds {
-            let step = || format!("bind {} to {}", source.to_string_lossy(), target.to_string_lossy());
-            mount(Some(source.as_c_str()), target.as_c_str(), None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
+            let step = || format!("bind {} to /{}", source.to_string_lossy(), target.to_string_lossy());
+            mount_beneath(&root, target, Some(source.as_c_str()), none, MsFlags::MS_BIND | MsFlags::MS_REC, none)
                 .map_err(|e| (step(), e))?;
             if *read_only {
+                // Resolved again: the target now is the bind mount just made.
                 let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
-                mount(None::<&str>, target.as_c_str(), None::<&str>, flags, None::<&str>).map_err(|e| (step(), e))?;
+                mount_beneath(&root, target, none, none, flags, none).map_err(|e| (step(), e))?;
             }
         }
         // A fresh procfs shows only this PID namespace.
         let proc_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-        mount(Some("proc"), self.proc_dir.as_c_str(), Some("proc"), proc_flags, None::<&str>)
-            .map_err(|e| ("mount /proc".to_string(), e))?;
+        mount_beneath(&root, &self.proc_dir, Some(c"proc"), Some(c"proc"), proc_flags, none).map_err(|e| ("mount /proc".to_string(), e))?;
         let tmp_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-        mount(Some("tmpfs"), self.tmp_dir.as_c_str(), Some("tmpfs"), tmp_flags, Some("mode=1777"))
+        mount_beneath(&root, &self.tmp_dir, Some(c"tmpfs"), Some(c"tmpfs"), tmp_flags, Some(c"mode=1777"))
             .map_err(|e| ("mount tmpfs /tmp".to_string(), e))?;
+        // No fd on the host side of the chroot may reach the task.
+        drop(root);
         if !self.hostname.is_empty() {
             sethostname(&self.hostname).map_err(|e| ("set hostname".to_string(), e))?;
         }
@@ -189,4 +258,56 @@ fn io_errno(e: &std::io::Error) -> Errno {
 /// Makes the caller's *next* child PID 1 of a new PID namespace (the caller itself stays put).
 pub fn unshare_pid_namespace() -> Result<(), String> {
     unshare(CloneFlags::CLONE_NEWPID).map_err(|e| format!("unshare pid namespace: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(root: &Path) -> IsolationSpec {
+        IsolationSpec {
+            root: root.to_path_buf(),
+            binds: vec![BindMount { source: PathBuf::from("/etc"), target: PathBuf::from("/etc"), read_only: true }],
+            symlinks: vec![Symlink { path: PathBuf::from("/lib-link"), target: PathBuf::from("usr/lib") }],
+            devices: vec![PathBuf::from("/dev/null")],
+            hostname: String::new(),
+            cgroup_procs: Vec::new(),
+            cwd: PathBuf::from("/"),
+            user: None,
+        }
+    }
+
+    #[test]
+    fn proc_fd_paths_are_written_without_allocating() {
+        let mut buf = [0u8; 32];
+        assert_eq!(proc_fd_path(0, &mut buf), c"/proc/self/fd/0");
+        assert_eq!(proc_fd_path(1234567, &mut buf), c"/proc/self/fd/1234567");
+        assert_eq!(proc_fd_path(i32::MAX, &mut buf).to_bytes().len(), "/proc/self/fd/".len() + 10);
+    }
+
+    #[test]
+    fn mount_points_and_symlinks_are_made_beneath_the_task_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let prepared = prepare(&spec(dir.path())).unwrap();
+        assert!(dir.path().join("etc").is_dir() && dir.path().join("proc").is_dir() && dir.path().join("tmp").is_dir());
+        assert!(dir.path().join("dev/null").is_file());
+        assert_eq!(fs::read_link(dir.path().join("lib-link")).unwrap(), PathBuf::from("usr/lib"));
+        assert_eq!(prepared.binds[0].1.as_c_str(), c"etc", "targets stay relative to the root");
+        // Again, with everything in place: nothing changes, nothing fails.
+        prepare(&spec(dir.path())).unwrap();
+    }
+
+    #[test]
+    fn a_symlink_the_task_left_where_a_mount_point_goes_is_refused_not_followed() {
+        // The task dir is the task's own: in an earlier run it replaced `dev` with a link to a
+        // host directory, hoping the next start creates `null` (or mounts) there as root.
+        for planted in ["dev", "etc", "proc"] {
+            let dir = tempfile::tempdir().unwrap();
+            let host = tempfile::tempdir().unwrap();
+            std::os::unix::fs::symlink(host.path(), dir.path().join(planted)).unwrap();
+            let err = prepare(&spec(dir.path())).unwrap_err();
+            assert!(err.contains("symlink") && err.contains(planted), "{planted}: {err}");
+            assert_eq!(fs::read_dir(host.path()).unwrap().count(), 0, "{planted}: nothing made on the host side");
+        }
+    }
 }

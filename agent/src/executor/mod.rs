@@ -27,6 +27,7 @@ use nix::unistd::{Pid, pipe2};
 use nomad_proto::Timestamp;
 use serde::{Deserialize, Serialize};
 
+use crate::fs_beneath::Beneath;
 use isolation::IsolationSpec;
 use logs::RotatingLog;
 use process::{ProcessRef, pidfd_open};
@@ -43,7 +44,10 @@ const REAP_POLL: Duration = Duration::from_millis(100);
 pub struct LaunchSpec {
     /// Task name, the prefix of the log files.
     pub task_name: String,
-    /// Where `<task>.stdout.N` / `<task>.stderr.N` go.
+    /// The alloc dir, the one directory here the executor trusts: everything under it is
+    /// resolved beneath it (see `fs_beneath`).
+    pub alloc_dir: PathBuf,
+    /// Where `<task>.stdout.N` / `<task>.stderr.N` go, relative to `alloc_dir` (`alloc/logs`).
     pub log_dir: PathBuf,
     /// Log files kept per stream.
     pub log_max_files: u32,
@@ -166,6 +170,14 @@ fn supervise(spec_path: &Path) -> Result<(), String> {
     let _ = nix::unistd::setsid();
     let bytes = fs::read(spec_path).map_err(|e| format!("read {}: {e}", spec_path.display()))?;
     let spec: LaunchSpec = serde_json::from_slice(&bytes).map_err(|e| format!("parse {}: {e}", spec_path.display()))?;
+    let logs_anchor = match open_log_anchors(&spec) {
+        Ok(anchors) => anchors,
+        Err(message) => {
+            write_exit(&spec.exit_file, &ExitResult::failed(format!("failed to start task: {message}")));
+            report(&StartReport::Failed(message.clone()));
+            return Err(message);
+        }
+    };
 
     let (out_reader, out_writer) = pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("create pipe: {e}"))?;
     let (err_reader, err_writer) = pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("create pipe: {e}"))?;
@@ -181,8 +193,12 @@ fn supervise(spec_path: &Path) -> Result<(), String> {
     report(&StartReport::Started(task));
     detach_stdout();
 
-    let mut stdout_log = RotatingLog::new(&spec.log_dir, &format!("{}.stdout", spec.task_name), spec.log_max_files, spec.log_max_file_size);
-    let mut stderr_log = RotatingLog::new(&spec.log_dir, &format!("{}.stderr", spec.task_name), spec.log_max_files, spec.log_max_file_size);
+    let [out_anchor, err_anchor] = logs_anchor;
+    let new_log = |anchor, stream: &str| {
+        RotatingLog::new(anchor, &spec.log_dir, &format!("{}.{stream}", spec.task_name), spec.log_max_files, spec.log_max_file_size)
+    };
+    let mut stdout_log = new_log(out_anchor, "stdout");
+    let mut stderr_log = new_log(err_anchor, "stderr");
     let (status, finished_at) = pump_until_exit(task_pid, [(out_reader, &mut stdout_log), (err_reader, &mut stderr_log)]);
 
     let mut result = match status {
@@ -195,6 +211,18 @@ fn supervise(spec_path: &Path) -> Result<(), String> {
     result.log_bytes_dropped = stdout_log.dropped_bytes() + stderr_log.dropped_bytes();
     write_exit(&spec.exit_file, &result);
     Ok(())
+}
+
+/// The alloc dir, opened once per log stream, before the task starts: a task whose logs have
+/// nowhere safe to go does not start. The log dir must be a plain relative path under it.
+fn open_log_anchors(spec: &LaunchSpec) -> Result<[Beneath; 2], String> {
+    let relative = spec.log_dir.components().all(|c| matches!(c, std::path::Component::Normal(_)));
+    if !relative || spec.log_dir.as_os_str().is_empty() {
+        return Err(format!("log dir {} must be a plain path relative to the alloc dir", spec.log_dir.display()));
+    }
+    let anchor = Beneath::open(&spec.alloc_dir).map_err(|e| e.to_string())?;
+    let second = anchor.try_clone().map_err(|e| e.to_string())?;
+    Ok([anchor, second])
 }
 
 /// Prints the start report for the agent, which reads exactly one line.

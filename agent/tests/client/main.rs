@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod cleanup;
+mod escape;
 mod http;
 mod reconnect;
 mod register;

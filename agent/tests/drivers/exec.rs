@@ -66,6 +66,33 @@ async fn the_task_is_pid_1_in_a_chroot_and_cannot_see_host_processes() {
 }
 
 #[tokio::test]
+async fn host_directories_are_read_only_in_the_chroot_and_alloc_is_writable() {
+    require_root!();
+    let dir = tempfile::tempdir().unwrap();
+    // A host directory of the test's own, bound like /etc is: a broken remount writes here,
+    // never into the real /etc.
+    let host_dir = tempfile::tempdir().unwrap();
+    let mut options = options(false);
+    let mut chroot: BTreeMap<PathBuf, PathBuf> =
+        ["/bin", "/lib", "/lib64", "/usr"].iter().filter(|p| Path::new(p).exists()).map(|p| (PathBuf::from(p), PathBuf::from(p))).collect();
+    chroot.insert(host_dir.path().to_path_buf(), PathBuf::from("/probe"));
+    options.exec.chroot_env = Some(chroot);
+    let script = "touch /probe/x 2>/dev/null && echo probe=writable || echo probe=read-only; \
+                  echo x > /alloc/probe && echo alloc=writable; echo y > /tmp/probe && echo tmp=writable";
+    let task = task(dir.path(), "ro", json!({"command": "/bin/sh", "args": ["-c", script]}));
+    let driver = exec_driver(&options);
+    let handle = driver.start(&task).await.unwrap();
+    let exit = driver.wait(&handle).await.unwrap();
+    driver.destroy(&handle).await.unwrap();
+    let out = log(&task, "stdout", 0);
+    assert!(exit.successful(), "{exit:?} stderr: {}", log(&task, "stderr", 0));
+    for line in ["probe=read-only", "alloc=writable", "tmp=writable"] {
+        assert!(out.contains(line), "{line}: {out}");
+    }
+    assert_eq!(fs::read_dir(host_dir.path()).unwrap().count(), 0, "nothing written into the host dir");
+}
+
+#[tokio::test]
 async fn cgroup_limits_are_written_and_removed_on_destroy() {
     require_root!();
     let dir = tempfile::tempdir().unwrap();

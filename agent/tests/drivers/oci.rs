@@ -243,6 +243,62 @@ async fn a_corrupt_image_layout_fails_with_a_clear_message() {
 }
 
 #[tokio::test]
+async fn an_image_never_leads_out_of_the_task_dir_or_the_rootfs() {
+    // All of it fails while preparing the image, before runc: no root or runc needed.
+    let dir = tempfile::tempdir().unwrap();
+    let driver = oci_driver(&oci_options(dir.path()));
+
+    // The task replaced its relative image with a link to the host's root in an earlier run.
+    let task_a = task(dir.path(), "escape", json!({"image": "local/rootfs", "command": "/bin/sh"}));
+    std::os::unix::fs::symlink("/", task_a.local_dir().join("rootfs")).unwrap();
+    let err = driver.start(&task_a).await.unwrap_err();
+    assert!(matches!(err, DriverError::TaskFiles(_)), "{err:?}");
+    assert!(err.to_string().contains("resolves outside"), "{err}");
+
+    // A layer plants `etc -> <host dir>`, the next whites out `etc/victim`: the host file stays.
+    let host = tempfile::tempdir().unwrap();
+    fs::write(host.path().join("victim"), b"host file").unwrap();
+    let layout = dir.path().join("hostile");
+    let planted = tar_gz(|b| {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Symlink);
+        header.set_size(0);
+        header.set_mode(0o777);
+        header.set_uid(0);
+        header.set_gid(0);
+        header.set_mtime(0);
+        header.set_cksum();
+        b.append_link(&mut header, "etc", host.path()).unwrap();
+    });
+    let whiteout = tar_gz(|b| add_file(b, "etc/.wh.victim", b""));
+    let config = json!({"architecture": "amd64", "os": "linux", "config": {}, "rootfs": {"type": "layers", "diff_ids": []}});
+    let config = add_blob(&layout, "application/vnd.oci.image.config.v1+json", config.to_string().as_bytes());
+    let layers = vec![
+        add_blob(&layout, "application/vnd.oci.image.layer.v1.tar+gzip", &planted),
+        add_blob(&layout, "application/vnd.oci.image.layer.v1.tar+gzip", &whiteout),
+    ];
+    let manifest =
+        json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json", "config": config, "layers": layers});
+    let manifest = add_blob(&layout, "application/vnd.oci.image.manifest.v1+json", manifest.to_string().as_bytes());
+    let index = json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [manifest]});
+    fs::write(layout.join("index.json"), index.to_string()).unwrap();
+    fs::write(layout.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    let task_b = task(dir.path(), "whiteout", json!({"image": layout}));
+    let err = driver.start(&task_b).await.unwrap_err();
+    assert!(err.to_string().contains("command"), "unpacked, then refused for want of a command: {err}");
+    assert_eq!(fs::read(host.path().join("victim")).unwrap(), b"host file");
+
+    // A FIFO in place of index.json fails at once instead of hanging the start.
+    let fifo_layout = dir.path().join("fifo");
+    fs::create_dir_all(&fifo_layout).unwrap();
+    fs::write(fifo_layout.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    nix::unistd::mkfifo(&fifo_layout.join("index.json"), nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    let task_c = task(dir.path(), "fifo", json!({"image": fifo_layout, "command": "/bin/sh"}));
+    let err = tokio::time::timeout(Duration::from_secs(20), driver.start(&task_c)).await.expect("no hang").unwrap_err();
+    assert!(err.to_string().contains("fifo"), "{err}");
+}
+
+#[tokio::test]
 async fn fingerprint_reports_the_runtime_version() {
     let Some(()) = oci_host() else { return };
     let info = oci_driver(&options(false)).fingerprint().await;

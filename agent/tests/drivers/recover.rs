@@ -98,7 +98,8 @@ async fn the_executor_keeps_supervising_after_its_parent_is_sigkilled() {
     std::fs::create_dir_all(&task.state_dir).unwrap();
     let spec = LaunchSpec {
         task_name: task.task_name.clone(),
-        log_dir: task.log_dir(),
+        alloc_dir: task.alloc_dir.clone(),
+        log_dir: nomad_agent::client::driver::LOG_DIR.into(),
         log_max_files: 2,
         log_max_file_size: 1 << 20,
         exit_file: task.state_dir.join("exit.json"),

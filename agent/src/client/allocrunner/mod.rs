@@ -27,7 +27,7 @@ pub mod lifecycle;
 pub mod status;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -41,6 +41,7 @@ use self::lifecycle::{Gates, Stage, TaskView, gates};
 use super::context::ClientContext;
 use super::state::{HookState, StateError};
 use super::taskrunner::{NotRunning, TaskRunner, events, lock};
+use crate::fs_beneath::{Beneath, FsError, Links, check_name};
 
 /// Why a restart request was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -99,7 +100,7 @@ impl AllocRunner {
         let failure = match &group {
             None => Some(format!("task group {:?} not found in the alloc's job", alloc.task_group)),
             Some(g) if g.tasks.is_empty() => Some(format!("task group {:?} has no tasks", alloc.task_group)),
-            Some(_) => None,
+            Some(g) => unsafe_name(&alloc, g),
         };
         let (gates_tx, gates_rx) = watch::channel(Gates::default());
         let changed = Arc::new(Notify::new());
@@ -172,6 +173,16 @@ impl AllocRunner {
         self.ctx.alloc_dir(&self.id)
     }
 
+    /// The alloc dir, resolved beneath the alloc root: everything the agent reads or writes in
+    /// it goes through this handle (see `fs_beneath`).
+    pub fn open_alloc_dir(&self) -> Result<Beneath, FsError> {
+        if let Err(reason) = check_name(&self.id) {
+            let base = self.ctx.alloc_root.clone();
+            return Err(FsError::BadPath { base, path: PathBuf::from(&self.id), reason });
+        }
+        Beneath::open(&self.ctx.alloc_root)?.open_dir(Path::new(&self.id), Links::Refuse)
+    }
+
     /// The alloc's task names, in the group's order.
     pub fn task_names(&self) -> Vec<String> {
         self.tasks.iter().map(|t| t.name().to_string()).collect()
@@ -208,7 +219,17 @@ impl AllocRunner {
             for t in &self.tasks {
                 t.kill(None);
             }
-        } else if self.failure.is_none() && !alloc.terminal() && !all_dead {
+        } else if let Some(reason) = &self.failure {
+            // Refused before anything is made on disk: no alloc dir, no task dir.
+            tracing::error!(alloc_id = %self.id, reason, "refusing the alloc");
+            for t in &self.tasks {
+                if t.handle().is_some() {
+                    t.kill(Some(events::failed_validation(reason)));
+                } else if t.state().state != task_state::DEAD {
+                    t.mark_failed_dead(events::failed_validation(reason));
+                }
+            }
+        } else if !alloc.terminal() && !all_dead {
             let mut states = lock(&self.hook_states).clone();
             let result = run_prerun(&self.hooks, &alloc, &alloc_dir, &mut states);
             self.save_hook_states(&states);
@@ -462,6 +483,22 @@ impl AllocRunner {
             _ = self.ctx.shutdown.cancelled() => {}
         }
     }
+}
+
+/// Why the alloc cannot run here because a name that becomes a directory (the alloc ID under
+/// the alloc root, each task under the alloc dir) or the group's name is not one plain path
+/// component: `..`, `.`, `/`, NUL, empty. The servers refuse those at admission; this client
+/// does not rely on it.
+fn unsafe_name(alloc: &Allocation, group: &nomad_proto::TaskGroup) -> Option<String> {
+    let named = std::iter::once(("alloc ID", alloc.id.as_str()))
+        .chain(std::iter::once(("task group name", group.name.as_str())))
+        .chain(group.tasks.iter().map(|t| ("task name", t.name.as_str())));
+    for (what, name) in named {
+        if let Err(reason) = check_name(name) {
+            return Some(format!("{what} {name:?} {reason}: it must be usable as a directory name"));
+        }
+    }
+    None
 }
 
 /// A terminal alloc's tasks all get a finish time (the servers compute reschedule times from

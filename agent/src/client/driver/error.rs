@@ -64,6 +64,10 @@ pub enum DriverError {
     /// Signalling the task failed.
     #[error("signal task: {0}")]
     Signal(nix::Error),
+    /// Path-safe work inside the alloc dir failed or was refused (a symlink, FIFO or hard link
+    /// where the task must not put one); the message says what and where.
+    #[error("{0}")]
+    TaskFiles(#[from] crate::fs_beneath::FsError),
     /// File-system work failed.
     #[error("{context}: {source}")]
     Io {
@@ -75,6 +79,12 @@ pub enum DriverError {
 }
 
 impl DriverError {
+    /// A failure that may go away by itself (as opposed to a refusal of what the task left).
+    pub fn transient_files_error(&self) -> bool {
+        use crate::fs_beneath::FsError;
+        matches!(self, DriverError::TaskFiles(FsError::Io { .. } | FsError::Open { .. }))
+    }
+
     /// Wraps an I/O error with what was being done.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> DriverError {
         DriverError::Io { context: context.into(), source }

@@ -1,7 +1,7 @@
 //! Starting a task's executor and reading its start report.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -23,7 +23,8 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 pub(super) fn launch_spec(task: &TaskConfig, mode: LaunchMode, oom_counter_files: Vec<std::path::PathBuf>) -> LaunchSpec {
     LaunchSpec {
         task_name: task.task_name.clone(),
-        log_dir: task.log_dir(),
+        alloc_dir: task.alloc_dir.clone(),
+        log_dir: PathBuf::from(super::LOG_DIR),
         log_max_files: task.logs.max_files,
         log_max_file_size: task.logs.max_file_size,
         exit_file: task.state_dir.join(EXIT_FILE),
@@ -41,9 +42,10 @@ pub(super) async fn launch(
     driver_state: DriverState,
 ) -> Result<TaskHandle, DriverError> {
     let state_dir = &task.state_dir;
-    for dir in [state_dir.as_path(), spec.log_dir.as_path()] {
-        fs::create_dir_all(dir).map_err(|e| DriverError::io(format!("create {}", dir.display()), e))?;
-    }
+    fs::create_dir_all(state_dir).map_err(|e| DriverError::io(format!("create {}", state_dir.display()), e))?;
+    // Inside the alloc dir, which the task can write: resolved beneath it, as the alloc_dir hook
+    // makes it.
+    task.open_alloc_dir()?.create_dir_all(&spec.log_dir, 0o777)?;
     // A restarted task reuses the state dir; an old exit record would look like an instant exit.
     let _ = fs::remove_file(&spec.exit_file);
     let spec_path = state_dir.join(SPEC_FILE);

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::fs_beneath::{Beneath, FsError, Links};
 use futures::future::BoxFuture;
 use nix::sys::signal::Signal;
 use nomad_proto::DriverInfo;
@@ -111,7 +112,22 @@ pub struct TaskConfig {
     pub kill_timeout: Duration,
 }
 
+/// The shared dir, relative to the alloc dir.
+pub const SHARED_DIR: &str = "alloc";
+/// The log dir, relative to the alloc dir.
+pub const LOG_DIR: &str = "alloc/logs";
+
 impl TaskConfig {
+    /// The alloc dir, as the base every path under it is resolved beneath (see `fs_beneath`).
+    pub fn open_alloc_dir(&self) -> Result<Beneath, FsError> {
+        Beneath::open(&self.alloc_dir)
+    }
+
+    /// The task dir, resolved beneath the alloc dir with no symlink on the way.
+    pub fn open_task_dir(&self) -> Result<Beneath, FsError> {
+        self.open_alloc_dir()?.open_dir(Path::new(&self.task_name), Links::Refuse)
+    }
+
     /// `<alloc_dir>/alloc`, shared by the allocation's tasks.
     pub fn shared_dir(&self) -> PathBuf {
         self.alloc_dir.join("alloc")

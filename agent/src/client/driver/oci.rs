@@ -20,9 +20,10 @@ use serde::Deserialize;
 use super::handle::{DESTROY_WAIT, stop_with_escalation};
 use super::launch::{launch, launch_spec};
 use super::oci_image::{self, ImageDefaults};
-use super::{Driver, DriverError, DriverState, TaskConfig, TaskHandle};
+use super::{Driver, DriverError, DriverState, SHARED_DIR, TaskConfig, TaskHandle};
 use crate::executor::cgroups::{CgroupVersion, detect_version};
 use crate::executor::{LaunchMode, OciLaunch};
+use crate::fs_beneath::{Beneath, Links};
 
 const NAME: &str = "oci";
 const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -148,8 +149,21 @@ impl OciDriver {
             .map_err(|e| built("process", e))?;
 
         let mut mounts: Vec<Mount> = oci_spec::runtime::get_default_mounts();
-        for (source, destination) in [(task.shared_dir(), "/alloc"), (task.local_dir(), "/local"), (task.secrets_dir(), "/secrets")] {
-            fs::create_dir_all(&source).map_err(|e| DriverError::io(format!("create {}", source.display()), e))?;
+        // The sources are inside the alloc dir, which tasks write: each is resolved beneath it
+        // with no symlink, and runc gets the real path it resolved to.
+        let alloc_dir = task.open_alloc_dir()?;
+        let task_dir = PathBuf::from(&task.task_name);
+        let sources = [
+            (PathBuf::from(SHARED_DIR), "/alloc", 0o777),
+            (task_dir.join("local"), "/local", 0o777),
+            (task_dir.join("secrets"), "/secrets", 0o700),
+        ];
+        for (relative, destination, mode) in sources {
+            let dir = match alloc_dir.open_dir(&relative, Links::Refuse) {
+                Err(e) if e.is_not_found() => alloc_dir.create_dir_all(&relative, mode)?,
+                other => other?,
+            };
+            let source = dir.real_path()?;
             mounts.push(
                 MountBuilder::default()
                     .destination(destination)
@@ -304,7 +318,14 @@ impl Driver for OciDriver {
             let config = Self::config(task)?;
             let bundle = task.state_dir.join("bundle");
             fs::create_dir_all(&bundle).map_err(|e| DriverError::io(format!("create {}", bundle.display()), e))?;
-            let image = if config.image.is_relative() { task.task_dir().join(&config.image) } else { config.image.clone() };
+            // A relative image is in the task dir, which the task may have written in an earlier
+            // run: resolved beneath it (a symlink out of it, e.g. to the host's `/`, is refused),
+            // and used by the real path it resolved to.
+            let image = if config.image.is_relative() {
+                task.open_task_dir()?.open_dir(&config.image, Links::Beneath)?.real_path()?
+            } else {
+                config.image.clone()
+            };
             let (image_path, bundle_dir) = (image.clone(), bundle.clone());
             // Layer extraction is blocking file work.
             let prepared = tokio::task::spawn_blocking(move || oci_image::prepare(&image_path, &bundle_dir))
@@ -362,11 +383,15 @@ impl Driver for OciDriver {
             {
                 return Err(DriverError::Runtime(e));
             }
-            match fs::remove_dir_all(&container.bundle) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    Err(DriverError::io(format!("remove {}", container.bundle.display()), e))
-                }
-                _ => Ok(()),
+            // The rootfs came from an image: removed without following its links or crossing
+            // a mount left in it.
+            let (Some(parent), Some(name)) = (container.bundle.parent(), container.bundle.file_name()) else {
+                return Err(DriverError::Runtime(format!("bundle {} has no parent", container.bundle.display())));
+            };
+            match Beneath::open(parent) {
+                Ok(parent) => Ok(parent.remove_tree(Path::new(name))?),
+                Err(e) if e.is_not_found() => Ok(()),
+                Err(e) => Err(e.into()),
             }
         })
     }

@@ -4,12 +4,13 @@
 
 use std::fs::{self, File};
 use std::io::{self, BufReader, Read};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use oci_spec::image::{Arch, Descriptor, ImageConfiguration, ImageIndex, ImageManifest, MediaType, Os};
 use sha2::{Digest as _, Sha256};
 
 use super::DriverError;
+use crate::fs_beneath::{Beneath, Links, check_name};
 
 /// Process defaults from an image's config.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -41,20 +42,23 @@ pub(super) fn prepare(image: &Path, bundle: &Path) -> Result<PreparedImage, Driv
         return Ok(PreparedImage { rootfs: image, shared: true, defaults: ImageDefaults::default() });
     }
     let rootfs = bundle.join("rootfs");
-    let _ = fs::remove_dir_all(&rootfs);
+    let bundle_dir = Beneath::open(bundle).map_err(|e| fail(e.to_string()))?;
+    bundle_dir.remove_tree(Path::new("rootfs")).map_err(|e| fail(e.to_string()))?;
     fs::create_dir_all(&rootfs).map_err(|e| fail(format!("create {}: {e}", rootfs.display())))?;
-    let defaults = Layout { dir: &image }.unpack(&rootfs).map_err(fail)?;
+    let layout = Layout { dir: Beneath::open(&image).map_err(|e| fail(e.to_string()))? };
+    let defaults = layout.unpack(&rootfs).map_err(fail)?;
     Ok(PreparedImage { rootfs, shared: false, defaults })
 }
 
-struct Layout<'a> {
-    dir: &'a Path,
+/// The layout directory; every file in it is opened beneath it as a regular file, never
+/// through a symlink (it may be in the task dir, or a FIFO could hang the start).
+struct Layout {
+    dir: Beneath,
 }
 
-impl Layout<'_> {
+impl Layout {
     fn unpack(&self, rootfs: &Path) -> Result<ImageDefaults, String> {
-        let index_path = self.dir.join("index.json");
-        let index_file = File::open(&index_path).map_err(|e| format!("index.json: {e}"))?;
+        let index_file = self.dir.read(Path::new("index.json"), Links::Refuse).map_err(|e| format!("index.json: {e}"))?;
         let index = ImageIndex::from_reader(BufReader::new(index_file)).map_err(|e| format!("index.json: {e}"))?;
         let manifest = self.manifest_from_index(&index, 0)?;
         let config_bytes = self.read_blob(manifest.config())?;
@@ -92,9 +96,10 @@ impl Layout<'_> {
         ImageManifest::from_reader(&bytes[..]).map_err(|e| format!("manifest {}: {e}", descriptor.digest()))
     }
 
+    /// `blobs/<alg>/<hex>`, relative to the layout.
     fn blob_path(&self, descriptor: &Descriptor) -> PathBuf {
         let digest = descriptor.digest();
-        self.dir.join("blobs").join(digest.algorithm().to_string()).join(digest.digest())
+        Path::new("blobs").join(digest.algorithm().to_string()).join(digest.digest())
     }
 
     fn open_blob(&self, descriptor: &Descriptor) -> Result<VerifyingReader<File>, String> {
@@ -103,7 +108,7 @@ impl Layout<'_> {
             return Err(format!("blob {digest}: only sha256 digests are supported"));
         }
         let path = self.blob_path(descriptor);
-        let file = File::open(&path).map_err(|e| format!("blob {digest} ({}): {e}", path.display()))?;
+        let file = self.dir.read(&path, Links::Refuse).map_err(|e| format!("blob {digest}: {e}"))?;
         Ok(VerifyingReader { inner: file, hasher: Sha256::new(), read: 0, descriptor: descriptor.clone() })
     }
 
@@ -139,7 +144,9 @@ impl Layout<'_> {
 }
 
 /// Extracts a layer tarball: `.wh.<name>` deletes `<name>`, `.wh..wh..opq` empties its directory.
+/// Whiteouts resolve beneath the rootfs (an earlier layer's symlink never leads them out of it).
 fn unpack_tar(reader: impl Read, rootfs: &Path) -> io::Result<()> {
+    let root = Beneath::open(rootfs).map_err(io::Error::other)?;
     let mut archive = tar::Archive::new(reader);
     archive.set_preserve_permissions(true);
     archive.set_preserve_ownerships(true);
@@ -152,14 +159,16 @@ fn unpack_tar(reader: impl Read, rootfs: &Path) -> io::Result<()> {
             continue;
         };
         if let Some(hidden) = name.strip_prefix(".wh.") {
-            // Only plain relative components, so a hostile layer cannot delete outside the rootfs.
-            let Some(dir) = path.parent().and_then(|p| confined(rootfs, p)) else { continue };
+            // A parent that is not there (or leaves the rootfs) has nothing to delete.
+            let Ok(dir) = root.open_dir(path.parent().unwrap_or(Path::new("")), Links::Beneath) else { continue };
             if hidden == ".wh..opq" {
-                for child in fs::read_dir(&dir).into_iter().flatten().flatten() {
-                    remove_any(&child.path());
+                let mut children = Vec::new();
+                dir.for_each_entry(|child, _| children.push(child.to_os_string())).map_err(io::Error::other)?;
+                for child in children {
+                    dir.remove_tree(Path::new(&child)).map_err(io::Error::other)?;
                 }
-            } else {
-                remove_any(&dir.join(hidden));
+            } else if check_name(hidden).is_ok() {
+                dir.remove_tree(Path::new(hidden)).map_err(io::Error::other)?;
             }
             continue;
         }
@@ -177,26 +186,6 @@ fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
         cause = c.source();
     }
     text
-}
-
-fn confined(root: &Path, relative: &Path) -> Option<PathBuf> {
-    let mut out = root.to_path_buf();
-    for component in relative.components() {
-        match component {
-            Component::Normal(c) => out.push(c),
-            Component::CurDir => {}
-            _ => return None,
-        }
-    }
-    Some(out)
-}
-
-fn remove_any(path: &Path) {
-    match fs::symlink_metadata(path) {
-        Ok(meta) if meta.is_dir() => drop(fs::remove_dir_all(path)),
-        Ok(_) => drop(fs::remove_file(path)),
-        Err(_) => {}
-    }
 }
 
 fn read_up_to(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
@@ -250,7 +239,15 @@ pub(super) fn resolve_user(rootfs: &Path, user: &str) -> Result<(u32, u32), Stri
     let (uid, primary_gid) = match name.parse::<u32>() {
         Ok(uid) => (uid, None),
         Err(_) => {
-            let passwd = fs::read_to_string(rootfs.join("etc/passwd")).unwrap_or_default();
+            // The image's file, read beneath its rootfs (never a host file through a link).
+            let passwd = Beneath::open(rootfs)
+                .and_then(|root| root.read(Path::new("etc/passwd"), Links::Beneath))
+                .map(|mut f| {
+                    let mut text = String::new();
+                    let _ = f.read_to_string(&mut text);
+                    text
+                })
+                .unwrap_or_default();
             let entry = passwd
                 .lines()
                 .map(|l| l.split(':').collect::<Vec<_>>())

@@ -101,10 +101,11 @@ struct StartFailure {
 }
 
 fn recoverable(e: &DriverError) -> bool {
-    matches!(
-        e,
-        DriverError::Executor(_) | DriverError::Cgroup(_) | DriverError::Runtime(_) | DriverError::Signal(_) | DriverError::Io { .. }
-    )
+    e.transient_files_error()
+        || matches!(
+            e,
+            DriverError::Executor(_) | DriverError::Cgroup(_) | DriverError::Runtime(_) | DriverError::Signal(_) | DriverError::Io { .. }
+        )
 }
 
 impl TaskRunner {

@@ -1,16 +1,24 @@
 //! `alloc_dir`: builds `<alloc_root>/<alloc_id>/alloc/{data,logs,tmp}` (shared by the alloc's
 //! tasks) before anything runs; on destroy unmounts whatever is mounted under the alloc dir
 //! (task secrets tmpfs) and removes it.
+//!
+//! Both go through `fs_beneath` from the alloc root: the alloc ID must be a plain name, nothing
+//! is created, chmodded or removed through a symlink, and removal unlinks what a task planted
+//! (a symlink to a host directory is removed, not followed) and stops at a mount point it could
+//! not unmount instead of deleting what is mounted there.
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use super::{AllocHook, AllocHookError, AllocHookRequest, DestroyHook, PrerunHook};
 use crate::client::state::HookState;
+use crate::fs_beneath::{Beneath, check_name};
 
 /// See the module docs.
 pub struct AllocDirHook;
+
+/// The shared dirs and their modes: the alloc dir itself, `alloc/` and what is in it.
+const SHARED_DIRS: [(&str, u32); 4] = [("alloc", 0o777), ("alloc/data", 0o777), ("alloc/logs", 0o777), ("alloc/tmp", 0o1777)];
 
 impl AllocHook for AllocDirHook {
     fn name(&self) -> &'static str {
@@ -24,16 +32,25 @@ impl AllocHook for AllocDirHook {
     }
 }
 
+/// The alloc root (trusted: the agent's configuration) and the alloc dir's name in it, the
+/// alloc ID. Taken from the ID, never from the path: `<root>/../x` or `<root>/.` would name
+/// something else than a directory of the alloc's own.
+fn split<'a>(req: &AllocHookRequest<'a>) -> Result<(&'a Path, &'a str), AllocHookError> {
+    let id = req.alloc.id.as_str();
+    check_name(id).map_err(|reason| AllocHookError(format!("alloc ID {id:?} {reason}")))?;
+    let root = req.alloc_dir.parent().filter(|_| req.alloc_dir.file_name() == Some(std::ffi::OsStr::new(id)));
+    let root = root.ok_or_else(|| AllocHookError(format!("alloc dir {} is not <alloc root>/{id}", req.alloc_dir.display())))?;
+    Ok((root, id))
+}
+
 impl PrerunHook for AllocDirHook {
     fn prerun(&self, req: &AllocHookRequest<'_>) -> Result<Option<HookState>, AllocHookError> {
-        let shared = req.alloc_dir.join("alloc");
-        for (dir, mode) in [(req.alloc_dir.to_path_buf(), 0o755), (shared.clone(), 0o777)]
-            .into_iter()
-            .chain(["data", "logs", "tmp"].map(|d| (shared.join(d), if d == "tmp" { 0o1777 } else { 0o777 })))
-        {
-            fs::create_dir_all(&dir).map_err(|e| AllocHookError(format!("create {}: {e}", dir.display())))?;
-            fs::set_permissions(&dir, fs::Permissions::from_mode(mode))
-                .map_err(|e| AllocHookError(format!("chmod {}: {e}", dir.display())))?;
+        let (root, name) = split(req)?;
+        fs::create_dir_all(root).map_err(|e| AllocHookError(format!("create {}: {e}", root.display())))?;
+        let err = |e: crate::fs_beneath::FsError| AllocHookError(e.to_string());
+        let alloc_dir = Beneath::open(root).map_err(err)?.create_dir_all(Path::new(name), 0o755).map_err(err)?;
+        for (dir, mode) in SHARED_DIRS {
+            alloc_dir.create_dir_all(Path::new(dir), mode).map_err(err)?;
         }
         // Not marked done: it is idempotent, and a restarted agent should rebuild a directory
         // someone removed.
@@ -66,33 +83,106 @@ pub fn unmount_all_under(dir: &Path) -> Result<(), String> {
 
 impl DestroyHook for AllocDirHook {
     fn destroy(&self, req: &AllocHookRequest<'_>) -> Result<(), AllocHookError> {
+        let (root, name) = split(req)?;
         unmount_all_under(req.alloc_dir).map_err(AllocHookError)?;
-        match fs::remove_dir_all(req.alloc_dir) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(AllocHookError(format!("remove {}: {e}", req.alloc_dir.display()))),
-        }
+        let root = match Beneath::open(root) {
+            Ok(root) => root,
+            Err(e) if e.is_not_found() => return Ok(()),
+            Err(e) => return Err(AllocHookError(e.to_string())),
+        };
+        root.remove_tree(Path::new(name)).map_err(|e| AllocHookError(e.to_string()))
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
+
+    fn request<'a>(alloc: &'a nomad_proto::Allocation, alloc_dir: &'a Path) -> AllocHookRequest<'a> {
+        AllocHookRequest { alloc, alloc_dir, previous: None }
+    }
+
+    fn alloc(id: &str) -> nomad_proto::Allocation {
+        nomad_proto::Allocation { id: id.into(), ..Default::default() }
+    }
 
     #[test]
     fn builds_the_shared_dirs_and_destroy_removes_everything_twice_over() {
         let root = tempfile::tempdir().unwrap();
         let alloc_dir = root.path().join("a1");
-        let alloc = nomad_proto::Allocation::default();
-        let req = AllocHookRequest { alloc: &alloc, alloc_dir: &alloc_dir, previous: None };
+        let alloc = alloc("a1");
+        let req = request(&alloc, &alloc_dir);
         PrerunHook::prerun(&AllocDirHook, &req).unwrap();
-        for d in ["alloc/data", "alloc/logs", "alloc/tmp"] {
-            assert!(alloc_dir.join(d).is_dir(), "{d}");
+        let mode = |d: &str| fs::metadata(alloc_dir.join(d)).unwrap().permissions().mode() & 0o7777;
+        for (d, m) in SHARED_DIRS {
+            assert_eq!(mode(d), m, "{d}");
         }
+        assert_eq!(fs::metadata(&alloc_dir).unwrap().permissions().mode() & 0o7777, 0o755);
         fs::write(alloc_dir.join("alloc/data/x"), "1").unwrap();
         DestroyHook::destroy(&AllocDirHook, &req).unwrap();
         assert!(!alloc_dir.exists());
         DestroyHook::destroy(&AllocDirHook, &req).unwrap();
+    }
+
+    #[test]
+    fn destroy_removes_what_a_task_planted_without_following_it() {
+        let root = tempfile::tempdir().unwrap();
+        let host = tempfile::tempdir().unwrap();
+        fs::write(host.path().join("important"), b"keep").unwrap();
+        let alloc_dir = root.path().join("a1");
+        let alloc = alloc("a1");
+        let req = request(&alloc, &alloc_dir);
+        PrerunHook::prerun(&AllocDirHook, &req).unwrap();
+        std::os::unix::fs::symlink(host.path(), alloc_dir.join("alloc/data/host")).unwrap();
+        std::os::unix::fs::symlink(host.path().join("important"), alloc_dir.join("alloc/logs/web.stdout.0")).unwrap();
+        // `alloc` itself swapped for a link to the host directory.
+        fs::rename(alloc_dir.join("alloc"), alloc_dir.join("alloc.real")).unwrap();
+        std::os::unix::fs::symlink(host.path(), alloc_dir.join("alloc")).unwrap();
+        DestroyHook::destroy(&AllocDirHook, &req).unwrap();
+        assert!(!alloc_dir.exists());
+        assert_eq!(fs::read(host.path().join("important")).unwrap(), b"keep");
+    }
+
+    #[test]
+    fn prerun_refuses_a_shared_dir_swapped_for_a_symlink() {
+        let root = tempfile::tempdir().unwrap();
+        let host = tempfile::tempdir().unwrap();
+        let alloc_dir = root.path().join("a1");
+        let alloc = alloc("a1");
+        let req = request(&alloc, &alloc_dir);
+        PrerunHook::prerun(&AllocDirHook, &req).unwrap();
+        fs::remove_dir_all(alloc_dir.join("alloc/logs")).unwrap();
+        std::os::unix::fs::symlink(host.path(), alloc_dir.join("alloc/logs")).unwrap();
+        let before = fs::metadata(host.path()).unwrap().permissions().mode();
+        let err = PrerunHook::prerun(&AllocDirHook, &req).unwrap_err();
+        assert!(err.0.contains("alloc/logs") && err.0.contains("symlink"), "{}", err.0);
+        assert_eq!(fs::metadata(host.path()).unwrap().permissions().mode(), before, "the host dir was not chmodded 0777");
+    }
+
+    #[test]
+    fn an_alloc_id_that_is_not_one_plain_name_is_refused_and_nothing_outside_is_touched() {
+        let root = tempfile::tempdir().unwrap();
+        let alloc_root = root.path().join("allocs");
+        fs::create_dir(&alloc_root).unwrap();
+        let marker = alloc_root.join("keep");
+        fs::write(&marker, b"").unwrap();
+        for id in [".", "..", "", "x/..", "../allocs", "a/b"] {
+            let alloc = alloc(id);
+            let alloc_dir = alloc_root.join(id);
+            let req = request(&alloc, &alloc_dir);
+            let err = PrerunHook::prerun(&AllocDirHook, &req).unwrap_err();
+            assert!(err.0.starts_with(&format!("alloc ID {id:?}")), "{id:?}: {}", err.0);
+            assert!(DestroyHook::destroy(&AllocDirHook, &req).is_err(), "{id:?}");
+        }
+        assert!(marker.exists(), "the alloc root was not removed");
+        assert_eq!(fs::metadata(&alloc_root).unwrap().permissions().mode() & 0o777, 0o755, "nor chmodded");
+        // A dir that is not <root>/<id> is refused too.
+        let alloc = alloc("a1");
+        let elsewhere = root.path().join("elsewhere");
+        let req = request(&alloc, &elsewhere);
+        assert!(PrerunHook::prerun(&AllocDirHook, &req).unwrap_err().0.contains("is not <alloc root>/a1"));
     }
 
     #[test]

@@ -1,9 +1,12 @@
 //! `dispatch_payload`: writes a dispatched job's payload (base64 in the job) to the file the
-//! task's `dispatch_payload { file = "..." }` names, under its `local/` dir. Done once.
+//! task's `dispatch_payload { file = "..." }` names, under its `local/` dir, through `fs_beneath`
+//! (never through a symlink). Done once.
 
-use std::fs;
+use std::io::Write;
+use std::path::{Component, Path};
 
 use super::{HookError, HookRequest, PrestartHook, PrestartResponse, TaskHook};
+use crate::fs_beneath::{FsError, Links};
 
 /// See the module docs.
 pub struct DispatchPayloadHook;
@@ -31,21 +34,29 @@ impl PrestartHook for DispatchPayloadHook {
             return Ok(PrestartResponse { done: true, ..PrestartResponse::default() });
         }
         let bytes = crate::client::base64::decode(&payload).map_err(|e| HookError::fatal(format!("dispatch payload: {e}")))?;
-        let local = req.config.local_dir();
-        let path = local.join(file);
-        if !path.starts_with(&local) || file.split('/').any(|p| p == "..") {
+        let rel = Path::new("local").join(file);
+        if file.is_empty() || Path::new(file).is_absolute() || Path::new(file).components().any(|c| c == Component::ParentDir) {
             return Err(HookError::fatal(format!("dispatch payload file {file:?} escapes the task's local dir")));
         }
-        if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent).map_err(|e| HookError::recoverable(format!("create {}: {e}", parent.display())))?;
+        // Inside the task dir, which the task can write: nothing through a symlink.
+        let failed = |e: FsError| HookError::recoverable(format!("dispatch payload: {e}"));
+        let task_dir = req.config.open_task_dir().map_err(failed)?;
+        if let Some(parent) = rel.parent() {
+            match task_dir.open_dir(parent, Links::Refuse) {
+                Ok(_) => {}
+                Err(e) if e.is_not_found() => drop(task_dir.create_dir_all(parent, 0o755).map_err(failed)?),
+                Err(e) => return Err(failed(e)),
+            }
         }
-        fs::write(&path, bytes).map_err(|e| HookError::recoverable(format!("write {}: {e}", path.display())))?;
+        let mut out = task_dir.write(&rel, 0o644, Links::Refuse).map_err(failed)?;
+        out.write_all(&bytes).map_err(|e| HookError::recoverable(format!("write dispatch payload {}: {e}", rel.display())))?;
         Ok(PrestartResponse { done: true, ..PrestartResponse::default() })
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
     use std::sync::Arc;
 
     use super::*;
@@ -55,14 +66,40 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut config = super::super::tests_support::config();
         config.alloc_dir = dir.path().to_path_buf();
+        fs::create_dir_all(config.local_dir()).unwrap();
         let job = nomad_proto::Job { payload: Some("aGk=".into()), ..Default::default() };
         let alloc = nomad_proto::Allocation { job: Some(Arc::new(job)), ..Default::default() };
         let task = nomad_proto::Task { dispatch_payload: Some(serde_json::json!({"File": "in/p.txt"})), ..Default::default() };
         let req = HookRequest { alloc: &alloc, task: &task, config: &config, driver: None, secrets_tmpfs: false, previous: None };
         assert!(PrestartHook::prestart(&DispatchPayloadHook, &req).unwrap().done);
         assert_eq!(fs::read(config.local_dir().join("in/p.txt")).unwrap(), b"hi");
-        let bad = nomad_proto::Task { dispatch_payload: Some(serde_json::json!({"File": "../x"})), ..Default::default() };
-        let req = HookRequest { task: &bad, ..req };
-        assert!(PrestartHook::prestart(&DispatchPayloadHook, &req).is_err());
+        for escape in ["../x", "/etc/x", "in/../../x"] {
+            let bad = nomad_proto::Task { dispatch_payload: Some(serde_json::json!({"File": escape})), ..Default::default() };
+            let req = HookRequest { task: &bad, ..req };
+            let err = PrestartHook::prestart(&DispatchPayloadHook, &req).unwrap_err();
+            assert!(!err.recoverable && err.message.contains("escapes"), "{escape}: {}", err.message);
+        }
+    }
+
+    #[test]
+    fn the_payload_is_never_written_through_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = tempfile::tempdir().unwrap();
+        let victim = host.path().join("p.txt");
+        fs::write(&victim, b"host file").unwrap();
+        let mut config = super::super::tests_support::config();
+        config.alloc_dir = dir.path().to_path_buf();
+        fs::create_dir_all(config.local_dir()).unwrap();
+        std::os::unix::fs::symlink(host.path(), config.local_dir().join("in")).unwrap();
+        std::os::unix::fs::symlink(&victim, config.local_dir().join("p.txt")).unwrap();
+        let job = nomad_proto::Job { payload: Some("aGk=".into()), ..Default::default() };
+        let alloc = nomad_proto::Allocation { job: Some(Arc::new(job)), ..Default::default() };
+        for file in ["in/p.txt", "p.txt"] {
+            let task = nomad_proto::Task { dispatch_payload: Some(serde_json::json!({"File": file})), ..Default::default() };
+            let req = HookRequest { alloc: &alloc, task: &task, config: &config, driver: None, secrets_tmpfs: false, previous: None };
+            let err = PrestartHook::prestart(&DispatchPayloadHook, &req).unwrap_err();
+            assert!(err.message.contains("symlink"), "{file}: {}", err.message);
+        }
+        assert_eq!(fs::read(&victim).unwrap(), b"host file");
     }
 }

@@ -1,10 +1,11 @@
-//! `validate`: the task can run at all: its driver exists, its driver config has the right shape
-//! (after interpolation) and its `kill_signal` names a signal. A failure fails the task with a
-//! `Failed Validation` event that says why; it is never retried.
+//! `validate`: the task can run at all: its name can be a directory name, its driver exists, its
+//! driver config has the right shape (after interpolation) and its `kill_signal` names a signal.
+//! A failure fails the task with a `Failed Validation` event that says why; it is never retried.
 
 use super::{HookError, HookRequest, PrestartHook, PrestartResponse, TaskHook};
 use crate::client::driver::signal_named;
 use crate::client::taskrunner::events;
+use crate::fs_beneath::check_name;
 
 /// See the module docs.
 pub struct ValidateHook;
@@ -24,6 +25,11 @@ fn invalid(message: String) -> HookError {
 
 impl PrestartHook for ValidateHook {
     fn prestart(&self, req: &HookRequest<'_>) -> Result<PrestartResponse, HookError> {
+        // The name becomes the task's directory under the alloc dir (the alloc runner refuses
+        // such an alloc already; this keeps the task dir hook from ever seeing one).
+        if let Err(reason) = check_name(&req.task.name) {
+            return Err(invalid(format!("task name {:?} {reason}: it must be usable as a directory name", req.task.name)));
+        }
         let Some(driver) = req.driver else {
             return Err(invalid(format!("unknown driver {:?}", req.task.driver)));
         };
@@ -89,5 +95,21 @@ mod tests {
 
         let req = HookRequest { alloc: &alloc, task: &task, config: &config, driver: None, secrets_tmpfs: false, previous: None };
         assert!(PrestartHook::prestart(&ValidateHook, &req).unwrap_err().message.contains("unknown driver"));
+
+        for name in ["..", ".", "a/b", ""] {
+            let task = nomad_proto::Task { name: name.into(), driver: "raw_exec".into(), ..Default::default() };
+            let req = HookRequest {
+                alloc: &alloc,
+                task: &task,
+                config: &config,
+                driver: Some(driver.as_ref()),
+                secrets_tmpfs: false,
+                previous: None,
+            };
+            let err = PrestartHook::prestart(&ValidateHook, &req).unwrap_err();
+            assert!(!err.recoverable);
+            assert!(err.message.starts_with(&format!("task name {name:?} ")), "{}", err.message);
+            assert_eq!(err.event.unwrap().event_type, "Failed Validation");
+        }
     }
 }

@@ -1,7 +1,6 @@
 //! The services hook against a fake registrar.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -177,7 +176,7 @@ fn fixture() -> Fixture {
 
 impl Fixture {
     fn prerun(&self, alloc: &Allocation, states: &mut BTreeMap<String, HookState>) {
-        run_prerun(&self.hooks, alloc, self.dir.path(), states).unwrap();
+        run_prerun(&self.hooks, alloc, &self.dir.path().join("a1"), states).unwrap();
     }
 }
 
@@ -232,7 +231,8 @@ async fn prekill_deregisters_before_the_shutdown_delay_and_destroy_is_idempotent
     f.task_states.send_replace(task_in(task_state::RUNNING));
     f.registrar.wait("both services", |r| r.ids().len() == 2).await;
 
-    let prekill = run_prekill(&f.hooks, &a, f.dir.path(), &states);
+    let alloc_dir = f.dir.path().join("a1");
+    let prekill = run_prekill(&f.hooks, &a, &alloc_dir, &states);
     tokio::pin!(prekill);
     tokio::select! {
         errors = &mut prekill => panic!("prekill ended before the hour-long shutdown delay: {errors:?}"),
@@ -246,7 +246,7 @@ async fn prekill_deregisters_before_the_shutdown_delay_and_destroy_is_idempotent
 
     let calls = f.registrar.log().len();
     for phase in [Phase::Postrun, Phase::Destroy, Phase::Destroy] {
-        assert!(run_phase(&f.hooks, phase, &a, f.dir.path(), &states).is_empty());
+        assert!(run_phase(&f.hooks, phase, &a, &f.dir.path().join("a1"), &states).is_empty());
     }
     // Task state changes after the stop register nothing again.
     f.task_states.send_replace(task_in(task_state::DEAD));
@@ -265,10 +265,10 @@ async fn prekill_does_not_wait_for_unreachable_servers_and_the_removal_goes_on_i
     let dir = tempfile::tempdir().unwrap();
     let a = alloc();
     let mut states = BTreeMap::new();
-    run_prerun(&hooks, &a, dir.path(), &mut states).unwrap();
+    run_prerun(&hooks, &a, &dir.path().join("a1"), &mut states).unwrap();
     registrar.wait("both services", |r| r.ids().len() == 2).await;
     registrar.fail_next.store(2, Ordering::SeqCst);
-    let errors = tokio::time::timeout(Duration::from_secs(10), run_prekill(&hooks, &a, dir.path(), &states)).await.unwrap();
+    let errors = tokio::time::timeout(Duration::from_secs(10), run_prekill(&hooks, &a, &dir.path().join("a1"), &states)).await.unwrap();
     assert!(errors.is_empty());
     assert_eq!(registrar.log().last().unwrap(), "failed delete_alloc a1", "prekill returned after the first attempt");
     registrar.answer();
@@ -293,7 +293,7 @@ async fn a_restored_alloc_registers_again_and_drops_services_of_tasks_that_stopp
     let hooks = init_hooks(env(rx, registrar.clone()));
     let dir = tempfile::tempdir().unwrap();
     let mut states = BTreeMap::from([("services".to_string(), HookState::default())]);
-    run_prerun(&hooks, &a, Path::new(dir.path()), &mut states).unwrap();
+    run_prerun(&hooks, &a, &dir.path().join("a1"), &mut states).unwrap();
     registrar.wait("the stale task service removed", |r| r.ids() == [GROUP_ID]).await;
     assert_eq!(registrar.log(), [format!("upsert {GROUP_ID}"), format!("delete {TASK_ID}")], "upserted again, stale one removed");
 
@@ -301,16 +301,16 @@ async fn a_restored_alloc_registers_again_and_drops_services_of_tasks_that_stopp
     let registrar = Arc::new(FakeRegistrar::default());
     let (_tx, rx) = watch::channel(task_in(task_state::DEAD));
     let hooks = init_hooks(env(rx, registrar.clone()));
-    run_phase(&hooks, Phase::Postrun, &a, dir.path(), &states);
+    run_phase(&hooks, Phase::Postrun, &a, &dir.path().join("a1"), &states);
     registrar.wait("the removal", |r| !r.log().is_empty()).await;
-    run_phase(&hooks, Phase::Destroy, &a, dir.path(), &states);
+    run_phase(&hooks, Phase::Destroy, &a, &dir.path().join("a1"), &states);
     assert_eq!(registrar.log(), ["delete_alloc a1"]);
 
     // One that never registered anything calls nothing.
     let registrar = Arc::new(FakeRegistrar::default());
     let (_tx, rx) = watch::channel(task_in(task_state::DEAD));
     let hooks = init_hooks(env(rx, registrar.clone()));
-    run_phase(&hooks, Phase::Destroy, &a, dir.path(), &BTreeMap::new());
+    run_phase(&hooks, Phase::Destroy, &a, &dir.path().join("a1"), &BTreeMap::new());
     tokio::task::yield_now().await;
     assert!(registrar.log().is_empty());
 }
