@@ -28,6 +28,16 @@ impl Job {
         if self.datacenters.is_empty() {
             self.datacenters = vec!["*".to_string()];
         }
+        if let Some(p) = self.periodic.as_mut()
+            && p.spec_type.is_empty()
+        {
+            p.spec_type = "cron".to_string();
+        }
+        if let Some(p) = self.parameterized_job.as_mut()
+            && p.payload.is_empty()
+        {
+            p.payload = "optional".to_string();
+        }
         for c in &mut self.constraints {
             default_operand(&mut c.operand);
         }

@@ -443,7 +443,7 @@ impl std::fmt::Display for Constraint {
 }
 
 /// A placement preference with a weight in -100..=100.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "PascalCase")]
 pub struct Affinity {
     /// Left side.
@@ -457,7 +457,7 @@ pub struct Affinity {
 }
 
 /// Spread allocs over the values of an attribute.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "PascalCase")]
 pub struct Spread {
     /// Attribute to spread over, e.g. `${node.datacenter}`.
@@ -466,6 +466,21 @@ pub struct Spread {
     pub weight: i64,
     /// Desired percentages per value.
     pub spread_target: Vec<SpreadTarget>,
+}
+
+/// Weight of an affinity or spread that sets none (Nomad's API defaults it to 50).
+pub const DEFAULT_PLACEMENT_WEIGHT: i64 = 50;
+
+impl Default for Affinity {
+    fn default() -> Self {
+        Affinity { l_target: String::new(), r_target: String::new(), operand: String::new(), weight: DEFAULT_PLACEMENT_WEIGHT }
+    }
+}
+
+impl Default for Spread {
+    fn default() -> Self {
+        Spread { attribute: String::new(), weight: DEFAULT_PLACEMENT_WEIGHT, spread_target: Vec::new() }
+    }
 }
 
 /// One target share of a spread.

@@ -10,10 +10,12 @@
 
 pub mod alloc;
 pub mod canonicalize;
+pub mod cron;
 pub mod eval;
 pub mod job;
 pub mod jobspec;
 pub mod lenient;
+pub mod limits;
 pub mod namespace;
 pub mod node;
 pub mod plan;
@@ -24,6 +26,7 @@ pub mod service_registration;
 pub mod summary;
 pub mod time;
 pub mod validate;
+pub mod version;
 pub mod volume;
 
 pub use alloc::{
@@ -34,6 +37,7 @@ pub use eval::{EvalStatus, Evaluation};
 pub use job::{
     Affinity, Constraint, Job, JobStatus, JobType, LogConfig, ReschedulePolicy, RestartPolicy, Spread, Task, TaskGroup, TaskLifecycle,
 };
+pub use limits::{JobLimits, LimitError};
 pub use namespace::Namespace;
 pub use node::{ApiNode, DriverInfo, Node, NodeEvent, NodeListStub, NodeStatus, NodeStubFields, SchedulingEligibility};
 pub use plan::{Plan, PlanResult};

@@ -51,6 +51,8 @@ pub struct ServerConfig {
     /// with. `None`: the key stored in the data dir, or a new one for a server that forms a
     /// cluster of one.
     pub encrypt: Option<String>,
+    /// Most allocs one job may ask for over all its groups (`server { job_max_count }`).
+    pub job_max_count: i64,
 }
 
 impl ServerConfig {
@@ -69,6 +71,7 @@ impl ServerConfig {
             event_buffer_size: 100,
             http_advertise: String::new(),
             encrypt: None,
+            job_max_count: nomad_proto::limits::DEFAULT_JOB_MAX_COUNT,
         }
     }
 }
@@ -125,6 +128,7 @@ impl Server {
                 region: cfg.region.clone(),
                 datacenter: cfg.datacenter.clone(),
                 http_addr: cfg.http_advertise.clone(),
+                job_limits: nomad_proto::JobLimits { max_count: cfg.job_max_count },
                 ..EndpointConfig::default()
             },
         )

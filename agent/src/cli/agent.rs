@@ -134,6 +134,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         sc.heartbeat = s.heartbeat.clone();
         sc.num_schedulers = s.num_schedulers;
         sc.event_buffer_size = s.event_buffer_size;
+        sc.job_max_count = s.job_max_count;
         sc.http_advertise = cfg.advertise_http.clone();
         sc.encrypt = s.encrypt.clone();
         let srv = Server::start(sc, listener).await?;

@@ -2,18 +2,57 @@
 //! blocks, relative and absolute times, short IDs, sizes, and colors that
 //! are only used on a terminal.
 
+use std::borrow::Cow;
 use std::io::IsTerminal;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Characters of an ID shown unless `-verbose` asks for the full one.
 pub const SHORT_ID: usize = 8;
 
-/// `id` cut to `len` characters (IDs are ASCII UUIDs; other text is cut on a char boundary).
-pub fn limit(id: &str, len: usize) -> &str {
-    match id.char_indices().nth(len) {
+/// `id` cut to `len` characters (IDs are ASCII UUIDs; other text is cut on a char boundary),
+/// with unsafe characters escaped (see [`safe`]).
+pub fn limit(id: &str, len: usize) -> Cow<'_, str> {
+    let cut = match id.char_indices().nth(len) {
         Some((i, _)) => &id[..i],
         None => id,
+    };
+    safe(cut)
+}
+
+/// Text from a server, made safe to print: control characters (newlines, escape sequences,
+/// C1 controls) and bidirectional overrides are written as escapes (`\n`, `\u{1b}`). Servers
+/// refuse such IDs and names at admission, but an old or hostile server could still send
+/// them, and printed raw they would rewrite the terminal or forge output lines.
+pub fn safe(s: &str) -> Cow<'_, str> {
+    nomad_proto::validate::escape_unsafe_chars(s, &[])
+}
+
+/// [`safe`] for text meant to span lines (messages, warnings): newlines and tabs stay.
+pub fn safe_lines(s: &str) -> Cow<'_, str> {
+    nomad_proto::validate::escape_unsafe_chars(s, &['\n', '\t'])
+}
+
+/// JSON text (already escaped by serde_json for C0 controls) with DEL, C1 controls and
+/// bidirectional overrides also written as `\uXXXX` escapes, so `-json` output is as safe
+/// to print as the tables and still the same JSON.
+pub fn safe_json(json: &str) -> Cow<'_, str> {
+    if !json.chars().any(nomad_proto::validate::is_unsafe_char) {
+        return Cow::Borrowed(json);
     }
+    let mut out = String::with_capacity(json.len() + 16);
+    for c in json.chars() {
+        if nomad_proto::validate::is_unsafe_char(c) && c != '\n' {
+            // Outside strings the only control characters serde_json writes are newlines
+            // (pretty printing); everything else here is inside a string, where \u is valid.
+            let mut units = [0u16; 2];
+            for u in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{u:04x}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// The ID length for the `-verbose` setting.
@@ -24,9 +63,10 @@ pub fn id_len(verbose: bool) -> usize {
 /// Columns separated by two spaces, each as wide as its widest cell; the
 /// first row is the header. Trailing spaces are trimmed from every line.
 pub fn table<R: AsRef<[String]>>(rows: &[R]) -> String {
+    let rows: Vec<Vec<Cow<'_, str>>> = rows.iter().map(|r| r.as_ref().iter().map(|c| safe(c)).collect()).collect();
     let mut widths: Vec<usize> = Vec::new();
-    for row in rows {
-        for (i, cell) in row.as_ref().iter().enumerate() {
+    for row in &rows {
+        for (i, cell) in row.iter().enumerate() {
             let w = cell.chars().count();
             if i >= widths.len() {
                 widths.push(w);
@@ -36,9 +76,8 @@ pub fn table<R: AsRef<[String]>>(rows: &[R]) -> String {
         }
     }
     let mut out = String::new();
-    for row in rows {
+    for cells in &rows {
         let mut line = String::new();
-        let cells = row.as_ref();
         for (i, cell) in cells.iter().enumerate() {
             line.push_str(cell);
             if i + 1 < cells.len() {
@@ -61,8 +100,9 @@ pub fn table_with_header(header: &[&str], rows: Vec<Vec<String>>) -> String {
     table(&all)
 }
 
-/// `Key = Value` lines with the `=` signs aligned.
+/// `Key = Value` lines with the `=` signs aligned; keys and values printed [`safe`].
 pub fn kv(pairs: &[(&str, String)]) -> String {
+    let pairs: Vec<(Cow<'_, str>, Cow<'_, str>)> = pairs.iter().map(|(k, v)| (safe(k), safe(v))).collect();
     let width = pairs.iter().map(|(k, _)| k.chars().count()).max().unwrap_or(0);
     pairs
         .iter()
@@ -298,8 +338,11 @@ impl Style {
         Style { color: false }
     }
 
+    /// `s` in the color `code`; unsafe characters in `s` escaped (newlines and tabs kept), so
+    /// the only escape sequences printed are the ones this adds.
     fn wrap(&self, code: &str, s: &str) -> String {
-        if self.color { format!("\x1b[{code}m{s}\x1b[0m") } else { s.to_string() }
+        let s = safe_lines(s);
+        if self.color { format!("\x1b[{code}m{s}\x1b[0m") } else { s.into_owned() }
     }
 
     /// Bold.
@@ -418,6 +461,35 @@ mod tests {
         assert_eq!(mib(8192), "8 GiB");
         assert_eq!(or_none(""), "<none>");
         assert_eq!(or_none("x"), "x");
+    }
+
+    #[test]
+    fn server_text_never_prints_a_control_character_raw() {
+        let evil = "web\n2024-01-01 [INFO] forged\u{1b}]0;pwned\u{7}\u{9b}2J\u{202e}";
+        let printed = [
+            table(&[vec!["ID".to_string()], vec![evil.to_string()]]),
+            kv(&[("ID", evil.to_string()), (evil, "x".to_string())]),
+            limit(evil, usize::MAX).into_owned(),
+            Style { color: true }.yellow(evil),
+            Style::plain().section(evil),
+            safe_lines(evil).into_owned(),
+        ];
+        for p in &printed {
+            let raw: Vec<char> = p.chars().filter(|c| nomad_proto::validate::is_unsafe_char(*c) && *c != '\n').collect();
+            // The only escapes left are the ones the style itself adds.
+            assert!(raw.iter().all(|c| *c == '\u{1b}') && p.matches('\u{1b}').count() == p.matches("\u{1b}[").count(), "{p:?}");
+            assert!(!p.contains("\u{1b}]0;") && !p.contains('\u{9b}') && !p.contains('\u{202e}'), "{p:?}");
+        }
+        // A newline inside a cell or a value cannot start a line of its own.
+        assert_eq!(table(&[vec![evil.to_string()]]).lines().count(), 1);
+        assert_eq!(kv(&[("ID", evil.to_string())]).lines().count(), 1);
+        assert!(printed[1].contains("web\\n2024-01-01"), "{}", printed[1]);
+        // -json stays JSON with the same value.
+        let json = serde_json::to_string_pretty(&serde_json::json!({ "ID": evil })).unwrap();
+        let shown = safe_json(&json);
+        assert!(!shown.chars().any(|c| nomad_proto::validate::is_unsafe_char(c) && c != '\n'), "{shown:?}");
+        let back: serde_json::Value = serde_json::from_str(&shown).unwrap();
+        assert_eq!(back["ID"], evil);
     }
 
     #[test]

@@ -129,7 +129,7 @@ impl Ctx {
     /// failed read (`Error querying jobs`).
     pub async fn print_json(&self, path: &str, q: &api::Query, error: &str) -> CmdResult {
         let v = self.client.get_json(path, q).await.map_err(|e| Failure::new(format!("{error}: {e}")))?;
-        println!("{}", serde_json::to_string_pretty(&v.value).unwrap_or_default());
+        println!("{}", format::safe_json(&serde_json::to_string_pretty(&v.value).unwrap_or_default()));
         Ok(exit::OK)
     }
 
@@ -156,7 +156,8 @@ pub async fn run(command: Command) -> u8 {
         Ok(code) => code,
         Err(f) => {
             if !f.message.is_empty() {
-                eprintln!("{}", f.message);
+                // Messages quote servers' answers and errors; their text is printed safe.
+                eprintln!("{}", format::safe_lines(&f.message));
             }
             f.code
         }

@@ -206,7 +206,8 @@ impl<'a> Monitor<'a> {
 
     fn write_line(&mut self, s: &str) {
         // Output errors (a closed pipe) must not abort the monitor's decisions.
-        let _ = writeln!(self.out, "{s}");
+        // One line per call: anything from a server in it is printed safe.
+        let _ = writeln!(self.out, "{}", super::format::safe(s));
         let _ = self.out.flush();
     }
 
@@ -231,7 +232,7 @@ impl<'a> Monitor<'a> {
             let _ = write!(self.out, "\x1b[{}F\x1b[J", self.drawn);
         }
         for l in lines {
-            let _ = writeln!(self.out, "{l}");
+            let _ = writeln!(self.out, "{}", super::format::safe(l));
         }
         let _ = self.out.flush();
         self.drawn = lines.len();

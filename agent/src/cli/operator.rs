@@ -83,7 +83,7 @@ async fn list_peers(ctx: &Ctx, json: bool) -> CmdResult {
         .map_err(|e| Failure::new(format!("Failed to retrieve raft configuration: {e}")))?
         .value;
     if json {
-        println!("{}", serde_json::to_string_pretty(&conf).unwrap_or_default());
+        println!("{}", crate::cli::format::safe_json(&serde_json::to_string_pretty(&conf).unwrap_or_default()));
         return Ok(exit::OK);
     }
     let servers = conf.get("Servers").and_then(Value::as_array).cloned().unwrap_or_default();

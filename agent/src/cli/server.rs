@@ -47,7 +47,7 @@ pub async fn run(a: ServerArgs) -> CmdResult {
         .map_err(|e| Failure::new(format!("Error querying servers: {e}")))?
         .value;
     if m.json {
-        println!("{}", serde_json::to_string_pretty(&members).unwrap_or_default());
+        println!("{}", crate::cli::format::safe_json(&serde_json::to_string_pretty(&members).unwrap_or_default()));
         return Ok(exit::OK);
     }
     // A leader read that fails (no leader yet) just marks nobody as leader.

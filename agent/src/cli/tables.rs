@@ -5,7 +5,7 @@
 use nomad_proto::alloc::TaskEvent;
 use nomad_proto::{AllocListStub, AllocMetric, Evaluation, JobListStub, NodeListStub};
 
-use super::format::{format_time, go_duration, limit, relative_time, table_with_header};
+use super::format::{format_time, go_duration, limit, relative_time, safe, table_with_header};
 
 /// `service`, `batch/periodic`, `batch/parameterized`.
 pub fn job_type_string(j: &JobListStub) -> String {
@@ -184,14 +184,15 @@ pub fn alloc_metrics(m: &AllocMetric, prefix: &str) -> Vec<String> {
     for q in &m.quota_exhausted {
         out.push(format!("{prefix}* Quota limit hit \"{q}\""));
     }
-    out
+    // Names of datacenters, classes and constraints come from the servers: print them safe.
+    out.into_iter().map(|l| safe(&l).into_owned()).collect()
 }
 
 /// The failed-placement block of one task group: a header and the metrics.
 pub fn failed_group(group: &str, m: &AllocMetric, indent: &str) -> Vec<String> {
     let n = m.coalesced_failures + 1;
     let noun = if n == 1 { "allocation" } else { "allocations" };
-    let mut out = vec![format!("{indent}Task Group \"{group}\" (failed to place {n} {noun}):")];
+    let mut out = vec![format!("{indent}Task Group \"{}\" (failed to place {n} {noun}):", safe(group))];
     out.extend(alloc_metrics(m, &format!("{indent}  ")));
     out
 }
@@ -281,6 +282,16 @@ mod tests {
                 "  * Constraint \"${attr.kernel.name} = windows\": 2 nodes excluded by filter",
                 "  * Resources exhausted on 1 nodes",
                 "  * Dimension \"memory\" exhausted on 1 nodes",
+            ]
+        );
+        let mut hostile = AllocMetric { nodes_evaluated: 1, ..AllocMetric::default() };
+        hostile.class_filtered.insert("gpu\u{1b}[2J".into(), 1);
+        let lines = failed_group("g\nforged line", &hostile, "");
+        assert_eq!(
+            lines,
+            vec![
+                "Task Group \"g\\nforged line\" (failed to place 1 allocation):",
+                "  * Class \"gpu\\u{1b}[2J\": 1 nodes excluded by filter"
             ]
         );
         let none = AllocMetric::default();

@@ -133,6 +133,8 @@ pub struct ServerBlock {
     pub retry_join: Option<Vec<String>>,
     /// Event stream buffer (batches).
     pub event_buffer_size: Option<usize>,
+    /// Most allocs one job may ask for over all its groups (Nomad's name, from later versions).
+    pub job_max_count: Option<i64>,
     /// The cluster key (base64 of 16, 24 or 32 bytes) the servers prove themselves to each other
     /// with; `nomad-rs operator keygen` makes one.
     pub encrypt: Option<String>,
@@ -341,6 +343,7 @@ server {
   min_heartbeat_ttl         = "500ms"
   max_heartbeats_per_second = 100.0
   num_schedulers            = 2
+  job_max_count             = 1000
   server_join {
     retry_join = ["10.0.0.1:4647"]
   }
@@ -367,6 +370,7 @@ plugin "raw_exec" {
         let s = c.server.unwrap();
         assert_eq!(s.heartbeat_grace, Some(DurationValue(std::time::Duration::from_secs(1))));
         assert_eq!(s.min_heartbeat_ttl, Some(DurationValue(std::time::Duration::from_millis(500))));
+        assert_eq!(s.job_max_count, Some(1000));
         assert_eq!(s.server_join.unwrap().retry_join.unwrap(), vec!["10.0.0.1:4647"]);
         let cl = c.client.unwrap();
         assert_eq!(cl.meta.unwrap()["rack"], "r1");

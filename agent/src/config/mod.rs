@@ -65,6 +65,8 @@ pub struct ServerSettings {
     pub event_buffer_size: usize,
     /// The cluster key servers prove themselves to each other with (`encrypt`, base64).
     pub encrypt: Option<String>,
+    /// Most allocs one job may ask for (`job_max_count`).
+    pub job_max_count: i64,
 }
 
 /// Client role settings.
@@ -138,6 +140,9 @@ pub struct AgentConfig {
 pub const DEFAULT_HTTP_PORT: u16 = 4646;
 /// Default RPC port.
 pub const DEFAULT_RPC_PORT: u16 = 4647;
+/// Highest `server { job_max_count }` accepted: at about 6.5 KB per placed alloc, a plan of
+/// that many costs the scheduler some 65 GB.
+pub const MAX_JOB_MAX_COUNT: i64 = 10_000_000;
 
 impl AgentConfig {
     /// Loads files, applies flags and defaults, and checks the result.
@@ -202,6 +207,16 @@ impl AgentConfig {
             if bootstrap_expect == 0 && join.is_empty() {
                 return Err(invalid("server.bootstrap_expect", "0 needs servers to join (server_join { retry_join })".into()));
             }
+            let job_max_count = sb.job_max_count.unwrap_or(nomad_proto::limits::DEFAULT_JOB_MAX_COUNT);
+            if !(1..=MAX_JOB_MAX_COUNT).contains(&job_max_count) {
+                // Nomad reads 0 as "no limit"; here there is always one, so the scheduler's memory stays bounded.
+                return Err(invalid(
+                    "server.job_max_count",
+                    format!(
+                        "must be between 1 and {MAX_JOB_MAX_COUNT} (a plan costs the scheduler about 6.5 KB per alloc); got {job_max_count}"
+                    ),
+                ));
+            }
             Some(ServerSettings {
                 data_dir: sb.data_dir.map(PathBuf::from).unwrap_or_else(|| data_dir.join("server")),
                 bootstrap_expect,
@@ -210,6 +225,7 @@ impl AgentConfig {
                 num_schedulers: sb.num_schedulers.unwrap_or(0),
                 event_buffer_size: sb.event_buffer_size.unwrap_or(100),
                 encrypt: sb.encrypt.filter(|k| !k.trim().is_empty()),
+                job_max_count,
             })
         } else {
             None
@@ -301,6 +317,7 @@ impl AgentConfig {
                 "Enabled": self.server.is_some(),
                 "BootstrapExpect": self.server.as_ref().map_or(0, |s| s.bootstrap_expect),
                 "NumSchedulers": self.server.as_ref().map_or(0, |s| s.num_schedulers),
+                "JobMaxCount": self.server.as_ref().map_or(0, |s| s.job_max_count),
             },
             "Client": {
                 "Enabled": self.client.is_some(),
@@ -415,5 +432,20 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("log_level"), "{e}");
+    }
+
+    #[test]
+    fn job_max_count_reaches_the_server_and_is_bounded() {
+        let c = resolve("", AgentFlags { dev: true, ..Default::default() }).unwrap();
+        assert_eq!(c.server.as_ref().unwrap().job_max_count, nomad_proto::limits::DEFAULT_JOB_MAX_COUNT);
+        let c = resolve("server {\n  job_max_count = 200\n}\n", AgentFlags { dev: true, ..Default::default() }).unwrap();
+        assert_eq!(c.server.as_ref().unwrap().job_max_count, 200);
+        assert_eq!(c.to_api_json()["Server"]["JobMaxCount"], 200);
+        for bad in ["0", "-1", "10000001"] {
+            let e = resolve(&format!("server {{\n  job_max_count = {bad}\n}}\n"), AgentFlags { dev: true, ..Default::default() })
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("server.job_max_count") && e.contains("must be between 1 and 10000000"), "{bad}: {e}");
+        }
     }
 }

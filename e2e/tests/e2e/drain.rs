@@ -36,7 +36,9 @@ fn cluster() -> (Cluster, String, String) {
 
 fn task(name: &str) -> Value {
     json!({ "Name": name, "Driver": "raw_exec", "Config": { "command": "/bin/sleep", "args": ["3600"] },
-            "Resources": { "CPU": 50, "MemoryMB": 32 }, "KillTimeout": 2_000_000_000i64 })
+            "Resources": { "CPU": 50, "MemoryMB": 32 }, "KillTimeout": 2_000_000_000i64,
+            // Logs must fit the group's 10 MB disk (Nomad refuses log storage >= disk).
+            "LogConfig": { "MaxFiles": 1, "MaxFileSizeMB": 1 } })
 }
 
 fn job(id: &str, job_type: &str, count: i64, migrate: Option<Value>) -> Value {

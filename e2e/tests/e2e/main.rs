@@ -6,6 +6,7 @@ mod client_restore;
 mod disconnect;
 mod drain;
 mod events;
+mod limits;
 mod python_nomad;
 mod server_restart;
 mod servers;

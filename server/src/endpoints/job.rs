@@ -1,7 +1,7 @@
 //! `Job.*` endpoints: register and deregister.
 
 use nomad_proto::eval::trigger;
-use nomad_proto::{Evaluation, Job};
+use nomad_proto::{Evaluation, Job, JobLimits};
 use serde::Serialize;
 
 use super::{EndpointError, Endpoints};
@@ -69,11 +69,22 @@ pub struct JobDeregisterResponse {
     pub next_token: String,
 }
 
+/// What `Job.Register` and `Job.Plan` do to a submitted job before anything else: its counts
+/// and sizes against the server's limits (400, before canonicalizing fills a default into every
+/// group and task), Nomad's defaults, its encoded size, then Nomad's validation (500, as Nomad).
+pub(super) fn admit_job(job: &mut Job, limits: &JobLimits) -> Result<(), EndpointError> {
+    job.check_limits(limits).map_err(|e| EndpointError::BadRequest(e.to_string()))?;
+    job.canonicalize();
+    job.check_encoded_size().map_err(|e| EndpointError::BadRequest(e.to_string()))?;
+    job.validate()?;
+    Ok(())
+}
+
 impl Endpoints {
-    /// `Job.Register`: canonicalize, validate, then write the job and its eval in one command.
+    /// `Job.Register`: admit (limits, defaults, validation), then write the job and its eval in
+    /// one command.
     pub async fn job_register(&self, mut job: Job, opts: JobRegisterOptions) -> Result<JobRegisterResponse, EndpointError> {
-        job.canonicalize();
-        job.validate()?;
+        admit_job(&mut job, &self.config.job_limits)?;
         if opts.eval_priority != 0 && !(1..=nomad_proto::job::MAX_JOB_PRIORITY).contains(&opts.eval_priority) {
             return Err(EndpointError::BadRequest("eval priority must be between 1 and 100".into()));
         }

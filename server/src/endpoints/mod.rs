@@ -42,6 +42,8 @@ pub struct EndpointConfig {
     pub max_query_time: std::time::Duration,
     /// This server's advertised HTTP address (told to clients).
     pub http_addr: String,
+    /// Admission limits for jobs (`server { job_max_count }`).
+    pub job_limits: nomad_proto::JobLimits,
 }
 
 impl Default for EndpointConfig {
@@ -51,6 +53,7 @@ impl Default for EndpointConfig {
             datacenter: "dc1".to_string(),
             max_query_time: std::time::Duration::from_secs(300),
             http_addr: String::new(),
+            job_limits: nomad_proto::JobLimits::default(),
         }
     }
 }
@@ -127,5 +130,7 @@ impl Endpoints {
     }
 }
 
+#[cfg(test)]
+mod admission_tests;
 #[cfg(test)]
 mod tests;

@@ -6,17 +6,11 @@ use super::{EndpointError, Endpoints};
 use crate::fsm::Command;
 
 impl Endpoints {
-    /// Creates or updates a namespace. Names are 1-128 characters of letters, digits, `-` and `_`.
+    /// Creates or updates a namespace, validated as Nomad does (`Namespace.Validate`).
     pub async fn namespace_upsert(&self, ns: Namespace) -> Result<u64, EndpointError> {
-        if ns.name.is_empty() || ns.name.len() > 128 || !ns.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-            return Err(EndpointError::BadRequest(format!(
-                "invalid name {:?}: must be 1-128 characters of letters, digits, '-' and '_'",
-                ns.name
-            )));
-        }
-        if ns.description.len() > 256 {
-            return Err(EndpointError::BadRequest("description longer than 256".into()));
-        }
+        nomad_proto::limits::check_meta(|| format!("namespace {:?}", ns.name), "meta", &ns.meta, nomad_proto::limits::MAX_META_ENTRIES)
+            .map_err(|e| EndpointError::BadRequest(e.to_string()))?;
+        ns.validate().map_err(|e| EndpointError::BadRequest(format!("Invalid namespace {:?}: {}", ns.name, e.to_string().trim_end())))?;
         Ok(self.consensus.apply(Command::NamespaceUpsert { namespaces: vec![ns] }).await?)
     }
 

@@ -74,6 +74,9 @@ impl Endpoints {
         if node.secret_id.is_empty() {
             return Err(missing("node secret ID"));
         }
+        // Sizes, resource bounds and the fields that reach URLs, paths and logs (nomad_proto::validate).
+        node.check_limits().map_err(|e| EndpointError::BadRequest(e.to_string()))?;
+        node.validate_registration().map_err(EndpointError::BadRequest)?;
         if node.node_pool == nomad_proto::job::ALL_NODE_POOL {
             return Err(EndpointError::BadRequest("node is not allowed to register in node pool \"all\"".into()));
         }

@@ -178,7 +178,7 @@ async fn plan(s: &HttpState, q: &QueryOptions, url_id: &str, body: Body) -> Http
 pub async fn job_specific(State(s): State<HttpState>, method: Method, uri: Uri, body: Body) -> Response {
     super::respond(async {
         let q = QueryOptions::parse(&uri)?;
-        let path = uri.path().strip_prefix("/v1/job/").unwrap_or_default().to_string();
+        let path = decode_path(uri.path().strip_prefix("/v1/job/").unwrap_or_default())?;
         let (id, action) = split_action(
             &path,
             &[
@@ -229,6 +229,38 @@ pub async fn job_specific(State(s): State<HttpState>, method: Method, uri: Uri, 
         }
     })
     .await
+}
+
+/// Percent-decodes a URL path the way Go's `URL.Path` reads it, which is what Nomad's HTTP
+/// layer splits into job ID and action: `/v1/job/a%2Fb` and `/v1/job/a/b` both name job
+/// `a/b` (periodic and dispatched children have slashes in their IDs), and `%2F` before an
+/// action name is a separator as well. `+` stays a plus sign in a path.
+fn decode_path(raw: &str) -> Result<String, HttpError> {
+    if !raw.contains('%') {
+        return Ok(raw.to_string());
+    }
+    let hex = |b: u8| (b as char).to_digit(16);
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            match (bytes.get(i + 1).and_then(|b| hex(*b)), bytes.get(i + 2).and_then(|b| hex(*b))) {
+                (Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 3;
+                    continue;
+                }
+                _ => {
+                    let bad: String = raw[i..].chars().take(3).collect();
+                    return Err(HttpError::bad_request(format!("invalid URL escape {bad:?}")));
+                }
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8(out).map_err(|_| HttpError::bad_request("invalid URL path: not UTF-8 once decoded"))
 }
 
 /// Splits `web/summary` into (`web`, `summary`); a job ID may itself contain slashes.
@@ -314,7 +346,82 @@ async fn job_summary(s: &HttpState, q: &QueryOptions, id: &str) -> HttpResult {
 
 #[cfg(test)]
 mod tests {
-    use super::split_action;
+    use axum::body::Body;
+    use axum::http::{Method, Request, StatusCode};
+    use serde_json::json;
+    use tower::ServiceExt;
+
+    use super::{decode_path, split_action};
+    use crate::testing::{TestServer, job};
+
+    async fn call(ts: &TestServer, method: Method, path: &str, body: String) -> (StatusCode, String) {
+        let req = Request::builder().method(method).uri(path).body(Body::from(body)).unwrap();
+        let resp = ts.router().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let body = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    fn body_of(j: &nomad_proto::Job) -> String {
+        json!({ "Job": serde_json::to_value(j).unwrap() }).to_string()
+    }
+
+    #[tokio::test]
+    async fn a_slash_in_a_job_id_reads_the_same_escaped_or_not() {
+        let ts = TestServer::new();
+        let child = job("batch/dispatch-1", 1);
+        let (status, text) = call(&ts, Method::PUT, "/v1/jobs", body_of(&child)).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        for path in ["/v1/job/batch/dispatch-1", "/v1/job/batch%2Fdispatch-1", "/v1/job/batch%2fdispatch-1"] {
+            let (status, text) = call(&ts, Method::GET, path, String::new()).await;
+            assert_eq!(status, StatusCode::OK, "{path}: {text}");
+            assert_eq!(serde_json::from_str::<serde_json::Value>(&text).unwrap()["ID"], "batch/dispatch-1", "{path}");
+        }
+        for path in ["/v1/job/batch/dispatch-1/summary", "/v1/job/batch%2Fdispatch-1/summary", "/v1/job/batch/dispatch-1%2Fsummary"] {
+            let (status, text) = call(&ts, Method::GET, path, String::new()).await;
+            assert_eq!(status, StatusCode::OK, "{path}: {text}");
+            assert_eq!(serde_json::from_str::<serde_json::Value>(&text).unwrap()["JobID"], "batch/dispatch-1", "{path}");
+        }
+        // A write through the escaped path matches the body's ID.
+        let (status, text) = call(&ts, Method::PUT, "/v1/job/batch%2Fdispatch-1", body_of(&job("batch/dispatch-1", 2))).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let (status, text) = call(&ts, Method::DELETE, "/v1/job/batch%2Fdispatch-1?purge=true", String::new()).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        assert!(ts.store.snapshot().job("default", "batch/dispatch-1").is_none(), "purged through the escaped path");
+        let (status, text) = call(&ts, Method::GET, "/v1/job/a%zz", String::new()).await;
+        assert_eq!((status, text.as_str()), (StatusCode::BAD_REQUEST, "invalid URL escape \"%zz\""));
+    }
+
+    #[test]
+    fn paths_decode_like_gos_url_path() {
+        assert_eq!(decode_path("a%2Fb").unwrap(), "a/b");
+        assert_eq!(decode_path("a+b%20c").unwrap(), "a+b c");
+        assert!(decode_path("a%2").is_err());
+        assert!(decode_path("%ff%fe").is_err(), "not UTF-8");
+    }
+
+    #[tokio::test]
+    async fn a_count_of_2_31_is_a_400_at_register_and_plan_and_the_server_still_answers() {
+        let ts = TestServer::new();
+        ts.register_node(crate::testing::node("n1")).await;
+        let huge = body_of(&job("web", 1 << 31));
+        let want = "task group \"web\" count 2147483648 is greater than job_max_count (50000)";
+        assert_eq!(call(&ts, Method::PUT, "/v1/jobs", huge.clone()).await, (StatusCode::BAD_REQUEST, want.to_string()));
+        assert_eq!(call(&ts, Method::PUT, "/v1/job/web/plan", huge).await, (StatusCode::BAD_REQUEST, want.to_string()));
+        let (status, text) = call(&ts, Method::GET, "/v1/jobs", String::new()).await;
+        assert_eq!((status, text.as_str()), (StatusCode::OK, "[]"));
+        let (status, text) = call(&ts, Method::PUT, "/v1/job/web/plan", body_of(&job("web", 2))).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_job_id_with_a_newline_is_refused_and_never_echoed_raw() {
+        let ts = TestServer::new();
+        let (status, text) = call(&ts, Method::PUT, "/v1/jobs", body_of(&job("web\n[ERROR]forged", 1))).await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{text}");
+        assert!(text.contains("Job ID contains a control character"), "{text}");
+        assert!(!text.contains("web\n"), "{text:?}");
+    }
 
     #[test]
     fn job_ids_with_slashes_keep_their_action() {

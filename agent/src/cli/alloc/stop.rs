@@ -44,7 +44,7 @@ pub async fn run(api: &ApiFlags, args: StopArgs) -> CmdResult {
         .map_err(|e| Failure::new(format!("Error stopping allocation: {e}")))?
         .value;
     if args.detach || resp.eval_id.is_empty() {
-        println!("{}", resp.eval_id);
+        println!("{}", crate::cli::format::safe(&resp.eval_id));
         return Ok(exit::OK);
     }
     let opts = MonitorOptions { id_len: id_len(args.verbose), wait_for_allocs: false, live: stdout_is_live_terminal() };

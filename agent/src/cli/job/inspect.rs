@@ -27,6 +27,6 @@ pub async fn run(api: &ApiFlags, args: InspectArgs) -> CmdResult {
         .map_err(|e| Failure::new(format!("Error inspecting job: {e}")))?
         .value;
     let wrapped = serde_json::json!({ "Job": job });
-    println!("{}", serde_json::to_string_pretty(&wrapped).unwrap_or_default());
+    println!("{}", crate::cli::format::safe_json(&serde_json::to_string_pretty(&wrapped).unwrap_or_default()));
     Ok(exit::OK)
 }

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use super::{JobFileArgs, load};
 use crate::cli::api::{ApiFlags, Query, encode_path};
-use crate::cli::format::{Style, go_duration};
+use crate::cli::format::{Style, go_duration, safe};
 use crate::cli::{CmdResult, Ctx, Failure, exit, tables};
 
 /// Flags of `job plan`.
@@ -100,7 +100,7 @@ pub async fn run(api: &ApiFlags, args: PlanArgs) -> CmdResult {
     if let Some(pre) = resp.annotations.as_ref().and_then(|a| a.preempted_allocs.as_ref()).filter(|p| !p.is_empty()) {
         println!("{}", style.yellow("Preemptions:"));
         for a in pre {
-            println!("  {} (job {}, group {})", str_of(a, "ID"), str_of(a, "JobID"), str_of(a, "TaskGroup"));
+            println!("  {} (job {}, group {})", safe(str_of(a, "ID")), safe(str_of(a, "JobID")), safe(str_of(a, "TaskGroup")));
         }
         println!();
     }
@@ -191,7 +191,7 @@ fn annotations(v: &Value) -> String {
 
 fn field_line(f: &Value, indent: usize, style: &Style) -> String {
     let kind = str_of(f, "Type");
-    let name = str_of(f, "Name");
+    let name = safe(str_of(f, "Name"));
     let (old, new) = (str_of(f, "Old"), str_of(f, "New"));
     let pad = " ".repeat(indent);
     let body = match kind {
@@ -219,7 +219,7 @@ fn fields_and_objects(v: &Value, indent: usize, verbose: bool, style: &Style, ou
         }
         let m = marker(kind);
         let prefix = if m.is_empty() { String::new() } else { format!("{} ", colored(kind, m, style)) };
-        out.push(format!("{}{prefix}{} {{", " ".repeat(indent), str_of(o, "Name")));
+        out.push(format!("{}{prefix}{} {{", " ".repeat(indent), safe(str_of(o, "Name"))));
         fields_and_objects(o, indent + 2, verbose, style, out);
         out.push(format!("{}}}", " ".repeat(indent + 2)));
     }

@@ -115,7 +115,7 @@ pub async fn run(api: &ApiFlags, args: RunArgs) -> CmdResult {
     }
     if args.detach {
         println!("Job registration successful");
-        println!("Evaluation ID: {}", resp.eval_id);
+        println!("Evaluation ID: {}", crate::cli::format::safe(&resp.eval_id));
         return Ok(exit::OK);
     }
     let job_id = loaded.job.id.clone();

@@ -68,7 +68,7 @@ pub async fn run(api: &ApiFlags, args: StopArgs) -> CmdResult {
         return Ok(exit::OK);
     }
     if args.detach {
-        println!("{}", resp.eval_id);
+        println!("{}", crate::cli::format::safe(&resp.eval_id));
         return Ok(exit::OK);
     }
     let opts = MonitorOptions { id_len: id_len(args.verbose), wait_for_allocs: false, live: stdout_is_live_terminal() };

@@ -2,6 +2,7 @@
 //! locally, without a server.
 
 use clap::Args;
+use nomad_proto::{JobLimits, LimitError};
 
 use super::{JobFileArgs, load};
 use crate::cli::{CmdResult, Failure, exit};
@@ -14,10 +15,23 @@ pub struct ValidateArgs {
     pub file: JobFileArgs,
 }
 
-/// Parses, canonicalizes and validates a job file; the message lists every problem.
+/// Parses, checks against the servers' default limits, canonicalizes and validates a job file,
+/// as `Job.Register` does; the message lists every problem.
 pub fn check(args: &JobFileArgs) -> Result<nomad_proto::Job, Failure> {
     let mut job = load(args)?.job;
+    let limits = |e: LimitError| {
+        let note = match e {
+            // The one limit a server may be configured with: say whose value this is.
+            LimitError::GroupCount { .. } | LimitError::TotalCount { .. } => {
+                " (the servers' default; a server with a higher server.job_max_count accepts it)"
+            }
+            _ => "",
+        };
+        Failure::new(format!("Job validation errors:\n{e}{note}"))
+    };
+    job.check_limits(&JobLimits::default()).map_err(limits)?;
     job.canonicalize();
+    job.check_encoded_size().map_err(limits)?;
     job.validate().map_err(|e| Failure::new(format!("Job validation errors:\n{}", e.to_string().trim_end())))?;
     Ok(job)
 }
@@ -48,6 +62,21 @@ mod tests {
         let e = check(&args).unwrap_err();
         assert!(e.message.starts_with("Job validation errors:\n1 error occurred:"), "{}", e.message);
         assert!(e.message.contains("priority"), "{}", e.message);
+    }
+
+    #[test]
+    fn limits_and_names_are_checked_locally_as_the_servers_do() {
+        let (_d, args) =
+            file("job \"x\" {\n  group \"g\" {\n    count = 2147483648\n    task \"..\" {\n      driver = \"raw_exec\"\n    }\n  }\n}\n");
+        let e = check(&args).unwrap_err();
+        assert!(
+            e.message.contains("task group \"g\" count 2147483648 is greater than job_max_count (50000) (the servers' default"),
+            "{}",
+            e.message
+        );
+        let (_d, args) = file("job \"x\" {\n  group \"g\" {\n    task \"..\" {\n      driver = \"raw_exec\"\n    }\n  }\n}\n");
+        let e = check(&args).unwrap_err();
+        assert!(e.message.contains("Task name cannot be \"..\""), "{}", e.message);
     }
 
     /// Every example job file parses and validates; each one is there to be run.
