@@ -767,7 +767,9 @@ fn the_deepest_nesting_the_parser_allows_evaluates_on_a_worker_stack() {
     // Operators count across parentheses (at most 128 in one tree), so 50 levels of 2 each.
     let expr = (0..50).fold("1".to_string(), |inner, _| format!("({}{inner})", "1 + ".repeat(2)));
     let list = format!("{}1{}", "[".repeat(50), "]".repeat(50));
-    let src = format!("job \"j\" {{\n  meta = {{ x = \"${{{expr}}}\" }}\n  group \"g\" {{\n    task \"t\" {{\n      driver = \"raw_exec\"\n      config {{ x = {list} }}\n    }}\n  }}\n}}\n");
+    let src = format!(
+        "job \"j\" {{\n  meta = {{ x = \"${{{expr}}}\" }}\n  group \"g\" {{\n    task \"t\" {{\n      driver = \"raw_exec\"\n      config {{ x = {list} }}\n    }}\n  }}\n}}\n"
+    );
     let job = std::thread::Builder::new()
         .stack_size(2 * 1024 * 1024)
         .spawn(move || parse(&src, &ParseOptions::default()))

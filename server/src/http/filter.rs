@@ -197,9 +197,7 @@ impl Parser {
             return self.matcher();
         }
         if self.depth == MAX_FILTER_DEPTH {
-            return Err(FilterError(format!(
-                "filter expression nests deeper than {MAX_FILTER_DEPTH} levels of parentheses and \"not\""
-            )));
+            return Err(FilterError(format!("filter expression nests deeper than {MAX_FILTER_DEPTH} levels of parentheses and \"not\"")));
         }
         self.depth += 1;
         let parsed = if self.peek_word("not") {
@@ -207,7 +205,8 @@ impl Parser {
             self.unary().map(|f| Filter::Not(Box::new(f)))
         } else {
             self.pos += 1;
-            self.or().and_then(|e| if self.next() == Some(Tok::RParen) { Ok(e) } else { Err(FilterError("missing closing parenthesis".into())) })
+            self.or()
+                .and_then(|e| if self.next() == Some(Tok::RParen) { Ok(e) } else { Err(FilterError("missing closing parenthesis".into())) })
         };
         self.depth -= 1;
         parsed
