@@ -9,7 +9,7 @@ fn unary(name: &str, route: &str, input: &str, output: &str) -> Method {
         .route_name(route)
         .input_type(format!("crate::rpc::{input}"))
         .output_type(format!("crate::rpc::{output}"))
-        .codec_path("crate::rpc::codec::JsonCodec")
+        .codec_path("crate::rpc::codec::NodeRpcCodec")
         .build()
 }
 

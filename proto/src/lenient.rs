@@ -34,8 +34,61 @@ impl fmt::Display for DecodeError {
 
 impl std::error::Error for DecodeError {}
 
-/// Decodes a JSON document with Go's case-insensitive, null-tolerant rules.
+/// Deepest nesting of arrays and objects a request body may have.
+///
+/// What a caller sends is stored wrapped in more levels (a job inside a Raft log entry or a
+/// snapshot, inside an alloc, inside an RPC reply), and every one of those is decoded again
+/// with serde_json's limit of 128 levels. Refusing requests past 64 keeps 64 levels for the
+/// wrapping, so nothing accepted can become a log entry, snapshot or reply that no longer
+/// decodes. Nomad's own job, node and alloc shapes need about 12.
+pub const MAX_REQUEST_DEPTH: usize = 64;
+
+/// Refuses JSON nested deeper than `max` levels, by one pass over the bytes (no allocation,
+/// nothing parsed), so the check costs less than the parse it guards. Brackets inside strings
+/// do not count; malformed JSON is left for the parser to report.
+pub fn check_depth(bytes: &[u8], max: usize) -> Result<(), DecodeError> {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in bytes {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return Err(DecodeError {
+                        path: String::new(),
+                        message: format!("invalid JSON: arrays and objects nest deeper than {max} levels"),
+                    });
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Decodes a request body with Go's case-insensitive, null-tolerant rules; bodies nested
+/// deeper than [`MAX_REQUEST_DEPTH`] are refused before they are parsed.
 pub fn from_slice<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
+    check_depth(bytes, MAX_REQUEST_DEPTH)?;
+    from_trusted_slice(bytes)
+}
+
+/// Decodes with the same rules as [`from_slice`] but without its depth limit (serde_json's own
+/// limit of 128 levels still applies): for replies from a server, which nest deeper than the
+/// requests they were made from (an alloc carries its job).
+pub fn from_trusted_slice<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
     let value: Value =
         serde_json::from_slice(bytes).map_err(|e| DecodeError { path: String::new(), message: format!("invalid JSON: {e}") })?;
     from_value(value)
@@ -322,5 +375,49 @@ mod tests {
         assert!(e.message.starts_with("invalid JSON"), "{e}");
         let e = from_slice::<Outer>(b"[1,2]").unwrap_err();
         assert!(e.message.contains("invalid type: sequence"), "{e}");
+    }
+
+    #[test]
+    fn request_bodies_nested_past_the_limit_are_refused_before_parsing() {
+        let nested = |n: usize| format!("{{\"Name\":\"a\",\"Meta\":{}1{}}}", "[".repeat(n), "]".repeat(n));
+        // 1 level for the body, 1 for each bracket.
+        assert!(from_slice::<Value>(nested(MAX_REQUEST_DEPTH - 1).as_bytes()).is_ok());
+        for n in [MAX_REQUEST_DEPTH, 100, 100_000] {
+            let e = from_slice::<Value>(nested(n).as_bytes()).unwrap_err();
+            assert_eq!(e.message, "invalid JSON: arrays and objects nest deeper than 64 levels", "{n}");
+        }
+        let objects = format!("{}1{}", "{\"a\":".repeat(100_000), "}".repeat(100_000));
+        assert!(from_slice::<Value>(objects.as_bytes()).unwrap_err().message.contains("nest deeper than 64"));
+        // Brackets in strings, escaped quotes included, are text.
+        let text = format!("{{\"Name\":\"\\\"{}\"}}", "[{".repeat(1_000));
+        let o: Outer = from_slice(text.as_bytes()).unwrap();
+        assert!(o.name.starts_with("\"[{"));
+        // Replies may nest deeper, up to serde_json's own 128.
+        assert!(from_trusted_slice::<Value>(nested(120).as_bytes()).is_ok());
+        assert!(from_trusted_slice::<Value>(nested(100_000).as_bytes()).unwrap_err().message.contains("recursion limit"));
+    }
+
+    #[test]
+    fn a_job_at_the_request_limit_still_decodes_inside_every_wrapper() {
+        // The deepest job a caller can register, wrapped the way servers and clients store and
+        // send it, must decode with serde_json's default limit.
+        let config = format!("{}1{}", "[".repeat(MAX_REQUEST_DEPTH - 7), "]".repeat(MAX_REQUEST_DEPTH - 7));
+        let body = format!(r#"{{"Job":{{"ID":"j","TaskGroups":[{{"Name":"g","Tasks":[{{"Name":"t","Config":{{"x":{config}}}}}]}}]}}}}"#);
+        #[derive(Deserialize)]
+        #[serde(rename_all = "PascalCase")]
+        struct Register {
+            job: crate::Job,
+        }
+        let job = from_slice::<Register>(body.as_bytes()).unwrap().job;
+        let mut alloc = crate::Allocation::default();
+        alloc.job = Some(std::sync::Arc::new(job));
+        // An RPC reply carrying the alloc, inside 50 more levels of wrapping.
+        let reply = serde_json::json!({"a": [{"b": {"Allocs": [alloc]}}]});
+        let mut wrapped = reply;
+        for _ in 0..50 {
+            wrapped = serde_json::json!([wrapped]);
+        }
+        let text = serde_json::to_string(&wrapped).unwrap();
+        assert!(serde_json::from_str::<Value>(&text).is_ok());
     }
 }

@@ -84,9 +84,21 @@ impl Timestamp {
     }
 
     /// Parses RFC 3339 (`2024-01-02T03:04:05.123Z`, `...+01:00`). Go's zero time parses to unset.
+    ///
+    /// The text comes from RPC and HTTP bodies, so it is read byte by byte: every field must
+    /// be ASCII digits where digits belong, and nothing is sliced at an index that might fall
+    /// inside a multi-byte character.
     pub fn parse_rfc3339(s: &str) -> Result<Timestamp, TimeParseError> {
         let err = || TimeParseError(s.to_string());
         let b = s.as_bytes();
+        // Digits b[at..at + n] as a number; anything else (a sign, a space, a non-ASCII byte) is an error.
+        let digits = |at: usize, n: usize| -> Result<i64, TimeParseError> {
+            let field = b.get(at..at + n).ok_or_else(err)?;
+            if !field.iter().all(u8::is_ascii_digit) {
+                return Err(err());
+            }
+            Ok(field.iter().fold(0i64, |acc, d| acc * 10 + i64::from(d - b'0')))
+        };
         if b.len() < 20
             || b[4] != b'-'
             || b[7] != b'-'
@@ -96,9 +108,7 @@ impl Timestamp {
         {
             return Err(err());
         }
-        let num =
-            |r: std::ops::Range<usize>| -> Result<i64, TimeParseError> { s.get(r).and_then(|p| p.parse::<i64>().ok()).ok_or_else(err) };
-        let (y, mo, d, h, mi, se) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
+        let (y, mo, d, h, mi, se) = (digits(0, 4)?, digits(5, 2)?, digits(8, 2)?, digits(11, 2)?, digits(14, 2)?, digits(17, 2)?);
         if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || se > 60 {
             return Err(err());
         }
@@ -110,23 +120,23 @@ impl Timestamp {
             while i < b.len() && b[i].is_ascii_digit() {
                 i += 1;
             }
-            let digits = &s[start..i];
-            if digits.is_empty() {
+            if i == start {
                 return Err(err());
             }
-            let mut padded = digits.chars().take(9).collect::<String>();
-            while padded.len() < 9 {
-                padded.push('0');
+            // Digits past nanoseconds are dropped, as Go does.
+            for (k, d) in b[start..i].iter().take(9).enumerate() {
+                nanos += i64::from(d - b'0') * 10i64.pow(8 - k as u32);
             }
-            nanos = padded.parse().map_err(|_| err())?;
         }
-        let offset_secs = match &s[i..] {
-            "Z" | "z" => 0,
-            off if off.len() == 6 && (off.starts_with('+') || off.starts_with('-')) && &off[3..4] == ":" => {
-                let oh: i64 = off[1..3].parse().map_err(|_| err())?;
-                let om: i64 = off[4..6].parse().map_err(|_| err())?;
+        let offset_secs = match &b[i..] {
+            b"Z" | b"z" => 0,
+            [sign @ (b'+' | b'-'), _, _, b':', _, _] => {
+                let (oh, om) = (digits(i + 1, 2)?, digits(i + 4, 2)?);
+                if oh > 23 || om > 59 {
+                    return Err(err());
+                }
                 let v = oh * 3600 + om * 60;
-                if off.starts_with('-') { -v } else { v }
+                if *sign == b'-' { -v } else { v }
             }
             _ => return Err(err()),
         };
@@ -193,44 +203,85 @@ fn civil_from_days(z: i64) -> (i64, i64, i64) {
 
 /// Parses a Go duration string (`"300ms"`, `"1.5h"`, `"2h45m"`, `"-1s"`) into nanoseconds.
 pub fn parse_go_duration(s: &str) -> Result<i64, DurationParseError> {
-    let err = || DurationParseError(s.to_string());
-    let (neg, mut rest) = match s.as_bytes().first() {
-        Some(b'-') => (true, &s[1..]),
-        Some(b'+') => (false, &s[1..]),
-        _ => (false, s),
+    go_duration_nanos(s).map_err(|_| DurationParseError(s.to_string()))
+}
+
+/// Why [`go_duration_nanos`] refused a string, with Go's three cases.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum GoDurationError {
+    /// Not a duration at all, or out of range.
+    Invalid,
+    /// A number without a unit.
+    MissingUnit,
+    /// A unit Go does not know.
+    UnknownUnit(String),
+}
+
+/// Go's `time.ParseDuration`: `ns us µs μs ms s m h`, fractions, a sign, and `0` alone without a
+/// unit. Computed in integers, as Go does, so `"9223372036854775807ns"` is exact and anything
+/// beyond an `i64` of nanoseconds is refused rather than wrapped.
+pub(crate) fn go_duration_nanos(input: &str) -> Result<i64, GoDurationError> {
+    use GoDurationError::*;
+    let (negative, mut rest) = match input.as_bytes().first() {
+        Some(b'-') => (true, &input[1..]),
+        Some(b'+') => (false, &input[1..]),
+        _ => (false, input),
     };
     if rest == "0" {
         return Ok(0);
     }
     if rest.is_empty() {
-        return Err(err());
+        return Err(Invalid);
     }
-    let mut total: f64 = 0.0;
+    // One past i64::MAX is allowed while summing, for "-9223372036854775808ns".
+    let limit = i64::MAX as u128 + 1;
+    let mut total: u128 = 0;
     while !rest.is_empty() {
-        let num_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(err)?;
-        if num_end == 0 {
-            return Err(err());
-        }
-        let value: f64 = rest[..num_end].parse().map_err(|_| err())?;
-        rest = &rest[num_end..];
-        let unit_end = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
-        let scale = match &rest[..unit_end] {
-            "ns" => 1.0,
-            "us" | "\u{b5}s" | "\u{3bc}s" => 1e3,
-            "ms" => 1e6,
-            "s" => 1e9,
-            "m" => 60e9,
-            "h" => 3600e9,
-            _ => return Err(err()),
+        let int_len = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let (int_part, after) = rest.split_at(int_len);
+        let (frac_part, after) = match after.strip_prefix('.') {
+            Some(f) => f.split_at(f.bytes().take_while(u8::is_ascii_digit).count()),
+            None => ("", after),
         };
-        rest = &rest[unit_end..];
-        total += value * scale;
+        if int_part.is_empty() && frac_part.is_empty() {
+            return Err(Invalid);
+        }
+        let unit_len = after.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(after.len());
+        let (unit, after) = after.split_at(unit_len);
+        let scale: u128 = match unit {
+            "ns" => 1,
+            "us" | "\u{b5}s" | "\u{3bc}s" => 1_000,
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" => 60_000_000_000,
+            "h" => 3_600_000_000_000,
+            "" => return Err(MissingUnit),
+            other => return Err(UnknownUnit(other.to_string())),
+        };
+        // Leading zeros are skipped so a long run of them is not an overflow.
+        let significant = int_part.trim_start_matches('0');
+        if significant.len() > 19 {
+            return Err(Invalid);
+        }
+        let whole: u128 = if significant.is_empty() { 0 } else { significant.parse().map_err(|_| Invalid)? };
+        let mut value = whole.checked_mul(scale).filter(|v| *v <= limit).ok_or(Invalid)?;
+        // Fractions keep the digits that still matter at nanosecond scale; each adds less than `scale`.
+        let mut frac_scale = scale;
+        for d in frac_part.bytes().take(24) {
+            frac_scale /= 10;
+            value += u128::from(d - b'0') * frac_scale;
+        }
+        total += value;
+        if total > limit {
+            return Err(Invalid);
+        }
+        rest = after;
     }
-    if total > i64::MAX as f64 {
-        return Err(err());
+    match (negative, total) {
+        (true, t) => Ok((t as i128).wrapping_neg() as i64),
+        (false, t) if t < limit => Ok(t as i64),
+        _ => Err(Invalid),
     }
-    let ns = total.round() as i64;
-    Ok(if neg { -ns } else { ns })
 }
 
 /// A duration string Go's `time.ParseDuration` would refuse.
@@ -285,7 +336,65 @@ mod tests {
         }
     }
 
+    #[test]
+    fn non_ascii_and_signed_fields_are_refused_not_sliced() {
+        // "+0é00" is six bytes; slicing it at byte 3 (inside "é") panicked.
+        for bad in [
+            "2023-01-01T00:00:00+0\u{e9}00",
+            "2023-01-01T00:00:00+\u{e9}:00",
+            "2023-01-01T00:00:00.5+0\u{e9}00",
+            "2023-01-01T00:00:0\u{e9}Z",
+            "2023-01-01T00:00:00\u{e9}",
+            "\u{e9}023-01-01T00:00:00Z",
+            "2023-+1-01T00:00:00Z",
+            "+023-01-01T00:00:00Z",
+            "2023-01-01T00:00:00+01:+0",
+            "2023-01-01T00:00:00+99:00",
+            "2023-01-01T00:00:00.\u{e9}Z",
+        ] {
+            let e = Timestamp::parse_rfc3339(bad).unwrap_err();
+            assert!(e.to_string().contains("RFC 3339"), "{bad:?}: {e}");
+        }
+        // The same string inside a node registration, as a gRPC body carries it.
+        let body = r#"{"Node":{"ID":"n","Events":[{"Message":"m","Timestamp":"2023-01-01T00:00:00+0\u00e900"}]}}"#;
+        let e = serde_json::from_str::<crate::rpc::NodeRegisterRequest>(body).unwrap_err();
+        assert!(e.to_string().contains("invalid time"), "{e}");
+        assert_eq!(Timestamp::parse_rfc3339("2023-03-15T10:20:30.123456789999Z").unwrap().0 % 1_000_000_000, 123_456_789);
+        assert_eq!(Timestamp::parse_rfc3339("2023-03-15T10:20:30-01:30").unwrap().unix_secs(), 1_678_875_630 + 5400);
+    }
+
+    #[test]
+    fn durations_beyond_an_i64_are_refused() {
+        assert_eq!(parse_go_duration("9223372036854775807ns").unwrap(), i64::MAX, "exact, not rounded through f64");
+        for bad in ["9223372036854775808ns", "2562048h", "99999999999999999999999999999999999999999h", "1.5.5s", "\u{e9}s", "1\u{e9}"] {
+            assert!(parse_go_duration(bad).is_err(), "{bad}");
+        }
+    }
+
     proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 2_000, ..Default::default() })]
+
+        #[test]
+        fn rfc3339_never_panics(s in "\\PC{0,40}") {
+            let _ = Timestamp::parse_rfc3339(&s);
+        }
+
+        #[test]
+        fn rfc3339_shaped_text_never_panics(s in "[0-9+-]{4}-[0-9\u{e9}]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\\.[0-9\u{e9}]{0,12})?(Z|z|[+-][0-9\u{e9}:]{1,6}|\\PC{0,3})") {
+            let _ = Timestamp::parse_rfc3339(&s);
+        }
+
+        #[test]
+        fn durations_never_panic(s in "[-+]?([0-9.]{0,30}(ns|us|\u{b5}s|\u{3bc}s|ms|s|m|h|\\PC{0,2})){0,4}") {
+            let _ = parse_go_duration(&s);
+        }
+
+        #[test]
+        fn duration_parts_add_up(h in 0i64..2_000_000, m in 0i64..60, ms in 0i64..60_000) {
+            let ns = parse_go_duration(&format!("{h}h{m}m{ms}ms")).unwrap();
+            proptest::prop_assert_eq!(ns, h * 3_600_000_000_000 + m * 60_000_000_000 + ms * 1_000_000);
+        }
+
         #[test]
         fn rfc3339_round_trips(ns in 1i64..4_000_000_000_000_000_000i64) {
             let t = Timestamp(ns);

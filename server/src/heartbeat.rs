@@ -48,7 +48,8 @@ impl Default for HeartbeatConfig {
 impl HeartbeatConfig {
     /// `max(min_ttl, nodes / rate)`: the TTL that keeps the leader near its target rate.
     pub fn base_ttl(&self, nodes: usize) -> Duration {
-        if self.max_per_second <= 1.0 / 86_400.0 {
+        // NaN compares false with everything, and `from_secs_f64(NaN)` panics.
+        if self.max_per_second.is_nan() || self.max_per_second <= 1.0 / 86_400.0 {
             return self.min_ttl;
         }
         let scaled = Duration::from_secs_f64(nodes as f64 / self.max_per_second);
@@ -225,6 +226,14 @@ mod tests {
             max_per_second: 50.0,
             grace: Duration::from_millis(10),
             failover_ttl: Duration::from_millis(40),
+        }
+    }
+
+    #[test]
+    fn a_rate_that_is_not_a_number_gives_the_minimum_ttl() {
+        for rate in [f64::NAN, 0.0, -5.0, f64::NEG_INFINITY] {
+            let c = HeartbeatConfig { max_per_second: rate, ..HeartbeatConfig::default() };
+            assert_eq!(c.base_ttl(1_000_000), c.min_ttl, "{rate}");
         }
     }
 

@@ -406,7 +406,7 @@ impl Client {
     /// Decodes with Go's manners (`null` anywhere means "unset", as Go encodes empty maps and
     /// slices), so answers from any Nomad-compatible server fit the typed views.
     fn decode<T: DeserializeOwned>(method: &Method, url: &str, bytes: &[u8]) -> Result<T, ApiError> {
-        nomad_proto::lenient::from_slice(bytes).map_err(|e| ApiError::Decode {
+        nomad_proto::lenient::from_trusted_slice(bytes).map_err(|e| ApiError::Decode {
             method: go_method(method),
             url: url.to_string(),
             error: e.to_string(),

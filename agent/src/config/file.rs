@@ -238,15 +238,44 @@ impl<'de> Deserialize<'de> for DurationValue {
                 }
                 Ok(DurationValue(std::time::Duration::from_nanos(ns as u64)))
             }
-            Value::Number(n) if n.as_u64().is_some() => Ok(DurationValue(std::time::Duration::from_secs(n.as_u64().unwrap_or(0)))),
+            // Bounded like a duration string (an i64 of nanoseconds, 292 years), so adding it to a TTL or
+            // an instant cannot overflow.
+            Value::Number(n) if n.as_u64().is_some_and(|secs| secs <= MAX_DURATION_SECS) => {
+                Ok(DurationValue(std::time::Duration::from_secs(n.as_u64().unwrap_or(0))))
+            }
+            Value::Number(n) if n.as_u64().is_some() => {
+                Err(serde::de::Error::custom(format!("duration {n} seconds is too long; the limit is {MAX_DURATION_SECS}")))
+            }
             other => Err(serde::de::Error::custom(format!("invalid duration {other}: expected a string such as \"10s\""))),
         }
     }
 }
 
+/// Longest duration given as a number of seconds: what an i64 of nanoseconds holds, as for strings.
+const MAX_DURATION_SECS: u64 = i64::MAX as u64 / 1_000_000_000;
+
+/// Largest config file read, in bytes. Nomad's own configs are a few KiB; the parser's work
+/// and memory grow with the text, so a file past this is refused before it is read whole.
+pub const MAX_CONFIG_FILE_BYTES: u64 = 1024 * 1024;
+
 /// Reads one HCL file into a JSON value.
 pub fn read(path: &Path) -> Result<Value, ConfigError> {
-    let src = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+    use std::io::Read;
+    let read_err = |source| ConfigError::Read { path: path.to_path_buf(), source };
+    let file = std::fs::File::open(path).map_err(read_err)?;
+    let mut bytes = Vec::new();
+    // One byte past the limit is enough to know it is too large, whatever the file's size says.
+    file.take(MAX_CONFIG_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(read_err)?;
+    if bytes.len() as u64 > MAX_CONFIG_FILE_BYTES {
+        return Err(ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: format!("the file is larger than {MAX_CONFIG_FILE_BYTES} bytes, the limit for a config file"),
+        });
+    }
+    let src = String::from_utf8(bytes).map_err(|e| ConfigError::Parse {
+        path: path.to_path_buf(),
+        message: format!("the file is not UTF-8 (invalid byte at offset {})", e.utf8_error().valid_up_to()),
+    })?;
     parse_str(&src, path)
 }
 
@@ -410,5 +439,54 @@ plugin "raw_exec" {
         assert!(e.contains("b.hcl") && e.contains("nmae"), "{e}");
         let e = load(&[dir.path().join("missing.hcl")]).unwrap_err().to_string();
         assert!(e.contains("missing.hcl"), "{e}");
+    }
+
+    #[test]
+    fn a_file_past_the_size_limit_is_refused_before_parsing() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("big.hcl");
+        // Valid HCL, so only the size can refuse it.
+        let line = "# padding padding padding padding padding padding padding padding padding\n";
+        std::fs::write(&big, line.repeat((MAX_CONFIG_FILE_BYTES as usize / line.len()) + 1)).unwrap();
+        let e = load(&[big.clone()]).unwrap_err().to_string();
+        assert!(e.contains("big.hcl") && e.contains("larger than 1048576 bytes"), "{e}");
+        std::fs::write(&big, line.repeat(10)).unwrap();
+        assert!(load(&[big.clone()]).is_ok(), "a small file with the same content loads");
+        std::fs::write(&big, b"name = \"\xff\"\n").unwrap();
+        assert!(load(&[big]).unwrap_err().to_string().contains("not UTF-8"));
+    }
+
+    #[test]
+    fn deep_nesting_is_a_parse_error_not_a_stack_overflow() {
+        let n = 100_000;
+        for src in [
+            format!("name = {}1{}\n", "[".repeat(n), "]".repeat(n)),
+            format!("name = {}{}\n", "{a = ".repeat(n), "}".repeat(n)),
+            format!("name = {}1{}\n", "(".repeat(n), ")".repeat(n)),
+            format!("name = {}1\n", "-".repeat(n)),
+            format!("name = 1{}\n", " + 1".repeat(n)),
+            format!("plugin \"x\" {{\n  config {{\n{}{}  }}\n}}\n", "a {\n".repeat(n), "}\n".repeat(n)),
+            format!("name = \"{}{}\"\n", "${\"".repeat(n), "\"}".repeat(n)),
+        ] {
+            let e = parse_str(&src, Path::new("deep.hcl")).unwrap_err().to_string();
+            assert!(e.starts_with("deep.hcl: ") && (e.contains("nesting depth") || e.contains("at most")), "{}: {e}", &src[..40]);
+        }
+    }
+
+    #[test]
+    fn durations_given_in_seconds_are_bounded() {
+        let e = parse("server {\n  heartbeat_grace = 18446744073709551615\n}\n").unwrap_err().to_string();
+        assert!(e.contains("server.heartbeat_grace") && e.contains("too long"), "{e}");
+        let ok = parse("server {\n  heartbeat_grace = 9223372036\n}\n").unwrap();
+        assert_eq!(ok.server.unwrap().heartbeat_grace.unwrap().0.as_secs(), 9_223_372_036);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+
+        #[test]
+        fn arbitrary_config_text_never_panics(src in "(\\PC|[{}\\[\\]()=\"\n$%~]){0,200}") {
+            let _ = parse_str(&src, Path::new("fuzz.hcl")).and_then(|v| decode(v, "fuzz.hcl"));
+        }
     }
 }

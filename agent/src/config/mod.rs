@@ -192,8 +192,9 @@ impl AgentConfig {
                 heartbeat.min_ttl = d.0;
             }
             if let Some(r) = sb.max_heartbeats_per_second {
-                if r <= 0.0 {
-                    return Err(invalid("server.max_heartbeats_per_second", "must be positive".into()));
+                // NaN passes a `<= 0` check, and made every heartbeat TTL panic.
+                if !r.is_finite() || r <= 0.0 {
+                    return Err(invalid("server.max_heartbeats_per_second", format!("must be a positive number; got {r}")));
                 }
                 heartbeat.max_per_second = r;
             }
@@ -432,6 +433,26 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("log_level"), "{e}");
+    }
+
+    #[test]
+    fn max_heartbeats_per_second_must_be_a_positive_finite_number() {
+        let with_rate = |r: f64| {
+            let server = file::ServerBlock { max_heartbeats_per_second: Some(r), ..Default::default() };
+            AgentConfig::from_parts(
+                FileConfig { server: Some(server), ..Default::default() },
+                &AgentFlags { dev: true, ..Default::default() },
+                Some(PathBuf::from("/tmp/dev")),
+            )
+        };
+        // NaN passed the old `<= 0` check, and every heartbeat's TTL then panicked.
+        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, -1.0] {
+            let e = with_rate(bad).unwrap_err().to_string();
+            assert!(e.contains("server.max_heartbeats_per_second: must be a positive number"), "{bad}: {e}");
+        }
+        let ok = with_rate(100.0).unwrap();
+        assert_eq!(ok.heartbeat().max_per_second, 100.0);
+        ok.heartbeat().base_ttl(10_000);
     }
 
     #[test]

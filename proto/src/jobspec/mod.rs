@@ -129,9 +129,30 @@ pub struct ParseOptions {
 /// Top-level blocks a job file may contain.
 const TOP_LEVEL_BLOCKS: &[&str] = &["job", "variable", "variables", "locals"];
 
+/// Largest job file (and each variable file) parsed, in bytes: the size of the largest job the
+/// servers store ([`crate::limits::MAX_JOB_ENCODED_BYTES`]); the canonical JSON of a job is
+/// larger than its HCL, so a bigger file could not become a job they accept. Checked before
+/// parsing, whose time and memory grow with the text.
+///
+/// Nesting needs no check of ours: hcl-edit refuses blocks and expressions nested deeper than
+/// 64 levels and operator chains longer than 128, with a syntax error, before the stack runs out.
+pub const MAX_JOBSPEC_BYTES: usize = crate::limits::MAX_JOB_ENCODED_BYTES;
+
 /// Parses an HCL2 job file into a job.
 pub fn parse(src: &str, opts: &ParseOptions) -> Result<Job, JobspecError> {
     let file = if opts.filename.is_empty() { "<jobspec>" } else { opts.filename.as_str() };
+    let too_large = |name: &str, len: usize| JobspecError {
+        kind: ErrorKind::Structure,
+        file: name.to_string(),
+        position: None,
+        message: format!("the file is {len} bytes; a job file may be at most {MAX_JOBSPEC_BYTES}"),
+    };
+    if src.len() > MAX_JOBSPEC_BYTES {
+        return Err(too_large(file, src.len()));
+    }
+    if let Some((name, text)) = opts.var_files.iter().find(|(_, text)| text.len() > MAX_JOBSPEC_BYTES) {
+        return Err(too_large(name, text.len()));
+    }
     let locate = |d: Diag| d.locate(file, src);
     if src.trim_start().starts_with('{') {
         return Err(locate(Diag::new(

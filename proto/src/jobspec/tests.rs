@@ -737,3 +737,80 @@ fn deeply_nested_expressions_are_refused_or_evaluated_without_overflow() {
         }
     }
 }
+
+#[test]
+fn nesting_100_000_deep_is_a_syntax_error_naming_the_limit() {
+    let n = 100_000;
+    let exprs = [
+        format!("{}1{}", "[".repeat(n), "]".repeat(n)),
+        format!("{}1{}", "(".repeat(n), ")".repeat(n)),
+        format!("{}1{}", "{a = ".repeat(n), "}".repeat(n)),
+        format!("{}\"x\"{}", "upper(".repeat(n), ")".repeat(n)),
+        format!("{}true", "!".repeat(n)),
+        format!("1{}", " + 1".repeat(n)),
+        format!("{}1{}", "true ? ".repeat(n), " : 2".repeat(n)),
+    ];
+    for expr in &exprs {
+        let e = parse_err(&format!("job \"j\" {{\n  meta = {{ x = {expr} }}\n}}\n"));
+        assert_eq!(e.kind, ErrorKind::Syntax, "{e}");
+        assert!(e.message.contains("nesting depth") || e.message.contains("at most 128"), "{}: {e}", &expr[..20]);
+    }
+    let blocks = job_with_task(&format!("config {{\n{}{}\n}}", "a {\n".repeat(n), "}\n".repeat(n)));
+    let e = parse_err(&blocks);
+    assert!(e.message.contains("expected at most 64 nested levels"), "{e}");
+}
+
+#[test]
+fn the_deepest_nesting_the_parser_allows_evaluates_on_a_worker_stack() {
+    // Within hcl-edit's limits (64 levels, 128 chained operators) the evaluator recurses as
+    // deep as the tree; 2 MiB is a tokio worker's stack (where `/v1/jobs/parse` runs it).
+    // Operators count across parentheses (at most 128 in one tree), so 50 levels of 2 each.
+    let expr = (0..50).fold("1".to_string(), |inner, _| format!("({}{inner})", "1 + ".repeat(2)));
+    let list = format!("{}1{}", "[".repeat(50), "]".repeat(50));
+    let src = format!(
+        "job \"j\" {{\n  meta = {{ x = \"${{{expr}}}\" }}\n  group \"g\" {{\n    task \"t\" {{\n      driver = \"raw_exec\"\n      config {{ x = {list} }}\n    }}\n  }}\n}}\n"
+    );
+    let job = std::thread::Builder::new()
+        .stack_size(2 * 1024 * 1024)
+        .spawn(move || parse(&src, &ParseOptions::default()))
+        .unwrap()
+        .join()
+        .expect("no stack overflow");
+    let job = job.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(job.meta["x"], (50 * 2 + 1).to_string());
+}
+
+#[test]
+fn files_past_the_size_limit_are_refused_before_parsing() {
+    let big = format!("job \"j\" {{\n{}}}\n", "# padding\n".repeat(MAX_JOBSPEC_BYTES / 10 + 1));
+    let e = parse_err(&big);
+    assert_eq!(e.kind, ErrorKind::Structure);
+    assert!(e.to_string().starts_with("job.hcl: the file is ") && e.message.contains("at most 4194304"), "{e}");
+    let opts = ParseOptions { var_files: vec![("big.vars".into(), big.clone())], ..ParseOptions::default() };
+    let e = parse_err_with("job \"j\" {\n}\n", &opts);
+    assert!(e.to_string().starts_with("big.vars: the file is "), "{e}");
+}
+
+#[test]
+fn deep_json_from_jsondecode_is_an_error() {
+    let deep = format!("{}1{}", "[".repeat(100_000), "]".repeat(100_000));
+    let e = parse_err(&job_with_task(&format!("config {{ x = jsondecode(\"{deep}\") }}")));
+    assert!(e.message.contains("invalid JSON") && e.message.contains("recursion limit"), "{e}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn nested_inputs_of_any_depth_never_overflow(depth in 0usize..3_000, kind in 0usize..6) {
+        let (open, close) = [("[", "]"), ("(", ")"), ("{a = ", "}"), ("upper(", ")"), ("!", ""), ("-", "")][kind];
+        let expr = format!("{}1{}", open.repeat(depth), close.repeat(depth));
+        let _ = parse(&format!("job \"j\" {{\n  meta = {{ x = {expr} }}\n}}\n"), &ParseOptions::default());
+        let blocks = job_with_task(&format!("config {{\n{}{}\n}}", "a {\n".repeat(depth), "}\n".repeat(depth)));
+        if let Err(e) = parse(&blocks, &ParseOptions::default()) {
+            prop_assert!(depth < 64 || e.message.contains("nested levels"), "{}: {}", depth, e);
+        } else {
+            prop_assert!(depth < 64, "{} nested blocks accepted", depth);
+        }
+    }
+}

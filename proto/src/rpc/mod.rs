@@ -21,6 +21,22 @@ mod generated {
     include!(concat!(env!("OUT_DIR"), "/nomad.ServiceRegistration.rs"));
 }
 
+/// Requests come from nodes: held to the request depth limit. Replies come from servers.
+macro_rules! decode_limits {
+    (requests: $($req:ty),*; replies: $($reply:ty),*) => {
+        $(impl codec::DecodeLimit for $req {
+            const MAX_DEPTH: Option<usize> = Some(crate::lenient::MAX_REQUEST_DEPTH);
+        })*
+        $(impl codec::DecodeLimit for $reply {})*
+    };
+}
+
+decode_limits!(
+    requests: NodeRegisterRequest, NodeUpdateStatusRequest, AllocUpdateRequest, NodeSpecificRequest, AllocsGetRequest,
+        ServiceRegistrationUpsertRequest, ServiceRegistrationDeleteRequest, ServiceRegistrationDeleteByIdRequest;
+    replies: NodeUpdateResponse, GenericResponse, NodeClientAllocsResponse, AllocsGetResponse
+);
+
 pub use generated::alloc_client::AllocClient;
 pub use generated::alloc_server::{Alloc as AllocRpc, AllocServer};
 pub use generated::node_client::NodeClient;

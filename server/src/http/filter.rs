@@ -17,17 +17,37 @@
 //! Selectors use Go field names and walk the JSON of each list element
 //! (`Status`, `Meta.rack`, `Meta["rack"]`, `TaskGroups` for a list). Values
 //! compare as strings, the way bexpr compares after conversion.
+//!
+//! Every route takes `?filter=`, so the text is untrusted: it is refused above
+//! [`MAX_FILTER_BYTES`] before it is lexed, and the recursive parser stops at
+//! [`MAX_FILTER_DEPTH`] levels of `(` and `not`. Chains of `and`/`or` are kept
+//! flat ([`Filter::All`], [`Filter::Any`]), so evaluating or dropping a filter
+//! recurses no deeper than the parser did.
 
-use regex::Regex;
+use regex::{Regex, RegexBuilder};
 use serde_json::Value;
+
+/// Longest filter expression accepted, in bytes. go-bexpr has no default
+/// limit; real filters are a few clauses (under 200 bytes), and 4 KiB leaves
+/// room for long generated ones while keeping parse work per request small.
+pub const MAX_FILTER_BYTES: usize = 4 * 1024;
+
+/// Deepest nesting of parentheses and `not` accepted. Each level is one frame
+/// of the recursive parser (and of evaluation); 32 is far beyond what a person
+/// writes and a few KiB of stack.
+pub const MAX_FILTER_DEPTH: usize = 32;
+
+/// Largest compiled `matches` regex, in bytes (the regex crate's default is 10 MiB);
+/// one request should not be able to make the server build a large automaton.
+const MAX_REGEX_BYTES: usize = 1024 * 1024;
 
 /// A parsed filter.
 #[derive(Debug, Clone)]
 pub enum Filter {
-    /// Both.
-    And(Box<Filter>, Box<Filter>),
-    /// Either.
-    Or(Box<Filter>, Box<Filter>),
+    /// Every one (an `and` chain).
+    All(Vec<Filter>),
+    /// Any one (an `or` chain).
+    Any(Vec<Filter>),
     /// Negation.
     Not(Box<Filter>),
     /// `selector == value` (or `!=` via `Not`).
@@ -134,6 +154,8 @@ fn lex(src: &str) -> Result<Vec<Tok>, FilterError> {
 struct Parser {
     toks: Vec<Tok>,
     pos: usize,
+    /// Levels of `(` and `not` open at `pos`.
+    depth: usize,
 }
 
 impl Parser {
@@ -152,37 +174,42 @@ impl Parser {
     }
 
     fn or(&mut self) -> Result<Filter, FilterError> {
-        let mut left = self.and()?;
+        let mut any = vec![self.and()?];
         while self.peek_word("or") {
             self.pos += 1;
-            left = Filter::Or(Box::new(left), Box::new(self.and()?));
+            any.push(self.and()?);
         }
-        Ok(left)
+        Ok(if any.len() == 1 { any.pop().expect("one element") } else { Filter::Any(any) })
     }
 
     fn and(&mut self) -> Result<Filter, FilterError> {
-        let mut left = self.unary()?;
+        let mut all = vec![self.unary()?];
         while self.peek_word("and") {
             self.pos += 1;
-            left = Filter::And(Box::new(left), Box::new(self.unary()?));
+            all.push(self.unary()?);
         }
-        Ok(left)
+        Ok(if all.len() == 1 { all.pop().expect("one element") } else { Filter::All(all) })
     }
 
     fn unary(&mut self) -> Result<Filter, FilterError> {
-        if self.peek_word("not") {
-            self.pos += 1;
-            return Ok(Filter::Not(Box::new(self.unary()?)));
+        let opens_level = self.peek_word("not") || self.peek() == Some(&Tok::LParen);
+        if !opens_level {
+            return self.matcher();
         }
-        if self.peek() == Some(&Tok::LParen) {
-            self.pos += 1;
-            let e = self.or()?;
-            if self.next() != Some(Tok::RParen) {
-                return Err(FilterError("missing closing parenthesis".into()));
-            }
-            return Ok(e);
+        if self.depth == MAX_FILTER_DEPTH {
+            return Err(FilterError(format!("filter expression nests deeper than {MAX_FILTER_DEPTH} levels of parentheses and \"not\"")));
         }
-        self.matcher()
+        self.depth += 1;
+        let parsed = if self.peek_word("not") {
+            self.pos += 1;
+            self.unary().map(|f| Filter::Not(Box::new(f)))
+        } else {
+            self.pos += 1;
+            self.or()
+                .and_then(|e| if self.next() == Some(Tok::RParen) { Ok(e) } else { Err(FilterError("missing closing parenthesis".into())) })
+        };
+        self.depth -= 1;
+        parsed
     }
 
     fn value(&mut self) -> Result<String, FilterError> {
@@ -266,7 +293,7 @@ impl Parser {
 }
 
 fn regex(p: &str) -> Result<Regex, FilterError> {
-    Regex::new(p).map_err(|e| FilterError(format!("invalid regular expression {p:?}: {e}")))
+    RegexBuilder::new(p).size_limit(MAX_REGEX_BYTES).build().map_err(|e| FilterError(format!("invalid regular expression {p:?}: {e}")))
 }
 
 fn describe(t: Option<&Tok>) -> String {
@@ -286,7 +313,10 @@ fn describe(t: Option<&Tok>) -> String {
 impl Filter {
     /// Parses an expression.
     pub fn parse(src: &str) -> Result<Filter, FilterError> {
-        let mut p = Parser { toks: lex(src)?, pos: 0 };
+        if src.len() > MAX_FILTER_BYTES {
+            return Err(FilterError(format!("filter expression is {} bytes; the limit is {MAX_FILTER_BYTES}", src.len())));
+        }
+        let mut p = Parser { toks: lex(src)?, pos: 0, depth: 0 };
         if p.toks.is_empty() {
             return Err(FilterError("empty filter expression".into()));
         }
@@ -300,8 +330,8 @@ impl Filter {
     /// Whether a JSON value passes.
     pub fn matches(&self, v: &Value) -> bool {
         match self {
-            Filter::And(a, b) => a.matches(v) && b.matches(v),
-            Filter::Or(a, b) => a.matches(v) || b.matches(v),
+            Filter::All(all) => all.iter().all(|f| f.matches(v)),
+            Filter::Any(any) => any.iter().any(|f| f.matches(v)),
             Filter::Not(f) => !f.matches(v),
             Filter::Equal(sel, want) => lookup(v, sel).is_some_and(|x| scalar(x).is_some_and(|s| s == *want)),
             Filter::Empty(sel) => match lookup(v, sel) {
@@ -386,6 +416,101 @@ mod tests {
         ] {
             let e = Filter::parse(bad).unwrap_err().to_string();
             assert!(e.contains(needle), "{bad:?}: {e}");
+        }
+    }
+
+    fn nested(depth: usize) -> String {
+        format!("{}Status == running{}", "(".repeat(depth), ")".repeat(depth))
+    }
+
+    #[test]
+    fn length_and_depth_are_limited_before_the_stack_is() {
+        let job = json!({"Status": "running"});
+        assert!(check(&nested(MAX_FILTER_DEPTH), &job), "the deepest accepted nesting evaluates");
+        let e = Filter::parse(&nested(MAX_FILTER_DEPTH + 1)).unwrap_err().to_string();
+        assert_eq!(e, "filter expression nests deeper than 32 levels of parentheses and \"not\"");
+        let nots = format!("{}Status == running", "not ".repeat(MAX_FILTER_DEPTH + 1));
+        assert!(Filter::parse(&nots).unwrap_err().to_string().contains("nests deeper"));
+        let mixed = format!("{}Status == running{}", "not (".repeat(17), ")".repeat(17));
+        assert!(Filter::parse(&mixed).unwrap_err().to_string().contains("nests deeper"), "not and ( count alike");
+        // 100,000 levels: refused by length, before anything proportional to the depth is done.
+        let e = Filter::parse(&nested(100_000)).unwrap_err().to_string();
+        assert_eq!(e, "filter expression is 200017 bytes; the limit is 4096");
+        assert!(Filter::parse(&"x".repeat(MAX_FILTER_BYTES + 1)).unwrap_err().to_string().contains("the limit is 4096"));
+    }
+
+    #[test]
+    fn long_chains_stay_flat() {
+        // 200 clauses within the length limit: one level, however long the chain.
+        let chain = vec!["Status == running"; 100].join(" and ") + " or " + &vec!["ID == x"; 100].join(" or ");
+        assert!(chain.len() <= MAX_FILTER_BYTES);
+        match Filter::parse(&chain).unwrap() {
+            Filter::Any(any) => {
+                assert_eq!(any.len(), 101);
+                assert!(matches!(&any[0], Filter::All(all) if all.len() == 100));
+            }
+            other => panic!("expected a flat or-chain, got {other:?}"),
+        }
+        assert!(check(&chain, &json!({"Status": "running"})));
+        assert!(check(&chain, &json!({"ID": "x"})));
+        assert!(!check(&chain, &json!({"Status": "dead"})));
+    }
+
+    #[test]
+    fn huge_regexes_are_refused() {
+        let e = Filter::parse(r#"ID matches "(((a{100}){100}){100})""#).unwrap_err().to_string();
+        assert!(e.contains("invalid regular expression"), "{e}");
+    }
+
+    /// Pieces that make up filters, so generated input reaches past the lexer.
+    fn fragment() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just("(".to_string()),
+            Just(")".to_string()),
+            Just(" not ".to_string()),
+            Just(" and ".to_string()),
+            Just(" or ".to_string()),
+            Just(" == ".to_string()),
+            Just(" != ".to_string()),
+            Just(" in ".to_string()),
+            Just(" is empty".to_string()),
+            Just(" contains ".to_string()),
+            Just(" matches ".to_string()),
+            Just("Meta[\"a\"]".to_string()),
+            Just(".".to_string()),
+            "[A-Za-z_]{1,6}",
+            "\"[^\"]{0,4}\"?",
+            "`[^`]{0,4}`?",
+            any::<char>().prop_map(String::from),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 512, ..Default::default() })]
+
+        #[test]
+        fn arbitrary_text_never_panics(src in "\\PC{0,300}") {
+            let _ = Filter::parse(&src).map(|f| f.matches(&json!({"a": [1], "Meta": {"a": ""}})));
+        }
+
+        #[test]
+        fn arbitrary_token_soup_never_panics(parts in proptest::collection::vec(fragment(), 0..200)) {
+            let src = parts.concat();
+            let _ = Filter::parse(&src).map(|f| f.matches(&json!({"a": [1], "Meta": {"a": ""}})));
+        }
+
+        #[test]
+        fn nesting_is_accepted_exactly_up_to_the_limit(depth in 0usize..2_000, nots in proptest::bool::ANY) {
+            let src = if nots { format!("{}a == b", "not ".repeat(depth)) } else { nested(depth) };
+            let parsed = Filter::parse(&src);
+            if src.len() > MAX_FILTER_BYTES {
+                proptest::prop_assert!(parsed.unwrap_err().0.contains("the limit is 4096"));
+            } else if depth > MAX_FILTER_DEPTH {
+                proptest::prop_assert!(parsed.unwrap_err().0.contains("nests deeper"));
+            } else {
+                proptest::prop_assert!(parsed.is_ok());
+            }
         }
     }
 }

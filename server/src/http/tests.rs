@@ -617,6 +617,35 @@ async fn filter_expressions_apply_to_lists() {
 }
 
 #[tokio::test]
+async fn deep_and_long_filters_are_refused_before_parsing() {
+    // Before the limits, 3,000 nested parentheses overflowed the handler's stack and aborted the
+    // process, on any route (the filter is parsed with the common query options).
+    let ts = TestServer::new();
+    call(&ts, Method::PUT, "/v1/jobs", job_body("web")).await;
+    let deep = format!("{}ID%20%3D%3D%20web{}", "(".repeat(10_000), ")".repeat(10_000));
+    for route in ["/v1/status/leader", "/v1/jobs", "/v1/nodes"] {
+        let r = get(&ts, &format!("{route}?filter={deep}")).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{route}: {}", r.text());
+        assert!(r.text().contains("filter expression is 20009 bytes; the limit is 4096"), "{route}: {}", r.text());
+    }
+    // Within the length limit, nesting is limited too.
+    let nested = format!("{}ID%20%3D%3D%20web{}", "(".repeat(33), ")".repeat(33));
+    let r = get(&ts, &format!("/v1/jobs?filter={nested}")).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
+    assert!(r.text().contains("nests deeper than 32 levels"), "{}", r.text());
+    let nots = format!("{}ID%20%3D%3D%20web", "not%20".repeat(1_000));
+    let r = get(&ts, &format!("/v1/jobs?filter={nots}")).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
+    assert!(r.text().contains("nests deeper than 32 levels"), "{}", r.text());
+    // The server still answers, and the deepest accepted filter works.
+    assert_eq!(get(&ts, "/v1/status/leader").await.status, StatusCode::OK);
+    let ok = format!("{}ID%20%3D%3D%20web{}", "(".repeat(32), ")".repeat(32));
+    let r = get(&ts, &format!("/v1/jobs?filter={ok}")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()[0]["ID"], "web");
+}
+
+#[tokio::test]
 async fn operator_raft_routes_answer_bad_input_with_clear_errors() {
     // The in-process server runs no Raft: an empty configuration, and nothing to remove.
     let ts = TestServer::new();
