@@ -1206,8 +1206,17 @@ impl Node {
                 Err(format!("node {what} must be between 0 and {MAX_RESOURCE_VALUE}; got {v}"))
             }
         };
+        // A core ID is a u16: a longer list can only repeat IDs, and the scheduler copies it.
+        let cores = |what: &str, list: &[u16]| -> Result<(), String> {
+            if list.len() > MAX_NODE_CORE_IDS {
+                Err(format!("node {what} lists {} cores, more than {MAX_NODE_CORE_IDS}", list.len()))
+            } else {
+                Ok(())
+            }
+        };
         if let Some(r) = &self.node_resources {
             bounded("CPU (MHz)", r.cpu.cpu_shares)?;
+            cores("reservable CPU cores", &r.cpu.reservable_cpu_cores)?;
             bounded("memory (MB)", r.memory.memory_mb)?;
             bounded("disk (MB)", r.disk.disk_mb)?;
             for n in &r.networks {
@@ -1227,6 +1236,7 @@ impl Node {
         }
         if let Some(r) = &self.reserved_resources {
             bounded("reserved CPU (MHz)", r.cpu.cpu_shares)?;
+            cores("reserved CPU cores", &r.cpu.reserved_cpu_cores)?;
             bounded("reserved memory (MB)", r.memory.memory_mb)?;
             bounded("reserved disk (MB)", r.disk.disk_mb)?;
             validate_port_list(&r.networks.reserved_host_ports).map_err(|e| format!("node reserved host ports: {e}"))?;
@@ -1234,6 +1244,9 @@ impl Node {
         Ok(())
     }
 }
+
+/// Most core IDs a node may list as reservable or reserved: every `u16` once.
+pub const MAX_NODE_CORE_IDS: usize = 1 << 16;
 
 /// Longest namespace description, bytes (Nomad's `maxNamespaceDescriptionLength`).
 pub const MAX_NAMESPACE_DESCRIPTION_BYTES: usize = 256;

@@ -6,11 +6,18 @@
 //!
 //! Prints, per count, the peak bytes the plan allocated above what the state
 //! held before, and that figure per unit of count, with no node that fits (every
-//! placement fails) and with enough nodes for all of them.
+//! placement fails) and with enough nodes for all of them. `job_max_count` is raised
+//! to 2^31 so the scheduler's own bound is what is measured: with no node, a count
+//! of 2^31 costs what a count of 1,000 does.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use std::sync::Arc;
+
+use nomad_proto::JobLimits;
+use nomad_proto::limits::MAX_RESOURCE_VALUE;
+use nomad_server::endpoints::{EndpointConfig, Endpoints};
 use nomad_server::sim::ready_node;
 use nomad_server::testing::{TestServer, job};
 
@@ -43,9 +50,9 @@ async fn measure(nodes: usize, count: i64) -> usize {
         let mut n = ready_node(&format!("node-{i:05}"));
         if let Some(r) = n.node_resources.as_mut() {
             // Room for every placement of the largest run.
-            r.cpu.cpu_shares = 1 << 40;
-            r.memory.memory_mb = 1 << 40;
-            r.disk.disk_mb = 1 << 40;
+            r.cpu.cpu_shares = MAX_RESOURCE_VALUE;
+            r.memory.memory_mb = MAX_RESOURCE_VALUE;
+            r.disk.disk_mb = MAX_RESOURCE_VALUE;
         }
         server.register_node(n).await;
     }
@@ -58,7 +65,10 @@ async fn measure(nodes: usize, count: i64) -> usize {
     j.task_groups[0].tasks[0].log_config.max_file_size_mb = 1;
     let before = LIVE.load(Ordering::Relaxed);
     PEAK.store(before, Ordering::Relaxed);
-    let plan = server.endpoints.job_plan(j, false).await.expect("plan");
+    let config = EndpointConfig { job_limits: JobLimits { max_count: 1 << 31 }, ..EndpointConfig::default() };
+    let endpoints = Endpoints::new(server.store.clone(), server.consensus.clone(), server.endpoints.heartbeats().clone(), config)
+        .with_scheduler(Arc::new(nomad_server::scheduler::BuiltinScheduler));
+    let plan = endpoints.job_plan(j, false).await.expect("plan");
     let peak = PEAK.load(Ordering::Relaxed) - before;
     drop(plan);
     peak
@@ -67,7 +77,8 @@ async fn measure(nodes: usize, count: i64) -> usize {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     for nodes in [0usize, 100] {
-        for count in [1_000i64, 10_000, 50_000, 100_000] {
+        let huge: &[i64] = if nodes == 0 { &[1 << 31] } else { &[] };
+        for &count in [1_000i64, 10_000, 50_000, 100_000].iter().chain(huge) {
             let peak = measure(nodes, count).await;
             println!(
                 "nodes={nodes:<4} count={count:<7} plan peak heap {:>8.1} MiB  {:>6} bytes per count",

@@ -468,6 +468,30 @@ fn node_registrations_are_checked() {
         "node reserved host ports: \"70000\" is not a port",
     );
     refused(
+        &|n| {
+            let mut r = crate::resources::NodeReservedResources::default();
+            r.cpu.cpu_shares = i64::MAX;
+            n.reserved_resources = Some(r);
+        },
+        "node reserved CPU (MHz) must be between 0 and 4294967296; got 9223372036854775807",
+    );
+    refused(
+        &|n| {
+            let mut r = crate::resources::NodeReservedResources::default();
+            r.disk.disk_mb = 1 << 40;
+            n.reserved_resources = Some(r);
+        },
+        "node reserved disk (MB) must be between 0",
+    );
+    refused(
+        &|n| {
+            let mut r = crate::NodeResources::default();
+            r.cpu.reservable_cpu_cores = vec![0; (1 << 16) + 1];
+            n.node_resources = Some(r);
+        },
+        "node reservable CPU cores lists 65537 cores, more than 65536",
+    );
+    refused(
         &|n| n.node_resources = Some(crate::NodeResources { min_dynamic_port: 30000, max_dynamic_port: 20000, ..Default::default() }),
         "node dynamic port range 30000-20000 is empty",
     );

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use nomad_proto::eval::trigger;
-use nomad_proto::{DesiredTransition, EvalStatus, Evaluation, Timestamp};
+use nomad_proto::{DesiredTransition, EvalStatus, Evaluation};
 use serde::Serialize;
 
 use super::{EndpointError, Endpoints};
@@ -26,7 +26,7 @@ impl Endpoints {
     pub async fn alloc_stop(&self, alloc_id: &str, no_shutdown_delay: bool) -> Result<AllocStopResponse, EndpointError> {
         let snap = self.store.snapshot();
         let alloc = snap.alloc(alloc_id).ok_or_else(|| EndpointError::NotFound("allocation not found".into()))?;
-        let now = Timestamp::now();
+        let now = self.now();
         let (priority, eval_type) = alloc.job.as_ref().map(|j| (j.priority, j.job_type)).unwrap_or_default();
         let eval = Evaluation {
             id: nomad_proto::new_id(),

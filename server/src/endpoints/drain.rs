@@ -55,7 +55,7 @@ impl Endpoints {
     pub async fn node_update_drain(&self, node_id: &str, req: DrainRequest) -> Result<NodeWriteResponse, EndpointError> {
         let snap = self.store.snapshot();
         let node = snap.node(node_id).ok_or_else(|| EndpointError::NotFound("node not found".into()))?.clone();
-        let now = Timestamp::now();
+        let now = self.now();
         let drain = req.drain_spec.as_ref().map(|spec| DrainStrategy {
             deadline: spec.deadline,
             ignore_system_jobs: spec.ignore_system_jobs,
@@ -98,7 +98,7 @@ impl Endpoints {
     pub async fn node_deregister(&self, node_id: &str) -> Result<NodeWriteResponse, EndpointError> {
         let snap = self.store.snapshot();
         let node = snap.node(node_id).ok_or_else(|| EndpointError::NotFound("node not found".into()))?.clone();
-        let evals = create_node_evals(&snap, &node, snap.index + 1, Timestamp::now());
+        let evals = create_node_evals(&snap, &node, snap.index + 1, self.now());
         let eval_ids: Vec<String> = evals.iter().map(|e| e.id.clone()).collect();
         let index = self.consensus.apply(Command::NodeDeregister { node_ids: vec![node_id.to_string()], evals }).await?;
         self.heartbeats.remove(node_id);
@@ -109,7 +109,7 @@ impl Endpoints {
     pub async fn node_evaluate(&self, node_id: &str) -> Result<NodeWriteResponse, EndpointError> {
         let snap = self.store.snapshot();
         let node = snap.node(node_id).ok_or_else(|| EndpointError::NotFound("node not found".into()))?.clone();
-        let evals = create_node_evals(&snap, &node, node.modify_index, Timestamp::now());
+        let evals = create_node_evals(&snap, &node, node.modify_index, self.now());
         if evals.is_empty() {
             return Ok(NodeWriteResponse { node_modify_index: node.modify_index, index: snap.index, ..Default::default() });
         }

@@ -1,7 +1,7 @@
 //! `Node.UpdateEligibility`: operators take a node in or out of scheduling.
 
 use nomad_proto::node::event_subsystem;
-use nomad_proto::{NodeEvent, SchedulingEligibility, Timestamp};
+use nomad_proto::{NodeEvent, SchedulingEligibility};
 
 use super::node_evals::create_node_evals;
 use super::{EndpointError, Endpoints, NodeWriteResponse};
@@ -23,7 +23,7 @@ impl Endpoints {
         if node.scheduling_eligibility == eligibility {
             return Ok(NodeWriteResponse { node_modify_index: node.modify_index, index: snap.index, ..Default::default() });
         }
-        let now = Timestamp::now();
+        let now = self.now();
         let evals =
             if eligibility == SchedulingEligibility::Eligible { create_node_evals(&snap, &node, snap.index + 1, now) } else { Vec::new() };
         let eval_ids: Vec<String> = evals.iter().map(|e| e.id.clone()).collect();

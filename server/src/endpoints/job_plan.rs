@@ -50,7 +50,7 @@ impl Endpoints {
         }
         let old = snap.job(&job.namespace, &job.id).cloned();
         let index = old.as_ref().map_or(0, |j| j.job_modify_index);
-        let now = Timestamp::now();
+        let now = self.now();
 
         // Substitute the job in a private copy of the state; the scheduler sees it as registered.
         let scratch = StateStore::new();
@@ -86,5 +86,81 @@ impl Endpoints {
             warnings: String::new(),
             index,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use nomad_proto::JobLimits;
+
+    use super::*;
+    use crate::consensus::Consensus;
+    use crate::endpoints::{DrainRequest, DrainSpec, EndpointConfig};
+    use crate::fsm::{Command, PlanApply};
+    use crate::testing::{TestServer, job, node};
+
+    /// Endpoints over `ts`'s state with `config`, the built-in scheduler and `clock`.
+    fn endpoints(ts: &TestServer, config: EndpointConfig, clock: super::super::Clock) -> Endpoints {
+        Endpoints::new(ts.store.clone(), ts.consensus.clone(), ts.endpoints.heartbeats().clone(), config)
+            .with_scheduler(Arc::new(crate::scheduler::BuiltinScheduler))
+            .with_clock(clock)
+    }
+
+    /// Issue 11: with `job_max_count` raised to 2^31, planning such a count on one node used to
+    /// allocate per unit of count (48 GB) and abort the server; it now costs what fits.
+    #[tokio::test]
+    async fn planning_a_count_of_2_pow_31_on_one_node_answers_with_what_fits() {
+        let ts = TestServer::new();
+        ts.register_node(crate::sim::ready_node("n1")).await;
+        let count = 1i64 << 31;
+        let config = EndpointConfig { job_limits: JobLimits { max_count: count }, ..EndpointConfig::default() };
+        let endpoints = endpoints(&ts, config, Arc::new(Timestamp::now));
+        let plan = endpoints.job_plan(job("web", count), false).await.unwrap();
+        let desired = &plan.annotations.as_ref().unwrap().desired_tg_updates["web"];
+        assert_eq!(desired.place, count as u64);
+        let failed = &plan.failed_tg_allocs.as_ref().unwrap()["web"];
+        // The fixture node (4000 MHz, 8192 MiB) takes 27 allocs of 100 MHz / 300 MiB.
+        assert_eq!(failed.coalesced_failures, count - 27 - 1);
+        let created = plan.created_evals.as_ref().unwrap();
+        assert_eq!((created.len(), created[0].status), (1, EvalStatus::Blocked));
+        // Nothing was written, and the server answers the next request.
+        assert!(ts.store.snapshot().job("default", "web").is_none());
+        endpoints.job_plan(job("web", 1), false).await.unwrap();
+    }
+
+    /// Issue 20: drain, eligibility, alloc stop and plan read the endpoints' clock, not the
+    /// system's.
+    #[tokio::test]
+    async fn drain_eligibility_alloc_stop_and_plan_read_the_injected_clock() {
+        let ts = TestServer::new();
+        ts.register_node(node("n1")).await;
+        let at = Timestamp(1_234_567_890_000_000_000);
+        let endpoints = endpoints(&ts, EndpointConfig::default(), Arc::new(move || at));
+
+        let plan = endpoints.job_plan(job("web", 1000), false).await.unwrap();
+        assert_eq!(plan.created_evals.unwrap()[0].create_time, at.unix_nanos(), "the scheduler ran at the injected time");
+
+        endpoints.node_update_eligibility("n1", "ineligible").await.unwrap();
+        assert_eq!(ts.store.snapshot().node("n1").unwrap().events.last().unwrap().timestamp, at);
+
+        let drain = DrainRequest { drain_spec: Some(DrainSpec { deadline: -1, ..DrainSpec::default() }), ..DrainRequest::default() };
+        endpoints.node_update_drain("n1", drain).await.unwrap();
+        let strategy = ts.store.snapshot().node("n1").unwrap().drain_strategy.clone().unwrap();
+        assert_eq!((strategy.started_at, strategy.force_deadline), (at, at));
+
+        let alloc = nomad_proto::Allocation {
+            id: "a1".into(),
+            namespace: "default".into(),
+            job_id: "web".into(),
+            node_id: "n1".into(),
+            task_group: "web".into(),
+            ..nomad_proto::Allocation::default()
+        };
+        let apply = PlanApply { job: None, allocs_upserted: vec![alloc], allocs_stopped: vec![], eval: None, evals: vec![], now: at };
+        ts.consensus.apply(Command::PlanApply(apply)).await.unwrap();
+        let stop = endpoints.alloc_stop("a1", false).await.unwrap();
+        assert_eq!(ts.store.snapshot().eval(&stop.eval_id).unwrap().create_time, at.unix_nanos());
     }
 }

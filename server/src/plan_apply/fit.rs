@@ -24,14 +24,17 @@ pub fn alloc_usage(a: &Allocation) -> Usage {
     Usage { cpu: h.cpu, memory_mb: h.memory_mb, disk_mb: h.disk_mb }
 }
 
-/// What a node offers for allocs: its resources minus what it reserves.
+/// What a node offers for allocs: its resources minus what it reserves (negative when it
+/// reserves more than it has: nothing fits). Registration bounds both, but a stored node is
+/// not re-validated: each side counts as at least 0, so the difference cannot overflow.
 pub fn node_capacity(n: &Node) -> Usage {
     let Some(r) = &n.node_resources else { return Usage::default() };
     let reserved = n.reserved_resources.as_ref();
+    let offer = |total: i64, held: Option<i64>| total.max(0) - held.unwrap_or(0).max(0);
     Usage {
-        cpu: r.cpu.cpu_shares - reserved.map_or(0, |x| x.cpu.cpu_shares),
-        memory_mb: r.memory.memory_mb - reserved.map_or(0, |x| x.memory.memory_mb),
-        disk_mb: r.disk.disk_mb - reserved.map_or(0, |x| x.disk.disk_mb),
+        cpu: offer(r.cpu.cpu_shares, reserved.map(|x| x.cpu.cpu_shares)),
+        memory_mb: offer(r.memory.memory_mb, reserved.map(|x| x.memory.memory_mb)),
+        disk_mb: offer(r.disk.disk_mb, reserved.map(|x| x.disk.disk_mb)),
     }
 }
 
@@ -99,13 +102,13 @@ pub fn fits(node: &Node, load: &Load) -> Result<(), String> {
         return Err("cores".to_string());
     }
     let capacity = node_capacity(node);
-    if load.cpu > capacity.cpu {
+    if load.cpu > i128::from(capacity.cpu) {
         return Err("cpu".to_string());
     }
-    if load.memory_mb > capacity.memory_mb {
+    if load.memory_mb > i128::from(capacity.memory_mb) {
         return Err("memory".to_string());
     }
-    if load.disk_mb > capacity.disk_mb {
+    if load.disk_mb > i128::from(capacity.disk_mb) {
         return Err("disk".to_string());
     }
     Ok(())

@@ -2,6 +2,10 @@
 //!
 //! The check is numeric and allocation-free for groups without ports; the
 //! `AllocatedResources` are only built for the node finally chosen.
+//!
+//! The asks come from a stored job, which is not re-validated: they are summed saturating
+//! (a negative ask counts as 0) and compared with what the node holds in `i128`, so no sum
+//! wraps and an impossible group never fits.
 
 use std::collections::BTreeMap;
 
@@ -12,7 +16,7 @@ use rand::Rng;
 use super::ports::{self, PortOffer};
 use super::usage::{Capacity, NodeUsage};
 
-/// A group's resource ask, summed once per eval.
+/// A group's resource ask, summed once per eval (saturating, each ask at least 0).
 #[derive(Debug, Clone)]
 pub(crate) struct GroupAsk {
     /// MHz of tasks that do not reserve cores.
@@ -26,14 +30,14 @@ pub(crate) struct GroupAsk {
 
 impl GroupAsk {
     pub(crate) fn new(tg: &TaskGroup) -> GroupAsk {
-        let mut ask = GroupAsk { cpu: 0, memory: 0, disk: tg.ephemeral_disk.size_mb, cores: Vec::new(), needs_ports: false };
+        let mut ask = GroupAsk { cpu: 0, memory: 0, disk: tg.ephemeral_disk.size_mb.max(0), cores: Vec::new(), needs_ports: false };
         for (i, t) in tg.tasks.iter().enumerate() {
             if t.resources.cores > 0 {
                 ask.cores.push((i, t.resources.cores.min(u16::MAX as i64) as u16));
             } else {
-                ask.cpu += t.resources.cpu;
+                ask.cpu = ask.cpu.saturating_add(t.resources.cpu.max(0));
             }
-            ask.memory += t.resources.memory_mb;
+            ask.memory = ask.memory.saturating_add(t.resources.memory_mb.max(0));
             ask.needs_ports |= !t.resources.networks.is_empty();
         }
         ask.needs_ports |= !tg.networks.is_empty();
@@ -45,8 +49,8 @@ impl GroupAsk {
 #[derive(Debug, Clone)]
 pub(crate) struct Fit {
     /// CPU and memory in use on the node with this alloc (for scoring).
-    pub(crate) cpu_used: i64,
-    pub(crate) memory_used: i64,
+    pub(crate) cpu_used: i128,
+    pub(crate) memory_used: i128,
     group_offer: Option<PortOffer>,
     task_offers: Vec<(usize, PortOffer)>,
     /// (task index, cores, MHz they stand for).
@@ -60,8 +64,8 @@ pub(crate) fn fit(node: &Node, usage: &NodeUsage, tg: &TaskGroup, ask: &GroupAsk
         return Err(dimension.into());
     }
     let mut fit = Fit {
-        cpu_used: usage.cpu + ask.cpu,
-        memory_used: usage.memory + ask.memory,
+        cpu_used: usage.cpu + i128::from(ask.cpu),
+        memory_used: usage.memory + i128::from(ask.memory),
         group_offer: None,
         task_offers: Vec::new(),
         cores: Vec::new(),
@@ -84,26 +88,26 @@ pub(crate) fn fit(node: &Node, usage: &NodeUsage, tg: &TaskGroup, ask: &GroupAsk
     if !ask.cores.is_empty() {
         let cpu = node.node_resources.as_ref().map(|r| &r.cpu);
         let reservable = cpu.map(|c| c.reservable_cpu_cores.as_slice()).unwrap_or_default();
-        let per_core = cpu.filter(|c| c.total_cpu_cores > 0).map_or(0, |c| c.cpu_shares / i64::from(c.total_cpu_cores));
+        let per_core = cpu.filter(|c| c.total_cpu_cores > 0).map_or(0, |c| c.cpu_shares.max(0) / i64::from(c.total_cpu_cores));
         let mut free: Vec<u16> = reservable.iter().copied().filter(|c| !usage.cores.contains(c)).collect();
         for (task, n) in &ask.cores {
             if free.len() < *n as usize {
                 return Err("cores".into());
             }
             let taken: Vec<u16> = free.drain(..*n as usize).collect();
-            let mhz = per_core * i64::from(*n);
-            fit.cpu_used += mhz;
+            let mhz = per_core.saturating_mul(i64::from(*n));
+            fit.cpu_used += i128::from(mhz);
             fit.cores.push((*task, taken, mhz));
         }
     }
     let cap = Capacity::of(node);
-    if fit.cpu_used > cap.cpu {
+    if fit.cpu_used > i128::from(cap.cpu) {
         return Err("cpu".into());
     }
-    if fit.memory_used > cap.memory {
+    if fit.memory_used > i128::from(cap.memory) {
         return Err("memory".into());
     }
-    if usage.disk + ask.disk > cap.disk {
+    if usage.disk + i128::from(ask.disk) > i128::from(cap.disk) {
         return Err("disk".into());
     }
     Ok(fit)

@@ -12,7 +12,8 @@ use super::alloc_sets::{stop_lost_on_down_nodes, tainted_nodes};
 use super::metrics::exhaust_resources;
 use super::nodes::ready_nodes;
 use super::proposed::Proposed;
-use super::reconcile::{PlaceRequest, ReconcileResults, Reconciler, UpdateKind};
+use super::ids::IdSource;
+use super::reconcile::{FreshPlacements, PlaceRequest, ReconcileResults, Reconciler, UpdateKind};
 use super::select::{SelectOptions, Selection, Stack, StackKind, seed_for};
 use super::updates::destructive_change;
 use super::{
@@ -62,6 +63,7 @@ struct GenericRun<'a> {
     proposed: Proposed<'a>,
     failed: BTreeMap<String, AllocMetric>,
     queued: BTreeMap<String, i64>,
+    ids: IdSource,
 }
 
 impl<'a> GenericRun<'a> {
@@ -83,7 +85,8 @@ impl<'a> GenericRun<'a> {
                 queued.insert(g.name.clone(), 0);
             }
         }
-        GenericRun { state, eval, now, job, proposed, failed: BTreeMap::new(), queued }
+        let ids = IdSource::new(&eval.id, state.index);
+        GenericRun { state, eval, now, job, proposed, failed: BTreeMap::new(), queued, ids }
     }
 
     fn run(mut self) -> ScheduleOutcome {
@@ -98,7 +101,7 @@ impl<'a> GenericRun<'a> {
             Stack::new(j.clone(), if batch { StackKind::Batch } else { StackKind::Service }, seed_for(&self.eval.id, state.index))
         });
 
-        let results = {
+        let mut results = {
             let job = live_job.as_deref();
             let proposed = &mut self.proposed;
             let eval = self.eval;
@@ -114,6 +117,7 @@ impl<'a> GenericRun<'a> {
                 eval_id: &self.eval.id,
                 eval_priority: self.eval.priority,
                 now: self.now,
+                ids: &self.ids,
                 update_fn: &mut update_fn,
             };
             reconciler.compute(&allocs)
@@ -125,7 +129,7 @@ impl<'a> GenericRun<'a> {
             .then(|| PlanAnnotations { desired_tg_updates: annotate::desired_updates(&results), ..PlanAnnotations::default() });
         self.apply_results(&results);
         if let (Some(job), Some(stack)) = (live_job.as_ref(), stack.as_mut()) {
-            self.place(job, stack, &results);
+            self.place(job, stack, &mut results);
         }
         let escaped = stack.as_ref().is_some_and(|s| s.feasibility().escaped());
         let classes = stack.as_ref().map(|s| s.feasibility().class_eligibility()).unwrap_or_default();
@@ -144,60 +148,91 @@ impl<'a> GenericRun<'a> {
         }
     }
 
-    fn place(&mut self, job: &Arc<Job>, stack: &mut Stack<'a>, r: &ReconcileResults<'a>) {
-        if r.place.is_empty() && r.destructive_update.is_empty() {
+    /// Destructive updates first, then the replacements and new allocs in reconciler order.
+    fn place(&mut self, job: &Arc<Job>, stack: &mut Stack<'a>, r: &mut ReconcileResults<'a>) {
+        if r.place.is_empty() && r.destructive_update.is_empty() && r.fresh.is_empty() {
             return;
         }
-        let destructive = r.destructive_update.iter().map(|d| {
-            (PlaceRequest { name: d.name.clone(), group: d.group.clone(), previous: Some(d.stop), reschedule: false, lost: false }, true)
-        });
-        let requests: Vec<(PlaceRequest<'a>, bool)> = destructive.chain(r.place.iter().map(|p| (p.clone(), false))).collect();
-        for (req, _) in &requests {
-            *self.queued.entry(req.group.clone()).or_insert(0) += 1;
+        let wanted = r.destructive_update.iter().map(|d| (&d.group, 1)).chain(r.place.iter().map(|p| (&p.group, 1)));
+        for (group, n) in wanted.chain(r.fresh.iter().map(|f| (&f.group, f.count))) {
+            let q = self.queued.entry(group.clone()).or_insert(0);
+            *q = q.saturating_add(i64::try_from(n).unwrap_or(i64::MAX));
         }
         let ready = ready_nodes(self.state, job);
-        let in_pool = ready.nodes.len() as i64;
+        let pool = Pool { in_pool: ready.nodes.len() as i64, by_dc: ready.by_dc };
         stack.set_nodes(ready.nodes);
-        for (req, stop_previous) in requests {
-            let Some(group) = job.task_groups.iter().position(|g| g.name == req.group) else { continue };
-            let tg = &job.task_groups[group];
-            if let Some(m) = self.failed.get_mut(&tg.name) {
-                m.coalesced_failures += 1;
-                exhaust_resources(m, tg);
-                continue;
+        for d in &r.destructive_update {
+            let req = PlaceRequest { name: d.name.clone(), group: d.group.clone(), previous: Some(d.stop), reschedule: false, lost: false };
+            self.place_one(job, stack, &pool, &req, true);
+        }
+        let mut fresh = std::mem::take(&mut r.fresh).into_iter().peekable();
+        for (i, req) in r.place.iter().enumerate() {
+            while let Some(f) = fresh.next_if(|f| f.before <= i) {
+                self.place_fresh(job, stack, &pool, f);
             }
-            // Destructive updates free the old alloc's room first; undone if the new one does not fit.
-            if let (true, Some(prev)) = (stop_previous, req.previous) {
-                self.proposed.append_stop(prev, ALLOC_UPDATING_DESC, None, "");
+            self.place_one(job, stack, &pool, req, false);
+        }
+        for f in fresh {
+            self.place_fresh(job, stack, &pool, f);
+        }
+    }
+
+    /// New allocs, named one at a time. Once one fails the rest of the group is counted as
+    /// failed without being tried or named: the cost is what fits, not the count.
+    fn place_fresh(&mut self, job: &Arc<Job>, stack: &mut Stack<'a>, pool: &Pool, mut fresh: FreshPlacements) {
+        let Some(tg) = job.lookup_task_group(&fresh.group) else { return };
+        for done in 0..fresh.count {
+            if let Some(m) = self.failed.get_mut(&fresh.group) {
+                let rest = i64::try_from(fresh.count - done).unwrap_or(i64::MAX);
+                m.coalesced_failures = m.coalesced_failures.saturating_add(rest);
+                exhaust_resources(m, tg, rest);
+                return;
             }
-            let penalty = penalty_nodes(req.previous);
-            let opts = SelectOptions { alloc_name: &req.name, penalty_nodes: &penalty };
-            let preferred = req
-                .previous
-                .filter(|_| tg.ephemeral_disk.sticky || tg.ephemeral_disk.migrate)
-                .and_then(|p| self.state.node(&p.node_id))
-                .filter(|n| n.is_ready_for_placement());
-            let (selection, mut metric) = match preferred {
-                Some(node) => match stack.select_node(&mut self.proposed, node, group, opts) {
-                    (Some(s), m) => (Some(s), m),
-                    (None, _) => stack.select(&mut self.proposed, group, opts),
-                },
-                None => stack.select(&mut self.proposed, group, opts),
-            };
-            metric.nodes_available = ready.by_dc.clone();
-            metric.nodes_in_pool = in_pool;
-            match selection {
-                Some(sel) => {
-                    let alloc = self.new_alloc(job, tg, &req, sel, metric);
-                    self.proposed.append_alloc(alloc);
-                    *self.queued.entry(tg.name.clone()).or_insert(0) -= 1;
-                }
-                None => {
-                    exhaust_resources(&mut metric, tg);
-                    self.failed.insert(tg.name.clone(), metric);
-                    if let (true, Some(prev)) = (stop_previous, req.previous) {
-                        self.proposed.pop_stop(prev);
-                    }
+            let name = fresh.names.take_next();
+            let req = PlaceRequest { name, group: fresh.group.clone(), previous: None, reschedule: false, lost: false };
+            self.place_one(job, stack, pool, &req, false);
+        }
+    }
+
+    fn place_one(&mut self, job: &Arc<Job>, stack: &mut Stack<'a>, pool: &Pool, req: &PlaceRequest<'a>, stop_previous: bool) {
+        let Some(group) = job.task_groups.iter().position(|g| g.name == req.group) else { return };
+        let tg = &job.task_groups[group];
+        if let Some(m) = self.failed.get_mut(&tg.name) {
+            m.coalesced_failures = m.coalesced_failures.saturating_add(1);
+            exhaust_resources(m, tg, 1);
+            return;
+        }
+        // Destructive updates free the old alloc's room first; undone if the new one does not fit.
+        if let (true, Some(prev)) = (stop_previous, req.previous) {
+            self.proposed.append_stop(prev, ALLOC_UPDATING_DESC, None, "");
+        }
+        let penalty = penalty_nodes(req.previous);
+        let opts = SelectOptions { alloc_name: &req.name, penalty_nodes: &penalty };
+        let preferred = req
+            .previous
+            .filter(|_| tg.ephemeral_disk.sticky || tg.ephemeral_disk.migrate)
+            .and_then(|p| self.state.node(&p.node_id))
+            .filter(|n| n.is_ready_for_placement());
+        let (selection, mut metric) = match preferred {
+            Some(node) => match stack.select_node(&mut self.proposed, node, group, opts) {
+                (Some(s), m) => (Some(s), m),
+                (None, _) => stack.select(&mut self.proposed, group, opts),
+            },
+            None => stack.select(&mut self.proposed, group, opts),
+        };
+        metric.nodes_available = pool.by_dc.clone();
+        metric.nodes_in_pool = pool.in_pool;
+        match selection {
+            Some(sel) => {
+                let alloc = self.new_alloc(job, tg, req, sel, metric);
+                self.proposed.append_alloc(alloc);
+                *self.queued.entry(tg.name.clone()).or_insert(0) -= 1;
+            }
+            None => {
+                exhaust_resources(&mut metric, tg, 1);
+                self.failed.insert(tg.name.clone(), metric);
+                if let (true, Some(prev)) = (stop_previous, req.previous) {
+                    self.proposed.pop_stop(prev);
                 }
             }
         }
@@ -205,7 +240,7 @@ impl<'a> GenericRun<'a> {
 
     fn new_alloc(&self, job: &Job, tg: &TaskGroup, req: &PlaceRequest<'a>, sel: Selection<'a>, metric: AllocMetric) -> Allocation {
         let mut alloc = Allocation {
-            id: nomad_proto::new_id(),
+            id: self.ids.next_id(),
             namespace: job.namespace.clone(),
             eval_id: self.eval.id.clone(),
             name: req.name.clone(),
@@ -244,7 +279,7 @@ impl<'a> GenericRun<'a> {
         let mut blocked_id = String::new();
         if eval.status != EvalStatus::Blocked && !self.failed.is_empty() && !delay_instead {
             let blocked = Evaluation {
-                id: nomad_proto::new_id(),
+                id: self.ids.next_id(),
                 namespace: eval.namespace.clone(),
                 priority: eval.priority,
                 eval_type: eval.eval_type,
@@ -275,6 +310,7 @@ impl<'a> GenericRun<'a> {
             }
             if let (Some(at), Some(job)) = (results.rolling_wait_until, self.job.as_ref()) {
                 let mut next = Evaluation::for_job(job, trigger::ROLLING_UPDATE, self.now);
+                next.id = self.ids.next_id();
                 next.priority = eval.priority;
                 next.status_description = ROLLING_UPDATE_FOLLOWUP_DESC.to_string();
                 next.wait_until = at;
@@ -306,6 +342,12 @@ impl<'a> GenericRun<'a> {
         plan.annotations = annotations.clone();
         ScheduleOutcome { plan, eval_update, new_evals, annotations }
     }
+}
+
+/// The ready nodes as every placement's metric reports them.
+struct Pool {
+    in_pool: i64,
+    by_dc: BTreeMap<String, i64>,
 }
 
 /// Nodes a replacement should avoid: where the previous alloc failed and

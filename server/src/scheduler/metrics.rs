@@ -52,8 +52,9 @@ pub(crate) fn exhausted_node(m: &mut AllocMetric, node: &Node, dimension: &str) 
     }
 }
 
-/// Adds the group's asks to `ResourcesExhausted` for the dimensions that ran out.
-pub(crate) fn exhaust_resources(m: &mut AllocMetric, tg: &TaskGroup) {
+/// Adds the group's asks, `times` over (one per failed placement), to `ResourcesExhausted`
+/// for the dimensions that ran out. The sums saturate: the asks are untrusted.
+pub(crate) fn exhaust_resources(m: &mut AllocMetric, tg: &TaskGroup, times: i64) {
     if m.dimension_exhausted.is_empty() {
         return;
     }
@@ -62,7 +63,7 @@ pub(crate) fn exhaust_resources(m: &mut AllocMetric, tg: &TaskGroup) {
         let entry = m.resources_exhausted.entry(t.name.clone()).or_insert_with(|| serde_json::json!({"CPU": 0, "MemoryMB": 0}));
         let add = |v: &mut serde_json::Value, key: &str, n: i64| {
             let cur = v.get(key).and_then(|x| x.as_i64()).unwrap_or(0);
-            v[key] = serde_json::json!(cur + n);
+            v[key] = serde_json::json!(cur.saturating_add(n.saturating_mul(times)));
         };
         if mem {
             add(entry, "MemoryMB", t.resources.memory_mb);

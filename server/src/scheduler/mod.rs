@@ -16,8 +16,16 @@
 //! snapshot.
 //!
 //! Randomness (node shuffling, dynamic ports) comes from a generator seeded
-//! with the eval ID and the snapshot index, so a run can be replayed; only
-//! new alloc and eval IDs are random.
+//! with the eval ID and the snapshot index, and so do new alloc and eval IDs
+//! (`ids.rs`): a run on the same snapshot and eval makes the same outcome.
+//!
+//! **Bounded by what is placed.** A group's `count` is never turned into
+//! that many of anything before placement: new names are handed out one at a
+//! time (`FreshPlacements`), and once one placement of a group fails the rest
+//! are counted as coalesced failures without being tried, so a stored count of
+//! 2^31 on a small cluster costs what fits plus a constant. Resource sums are
+//! formed in checked or saturating arithmetic: stored state is not
+//! re-validated, and a value past the admission bounds must not wrap.
 //!
 //! **Blocked evals.** When placements fail, `new_evals` holds a `blocked`
 //! eval and `eval_update.blocked_eval` names it. When the eval being
@@ -58,6 +66,7 @@ mod fast_hash;
 mod feasible;
 mod fit;
 mod generic;
+mod ids;
 mod metrics;
 mod names;
 mod nodes;

@@ -1,5 +1,11 @@
 //! Alloc names `job.group[i]`: which indexes are taken, which to use next,
 //! which to remove first (Nomad's `allocNameIndex`).
+//!
+//! The index holds the taken indexes only (not a slot per `count`), and hands out new
+//! names one at a time, so a group whose `count` is far beyond what fits costs memory for
+//! the names actually placed, not for the count.
+
+use std::collections::BTreeSet;
 
 use nomad_proto::Allocation;
 use nomad_proto::alloc::alloc_name;
@@ -9,70 +15,58 @@ use nomad_proto::alloc::alloc_name;
 pub(crate) struct NameIndex {
     job_id: String,
     group: String,
-    count: usize,
-    used: Vec<bool>,
+    count: u64,
+    used: BTreeSet<u64>,
+    /// No index below this is free (below `count`).
+    next_free: u64,
+    /// Where reuse from 0 continues once every index below `count` is taken.
+    next_reuse: u64,
 }
 
 impl NameIndex {
-    /// An index sized for `count` and seeded with the names of `taken`.
+    /// An index for `count` names seeded with the names of `taken`.
     pub(crate) fn new<'a>(job_id: &str, group: &str, count: i64, taken: impl IntoIterator<Item = &'a Allocation>) -> NameIndex {
-        let count = count.max(0) as usize;
-        let mut idx = NameIndex { job_id: job_id.to_string(), group: group.to_string(), count, used: vec![false; count] };
-        for a in taken {
-            idx.set(a.index() as usize);
-        }
-        idx
-    }
-
-    fn set(&mut self, i: usize) {
-        if i >= self.used.len() {
-            self.used.resize(i + 1, false);
-        }
-        self.used[i] = true;
+        let used = taken.into_iter().map(Allocation::index).collect();
+        NameIndex { job_id: job_id.to_string(), group: group.to_string(), count: count.max(0) as u64, used, next_free: 0, next_reuse: 0 }
     }
 
     /// Frees an index.
-    pub(crate) fn unset(&mut self, i: usize) {
-        if let Some(u) = self.used.get_mut(i) {
-            *u = false;
-        }
+    pub(crate) fn unset(&mut self, i: u64) {
+        self.used.remove(&i);
+        self.next_free = self.next_free.min(i);
     }
 
     /// Takes and returns the highest `n` used names.
     pub(crate) fn highest(&mut self, n: usize) -> Vec<String> {
-        let mut out = Vec::with_capacity(n);
-        for i in (0..self.used.len()).rev() {
-            if out.len() == n {
-                break;
-            }
-            if self.used[i] {
-                self.used[i] = false;
-                out.push(alloc_name(&self.job_id, &self.group, i as u64));
-            }
+        let mut out = Vec::with_capacity(n.min(self.used.len()));
+        while out.len() < n {
+            let Some(i) = self.used.pop_last() else { break };
+            out.push(alloc_name(&self.job_id, &self.group, i));
         }
         out
     }
 
-    /// Takes the next `n` free names below `count`; when none are free,
-    /// indexes are reused from 0 (as Nomad does).
+    /// Takes the next free name below `count`; when none is free, indexes are reused from 0
+    /// (as Nomad does).
+    pub(crate) fn take_next(&mut self) -> String {
+        while self.next_free < self.count && self.used.contains(&self.next_free) {
+            self.next_free += 1;
+        }
+        let i = if self.next_free < self.count {
+            self.next_free += 1;
+            self.next_free - 1
+        } else {
+            self.next_reuse += 1;
+            self.next_reuse - 1
+        };
+        self.used.insert(i);
+        alloc_name(&self.job_id, &self.group, i)
+    }
+
+    /// Takes the next `n` names (see [`NameIndex::take_next`]).
+    #[cfg(test)]
     pub(crate) fn next(&mut self, n: usize) -> Vec<String> {
-        let mut out = Vec::with_capacity(n);
-        for i in 0..self.count {
-            if out.len() == n {
-                return out;
-            }
-            if !self.used[i] {
-                self.used[i] = true;
-                out.push(alloc_name(&self.job_id, &self.group, i as u64));
-            }
-        }
-        let mut i = 0;
-        while out.len() < n {
-            self.set(i);
-            out.push(alloc_name(&self.job_id, &self.group, i as u64));
-            i += 1;
-        }
-        out
+        (0..n).map(|_| self.take_next()).collect()
     }
 }
 
@@ -97,5 +91,15 @@ mod tests {
         let mut idx = NameIndex::new("j", "g", 2, taken.iter());
         assert_eq!(idx.highest(2), vec!["j.g[5]", "j.g[1]"]);
         assert_eq!(idx.highest(5), vec!["j.g[0]"]);
+    }
+
+    #[test]
+    fn a_huge_count_costs_nothing_until_names_are_taken() {
+        let taken = [alloc(1)];
+        let mut idx = NameIndex::new("j", "g", 1 << 40, taken.iter());
+        assert_eq!(idx.next(2), vec!["j.g[0]", "j.g[2]"]);
+        assert_eq!(idx.used.len(), 3);
+        idx.unset(1);
+        assert_eq!(idx.take_next(), "j.g[1]", "a freed index is handed out first");
     }
 }

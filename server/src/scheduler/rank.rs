@@ -11,8 +11,8 @@ use super::usage::Capacity;
 const BINPACK_MAX_FIT_SCORE: f64 = 18.0;
 
 /// Nomad's `ScoreFitBinPack` divided by its maximum: fuller nodes score higher.
-pub(crate) fn binpack_score(cap: Capacity, cpu_used: i64, memory_used: i64) -> f64 {
-    let free = |used: i64, total: i64| if total > 0 { 1.0 - used as f64 / total as f64 } else { 0.0 };
+pub(crate) fn binpack_score(cap: Capacity, cpu_used: i128, memory_used: i128) -> f64 {
+    let free = |used: i128, total: i64| if total > 0 { 1.0 - used as f64 / total as f64 } else { 0.0 };
     let total = 10f64.powf(free(cpu_used, cap.cpu)) + 10f64.powf(free(memory_used, cap.memory));
     (20.0 - total).clamp(0.0, BINPACK_MAX_FIT_SCORE) / BINPACK_MAX_FIT_SCORE
 }

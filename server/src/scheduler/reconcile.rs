@@ -23,6 +23,7 @@ use nomad_proto::plan::DesiredUpdates;
 use nomad_proto::{Allocation, ClientStatus, Evaluation, Job, TaskGroup, Timestamp};
 
 use super::alloc_sets::{self, AllocSet, TaintedNodes, difference, filter_by_rescheduleable, filter_by_tainted};
+use super::ids::IdSource;
 use super::names::NameIndex;
 
 /// An alloc to place.
@@ -36,6 +37,30 @@ pub(crate) struct PlaceRequest<'a> {
     pub(crate) reschedule: bool,
     /// Replaces an alloc lost with its node.
     pub(crate) lost: bool,
+}
+
+/// New allocs of one group under names no alloc carries, named only as they are placed: a
+/// group's `count` may be far more than fits, and the scheduler must not spend memory on
+/// placements it cannot make.
+#[derive(Debug, Clone)]
+pub(crate) struct FreshPlacements {
+    pub(crate) group: String,
+    /// How many to place.
+    pub(crate) count: u64,
+    /// Hands out the names, lowest free index first.
+    pub(crate) names: NameIndex,
+    /// Where these go in the placement order: before `place[before]` (after the group's
+    /// replacements, before its migrations).
+    pub(crate) before: usize,
+}
+
+impl FreshPlacements {
+    /// Every name, materialized (tests only: the scheduler takes them one by one).
+    #[cfg(test)]
+    pub(crate) fn names(&self) -> Vec<String> {
+        let mut names = self.names.clone();
+        (0..self.count).map(|_| names.take_next()).collect()
+    }
 }
 
 /// An alloc replaced by a new one because the job changed destructively.
@@ -72,7 +97,10 @@ pub(crate) type UpdateFn<'f, 'a> = dyn FnMut(&'a Allocation, &TaskGroup) -> Upda
 /// What the reconciler decided.
 #[derive(Debug, Default)]
 pub(crate) struct ReconcileResults<'a> {
+    /// Replacements of existing allocs (each names its previous alloc).
     pub(crate) place: Vec<PlaceRequest<'a>>,
+    /// New allocs up to each group's count, interleaved with `place` by their `before`.
+    pub(crate) fresh: Vec<FreshPlacements>,
     pub(crate) destructive_update: Vec<DestructiveUpdate<'a>>,
     pub(crate) inplace_update: Vec<Allocation>,
     pub(crate) stop: Vec<StopRequest<'a>>,
@@ -99,6 +127,8 @@ pub(crate) struct Reconciler<'a, 'f> {
     pub(crate) eval_id: &'f str,
     pub(crate) eval_priority: i64,
     pub(crate) now: Timestamp,
+    /// Where follow-up evals get their IDs.
+    pub(crate) ids: &'f IdSource,
     pub(crate) update_fn: &'f mut UpdateFn<'f, 'a>,
 }
 
@@ -221,18 +251,23 @@ impl<'a> Run<'a, '_, '_> {
         desired.in_place_update += inplace as u64;
 
         let mut under = under_provisioned_by(tg, &destructive, &migrate);
-        let place = if lost_later.is_empty() {
-            self.compute_placements(tg, &mut names, &untainted, &migrate, &reschedule_now, &split.lost)
+        let (place, fresh) = if lost_later.is_empty() {
+            self.compute_placements(tg, &untainted, &migrate, &reschedule_now, &split.lost)
         } else {
-            Vec::new()
+            (Vec::new(), 0)
         };
 
         // Replacements of failed allocs stop them; disconnected originals keep running.
         let failed: AllocSet<'a> =
             reschedule_now.iter().filter(|(id, _)| !self.results.disconnect_updates.contains_key(**id)).map(|(k, v)| (*k, *v)).collect();
-        desired.place += place.len() as u64;
-        under -= place.len().min(under);
+        let placing = (place.len() as u64).saturating_add(fresh);
+        desired.place = desired.place.saturating_add(placing);
+        under -= usize::try_from(placing).unwrap_or(usize::MAX).min(under);
         self.results.place.extend(place);
+        if fresh > 0 {
+            let before = self.results.place.len();
+            self.results.fresh.push(FreshPlacements { group: tg.name.clone(), count: fresh, names, before });
+        }
         self.mark_stop(&failed, None, ALLOC_RESCHEDULED_DESC);
         desired.stop += failed.len() as u64;
 
@@ -309,7 +344,7 @@ impl<'a> Run<'a, '_, '_> {
             for a in matching {
                 stop_one(self, a, &mut stop);
                 migrate.remove(a.id.as_str());
-                names.unset(a.index() as usize);
+                names.unset(a.index());
                 remove -= 1;
                 if remove == 0 {
                     return stop;
@@ -355,16 +390,16 @@ impl<'a> Run<'a, '_, '_> {
         (ignore, inplace, destructive)
     }
 
-    /// Replacements: rescheduled allocs, lost allocs up to count, then new names.
+    /// Replacements: rescheduled allocs, lost allocs up to count; and how many new names
+    /// make up the rest of the count.
     fn compute_placements(
         &self,
         tg: &TaskGroup,
-        names: &mut NameIndex,
         untainted: &AllocSet<'a>,
         migrate: &AllocSet<'a>,
         reschedule: &AllocSet<'a>,
         lost: &AllocSet<'a>,
-    ) -> Vec<PlaceRequest<'a>> {
+    ) -> (Vec<PlaceRequest<'a>>, u64) {
         let mut place: Vec<PlaceRequest<'a>> = reschedule
             .values()
             .map(|&a| PlaceRequest { name: a.name.clone(), group: tg.name.clone(), previous: Some(a), reschedule: true, lost: false })
@@ -386,12 +421,8 @@ impl<'a> Run<'a, '_, '_> {
             existing += 1;
             place.push(PlaceRequest { name: a.name.clone(), group: tg.name.clone(), previous: Some(a), reschedule: false, lost: true });
         }
-        if existing < tg.count {
-            for name in names.next((tg.count - existing) as usize) {
-                place.push(PlaceRequest { name, group: tg.name.clone(), previous: None, reschedule: false, lost: false });
-            }
-        }
-        place
+        let fresh = if existing < tg.count { (tg.count - existing) as u64 } else { 0 };
+        (place, fresh)
     }
 }
 

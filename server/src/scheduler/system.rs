@@ -22,6 +22,7 @@ use super::fast_hash::FastMap;
 use super::metrics::exhaust_resources;
 use super::nodes::{ReadyNodes, ready_nodes};
 use super::proposed::Proposed;
+use super::ids::IdSource;
 use super::select::{SelectOptions, Stack, StackKind, seed_for};
 use super::updates::destructive_change;
 use super::{
@@ -85,6 +86,7 @@ fn run(state: &State, eval: &Evaluation, now: Timestamp, sysbatch: bool) -> Sche
     let mut diff = diff_cluster(job.as_deref(), sysbatch, &allocs, &eligible, &not_ready, &tainted, now);
 
     let mut stack = live_job.as_ref().map(|j| Stack::new(j.clone(), StackKind::System, seed_for(&eval.id, state.index)));
+    let ids = IdSource::new(&eval.id, state.index);
 
     // Running allocs on nodes that no longer meet the job's constraints or
     // drivers go away (Nomad 1.6 would leave them until the job changes).
@@ -146,7 +148,7 @@ fn run(state: &State, eval: &Evaluation, now: Timestamp, sysbatch: bool) -> Sche
     }
 
     let placed = match (&live_job, stack.as_mut(), &ready) {
-        (Some(job), Some(stack), Some(ready)) => place(job, stack, &mut proposed, ready, &diff.place, eval, now, annotations.as_mut()),
+        (Some(job), Some(stack), Some(ready)) => place(job, stack, &mut proposed, ready, &diff.place, eval, &ids, now, annotations.as_mut()),
         _ => Placed::default(),
     };
     let mut new_evals = placed.blocked;
@@ -158,6 +160,7 @@ fn run(state: &State, eval: &Evaluation, now: Timestamp, sysbatch: bool) -> Sche
         && let (Some(job), Some(u)) = (&live_job, rolling)
     {
         let mut next = Evaluation::for_job(job, trigger::ROLLING_UPDATE, now);
+        next.id = ids.next_id();
         next.priority = eval.priority;
         next.status_description = ROLLING_UPDATE_FOLLOWUP_DESC.to_string();
         next.wait_until = now.add_nanos(u.stagger);
@@ -194,6 +197,7 @@ fn place<'a>(
     ready: &ReadyNodes<'a>,
     missing: &[Tuple<'a>],
     eval: &Evaluation,
+    ids: &IdSource,
     now: Timestamp,
     mut annotations: Option<&mut PlanAnnotations>,
 ) -> Placed {
@@ -231,16 +235,16 @@ fn place<'a>(
             }
             if let Some(m) = out.failed.get_mut(&tg.name) {
                 m.coalesced_failures += 1;
-                exhaust_resources(m, tg);
+                exhaust_resources(m, tg, 1);
                 continue;
             }
-            exhaust_resources(&mut metric, tg);
+            exhaust_resources(&mut metric, tg, 1);
             out.failed.insert(tg.name.clone(), metric);
-            out.blocked.push(blocked_eval(eval, &out.failed, stack, &node.id, now));
+            out.blocked.push(blocked_eval(eval, &out.failed, stack, &node.id, ids, now));
             continue;
         };
         let alloc = Allocation {
-            id: nomad_proto::new_id(),
+            id: ids.next_id(),
             namespace: job.namespace.clone(),
             eval_id: eval.id.clone(),
             name: t.name.clone(),
@@ -304,10 +308,17 @@ fn merge_filtered(acc: &mut AllocMetric, cur: &AllocMetric) {
 }
 
 /// A blocked eval for one node that had no room (Nomad's `addBlocked`).
-fn blocked_eval(eval: &Evaluation, failed: &BTreeMap<String, AllocMetric>, stack: &Stack<'_>, node_id: &str, now: Timestamp) -> Evaluation {
+fn blocked_eval(
+    eval: &Evaluation,
+    failed: &BTreeMap<String, AllocMetric>,
+    stack: &Stack<'_>,
+    node_id: &str,
+    ids: &IdSource,
+    now: Timestamp,
+) -> Evaluation {
     let escaped = stack.feasibility().escaped();
     Evaluation {
-        id: nomad_proto::new_id(),
+        id: ids.next_id(),
         namespace: eval.namespace.clone(),
         priority: eval.priority,
         eval_type: eval.eval_type,

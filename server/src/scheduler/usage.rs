@@ -23,11 +23,12 @@ impl Capacity {
 
 /// Resources held on a node by the allocs the plan would leave there,
 /// plus counts of the eval's job allocs (for anti-affinity and distinct hosts).
+/// The sums are `Load`'s exact `i128`s.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct NodeUsage {
-    pub(crate) cpu: i64,
-    pub(crate) memory: i64,
-    pub(crate) disk: i64,
+    pub(crate) cpu: i128,
+    pub(crate) memory: i128,
+    pub(crate) disk: i128,
     pub(crate) cores: Vec<u16>,
     pub(crate) ports: PortSet,
     /// The `DimensionExhausted` key when the node cannot take ports at all:

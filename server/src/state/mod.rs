@@ -39,7 +39,7 @@ pub use jobs::job_status;
 /// path, keys included, and frees them when the last snapshot sharing the old ones goes: shared
 /// strings make that a reference count each instead of an allocation and a free.
 type Key = Arc<str>;
-pub use node_load::{AllocHold, Load, NodeLoad};
+pub use node_load::{AllocHold, Load, NodeLoad, saturating_sum};
 
 /// The tables whose index blocking queries wait on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

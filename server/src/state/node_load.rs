@@ -6,6 +6,11 @@
 //! index now carries a [`NodeLoad`] computed on first use and shared by every snapshot (and
 //! every eval) that sees the same allocs on that node; changing the node's allocs starts a
 //! fresh, empty one. Callers adjust the sum for the few allocs their plan touches.
+//!
+//! Stored allocs are not re-validated (state may predate the admission bounds, or be
+//! written by a buggy or hostile client's server), so no sum may wrap: an alloc's hold is
+//! summed saturating and never negative, and a node's sums are `i128`, exact for any
+//! number of such holds, so adding and removing stay inverse and a load is never negative.
 
 use std::sync::{Arc, OnceLock};
 
@@ -38,18 +43,21 @@ impl AllocHold {
                 return AllocHold::default();
             };
             return AllocHold {
-                cpu: tg.tasks.iter().map(|t| t.resources.cpu).sum(),
-                memory_mb: tg.tasks.iter().map(|t| t.resources.memory_mb).sum(),
-                disk_mb: tg.ephemeral_disk.size_mb,
+                cpu: saturating_sum(tg.tasks.iter().map(|t| t.resources.cpu)),
+                memory_mb: saturating_sum(tg.tasks.iter().map(|t| t.resources.memory_mb)),
+                disk_mb: tg.ephemeral_disk.size_mb.max(0),
                 ..AllocHold::default()
             };
         };
-        let mut hold = AllocHold { disk_mb: r.shared.disk_mb, ..AllocHold::default() };
+        let mut hold = AllocHold {
+            cpu: saturating_sum(r.tasks.values().map(|t| t.cpu.cpu_shares)),
+            memory_mb: saturating_sum(r.tasks.values().map(|t| t.memory.memory_mb)),
+            disk_mb: r.shared.disk_mb.max(0),
+            ..AllocHold::default()
+        };
         let net_ports =
             |n: &nomad_proto::NetworkResource| n.reserved_ports.iter().chain(&n.dynamic_ports).map(|p| p.value).collect::<Vec<_>>();
         for t in r.tasks.values() {
-            hold.cpu += t.cpu.cpu_shares;
-            hold.memory_mb += t.memory.memory_mb;
             hold.cores.extend_from_slice(&t.cpu.reserved_cores);
             t.networks.iter().for_each(|n| hold.ports.extend(net_ports(n)));
         }
@@ -66,16 +74,22 @@ impl AllocHold {
     }
 }
 
+/// The sum of untrusted values, each counted as at least 0, saturating at `i64::MAX`.
+pub fn saturating_sum(values: impl IntoIterator<Item = i64>) -> i64 {
+    values.into_iter().fold(0i64, |sum, v| sum.saturating_add(v.max(0)))
+}
+
 /// A sum of [`AllocHold`]s. Ports and cores are multisets: two allocs holding the same port
-/// is a collision the caller reports.
+/// is a collision the caller reports. The sums are `i128`: exact over any number of holds
+/// (each at most `i64::MAX`), so they never wrap and removing a hold undoes adding it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Load {
     /// CPU shares in MHz.
-    pub cpu: i64,
+    pub cpu: i128,
     /// Memory in MiB.
-    pub memory_mb: i64,
+    pub memory_mb: i128,
     /// Disk in MiB.
-    pub disk_mb: i64,
+    pub disk_mb: i128,
     /// Host ports held, sorted; a port held twice appears twice.
     pub ports: Vec<i64>,
     /// Reserved cores held, sorted; likewise.
@@ -85,9 +99,9 @@ pub struct Load {
 impl Load {
     /// Adds what an alloc holds.
     pub fn add(&mut self, h: &AllocHold) {
-        self.cpu += h.cpu;
-        self.memory_mb += h.memory_mb;
-        self.disk_mb += h.disk_mb;
+        self.cpu += i128::from(h.cpu);
+        self.memory_mb += i128::from(h.memory_mb);
+        self.disk_mb += i128::from(h.disk_mb);
         for p in &h.ports {
             let at = self.ports.partition_point(|x| x <= p);
             self.ports.insert(at, *p);
@@ -98,11 +112,11 @@ impl Load {
         }
     }
 
-    /// Takes away what an alloc that was added holds.
+    /// Takes away what an alloc that was added holds (never below 0, whatever is removed).
     pub fn remove(&mut self, h: &AllocHold) {
-        self.cpu -= h.cpu;
-        self.memory_mb -= h.memory_mb;
-        self.disk_mb -= h.disk_mb;
+        self.cpu = (self.cpu - i128::from(h.cpu)).max(0);
+        self.memory_mb = (self.memory_mb - i128::from(h.memory_mb)).max(0);
+        self.disk_mb = (self.disk_mb - i128::from(h.disk_mb)).max(0);
         for p in &h.ports {
             if let Ok(at) = self.ports.binary_search(p) {
                 self.ports.remove(at);
@@ -275,6 +289,37 @@ mod tests {
         let stopped = Allocation { desired_status: DesiredStatus::Stop, ..alloc("b", 50, &[]) };
         v1.insert("b".into(), Arc::new(stopped));
         assert_eq!((v1.load().placed.cpu, v1.load().live.cpu), (50, 0));
+    }
+
+    /// Issue 20: two tasks asking 5e18 MHz each wrapped the node's sum negative.
+    #[test]
+    fn holds_past_i64_saturate_and_the_load_is_exact_and_never_negative() {
+        let mut huge = alloc("huge", 1, &[]);
+        let r = huge.allocated_resources.as_mut().unwrap();
+        let task = |cpu: i64, memory_mb: i64| AllocatedTaskResources {
+            cpu: AllocatedCpuResources { cpu_shares: cpu, ..Default::default() },
+            memory: AllocatedMemoryResources { memory_mb, ..Default::default() },
+            ..Default::default()
+        };
+        r.tasks.insert("t".into(), task(5_000_000_000_000_000_000, 100));
+        r.tasks.insert("t2".into(), task(5_000_000_000_000_000_000, -7));
+        let hold = AllocHold::of(&huge);
+        assert_eq!(hold.cpu, i64::MAX, "5e18 + 5e18 saturates instead of wrapping negative");
+        assert_eq!(hold.memory_mb, 100, "a negative ask counts as 0");
+
+        let mut node = NodeAllocs::default();
+        let _ = node.load();
+        node.insert("huge".into(), Arc::new(huge.clone()));
+        node.insert("huge2".into(), Arc::new(Allocation { id: "huge2".into(), ..huge.clone() }));
+        assert_eq!(node.load().placed.cpu, 2 * i128::from(i64::MAX), "sums are exact past i64");
+        node.remove("huge");
+        assert_eq!(node.load().placed.cpu, i128::from(i64::MAX));
+        node.remove("huge2");
+        assert_eq!(*node.load(), NodeLoad::default());
+
+        let mut load = Load::default();
+        load.remove(&AllocHold::of(&alloc("never-added", 100, &[])));
+        assert_eq!((load.cpu, load.memory_mb, load.disk_mb), (0, 0, 0), "never negative");
     }
 
     #[test]

@@ -19,7 +19,7 @@ impl<'a> Run<'a, '_, '_> {
     fn followup_eval(&self, job: &Job, triggered_by: &str, description: &str, wait_until: Timestamp) -> Evaluation {
         let now = self.inputs.now.unix_nanos();
         Evaluation {
-            id: nomad_proto::new_id(),
+            id: self.inputs.ids.next_id(),
             namespace: job.namespace.clone(),
             priority: self.inputs.eval_priority,
             eval_type: job.job_type,

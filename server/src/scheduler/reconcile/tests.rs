@@ -16,8 +16,9 @@ use nomad_proto::{
     Timestamp,
 };
 
-use super::{Reconciler, UpdateKind};
+use super::{ReconcileResults, Reconciler, UpdateKind};
 use crate::scheduler::alloc_sets::TaintedNodes;
+use crate::scheduler::ids::IdSource;
 use crate::scheduler::updates::destructive_change;
 use crate::testing;
 
@@ -102,6 +103,20 @@ impl Summary {
     }
 }
 
+/// Replacements and fresh names in the order the scheduler places them.
+fn in_placement_order(res: &ReconcileResults<'_>) -> Vec<(String, Option<String>, bool, bool)> {
+    let mut out = Vec::new();
+    for i in 0..=res.place.len() {
+        for f in res.fresh.iter().filter(|f| f.before == i) {
+            out.extend(f.names().into_iter().map(|n| (n, None, false, false)));
+        }
+        if let Some(p) = res.place.get(i) {
+            out.push((p.name.clone(), p.previous.map(|a| a.id.clone()), p.reschedule, p.lost));
+        }
+    }
+    out
+}
+
 fn reconcile_at(job: Option<&Job>, allocs: &[Allocation], tainted: &[Node], now: Timestamp, batch: bool) -> Summary {
     let refs: Vec<&Allocation> = allocs.iter().collect();
     let mut tainted_map = TaintedNodes::new();
@@ -119,11 +134,21 @@ fn reconcile_at(job: Option<&Job>, allocs: &[Allocation], tainted: &[Node], now:
             UpdateKind::InPlace(Box::new(a.clone()))
         }
     };
-    let mut r =
-        Reconciler { job, job_id: "web", batch, tainted: &tainted_map, eval_id: EVAL, eval_priority: 50, now, update_fn: &mut update_fn };
+    let ids = IdSource::new(EVAL, 1);
+    let mut r = Reconciler {
+        job,
+        job_id: "web",
+        batch,
+        tainted: &tainted_map,
+        eval_id: EVAL,
+        eval_priority: 50,
+        now,
+        ids: &ids,
+        update_fn: &mut update_fn,
+    };
     let res = r.compute(&refs);
     Summary {
-        place: res.place.iter().map(|p| (p.name.clone(), p.previous.map(|a| a.id.clone()), p.reschedule, p.lost)).collect(),
+        place: in_placement_order(&res),
         destructive: res.destructive_update.iter().map(|d| (d.name.clone(), d.stop.id.clone())).collect(),
         inplace: res.inplace_update.iter().map(|a| a.id.clone()).collect(),
         stop: res.stop.iter().map(|s| (s.alloc.id.clone(), s.client_status, s.description, s.followup_eval_id.clone())).collect(),

@@ -2,6 +2,7 @@
 //! fixtures, and the test suites.
 
 mod bench;
+mod bounded;
 mod feasibility;
 mod generic;
 mod props;
