@@ -50,6 +50,11 @@ pub trait Consensus: Send + Sync + 'static {
     fn remove_raft_peer(&self, id: crate::raft::NodeId) -> BoxFuture<'_, Result<(), ApplyError>> {
         Box::pin(async move { Err(ApplyError::Refused(format!("cannot remove server {id}: this server does not run Raft"))) })
     }
+    /// Every server of the Raft configuration with whether it answers now; `None` where no
+    /// Raft runs.
+    fn members(&self) -> BoxFuture<'_, Option<Vec<crate::raft::RaftMember>>> {
+        Box::pin(async { None })
+    }
 }
 
 /// A single always-leading "cluster" that applies commands directly to the FSM.
@@ -227,6 +232,10 @@ impl Consensus for RaftConsensus {
 
     fn raft_configuration(&self) -> Vec<crate::raft::RaftPeer> {
         self.raft.configuration()
+    }
+
+    fn members(&self) -> BoxFuture<'_, Option<Vec<crate::raft::RaftMember>>> {
+        Box::pin(async { Some(self.raft.members().await) })
     }
 
     fn remove_raft_peer(&self, id: crate::raft::NodeId) -> BoxFuture<'_, Result<(), ApplyError>> {

@@ -53,6 +53,9 @@ pub struct ServerConfig {
     pub encrypt: Option<String>,
     /// Most allocs one job may ask for over all its groups (`server { job_max_count }`).
     pub job_max_count: i64,
+    /// The agent's name; the server's member name is `<name>.<region>`. Empty: the name the
+    /// [`AgentInfo`] given to [`Server::http_router`] carries.
+    pub name: String,
 }
 
 impl ServerConfig {
@@ -72,6 +75,7 @@ impl ServerConfig {
             http_advertise: String::new(),
             encrypt: None,
             job_max_count: nomad_proto::limits::DEFAULT_JOB_MAX_COUNT,
+            name: String::new(),
         }
     }
 }
@@ -116,6 +120,9 @@ impl Server {
         raft_cfg.bootstrap_expect = cfg.bootstrap_expect;
         raft_cfg.join = cfg.join.clone();
         raft_cfg.snapshot_logs = cfg.raft_snapshot_logs;
+        if !cfg.name.is_empty() {
+            raft_cfg.name = format!("{}.{}", cfg.name, cfg.region);
+        }
         let raft = RaftNode::start(raft_cfg, fsm).await?;
         let consensus = RaftConsensus::new(raft.clone());
         let heartbeats = Arc::new(Heartbeater::new(cfg.heartbeat.clone()));
@@ -199,11 +206,30 @@ impl Server {
     /// The HTTP API of this server. Requests another server forwards to this one (as leader)
     /// run through the same routes.
     pub fn http_router(&self, agent: AgentInfo) -> axum::Router {
+        if !agent.name.is_empty() {
+            self.consensus.raft().set_name(&format!("{}.{}", agent.name, agent.region));
+        }
         let forwarder = LeaderForwarder::new(self.consensus.clone(), self.peers.clone());
         let router =
             crate::http::router(HttpState { endpoints: self.endpoints.clone(), agent: Arc::new(agent), forwarder: Some(forwarder) });
         self.forward_service.serve_with(router.clone());
         router
+    }
+
+    /// Resolves with a message naming the data dir and the error once Raft has stopped on an
+    /// error it cannot recover from (a log write failed: full or broken disk). This server then
+    /// neither leads nor follows, so the agent must exit (non-zero) for its supervisor to restart
+    /// it. Never resolves while Raft runs, nor after a [`Server::shutdown`].
+    pub fn fatal(&self) -> impl std::future::Future<Output = String> + Send + 'static {
+        let mut fatal = self.consensus.raft().fatal();
+        async move {
+            let message = fatal.wait_for(Option::is_some).await.ok().and_then(|message| message.clone());
+            match message {
+                Some(message) => message,
+                // Raft was shut down as asked: nothing fatal will come.
+                None => std::future::pending().await,
+            }
+        }
     }
 
     /// Waits until this server leads, up to `timeout`.
@@ -235,6 +261,34 @@ mod tests {
         let server = Server::start(cfg, listener).await.unwrap();
         assert!(server.wait_for_leadership(Duration::from_secs(20)).await, "single server becomes leader");
         server
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_leader_whose_log_writes_fail_steps_down_and_reports_fatal() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = start(dir.path()).await;
+        server.endpoints().job_register(job("before", 1), Default::default()).await.unwrap();
+        let fatal = server.fatal();
+
+        // The disk fills: every log write fails from now on.
+        server.consensus.raft().fail_storage_writes();
+        let refused = server.endpoints().job_register(job("after", 1), Default::default()).await;
+        assert!(refused.is_err(), "a write the log could not store was acknowledged");
+
+        let message = tokio::time::timeout(Duration::from_secs(20), fatal).await.expect("the fatal signal fires");
+        let raft_dir = dir.path().join("raft").display().to_string();
+        assert!(message.contains(&raft_dir), "names the data dir: {message}");
+        assert!(message.contains("No space left on device"), "names the error: {message}");
+        // Stepped down: neither it nor anyone else is reported as leader.
+        assert!(!server.consensus.raft().is_leader(), "a server that cannot write still says it leads");
+        assert_eq!(server.consensus.leader_rpc_addr(), None);
+        let mut leadership = server.consensus.leadership();
+        tokio::time::timeout(Duration::from_secs(20), leadership.wait_for(|leads| !leads))
+            .await
+            .expect("leadership is given up")
+            .ok();
+        assert!(!server.consensus.is_leader());
+        server.shutdown().await;
     }
 
     #[test]

@@ -88,7 +88,9 @@ impl AgentArgs {
     }
 }
 
-/// Runs the agent until SIGINT or SIGTERM.
+/// Runs the agent until SIGINT or SIGTERM, or until the server role fails for good (its Raft
+/// storage cannot be written): then it stops and returns that error, so the process exits
+/// non-zero and a supervisor restarts it.
 pub async fn run(args: AgentArgs) -> Result<()> {
     // Dev mode keeps its state in a temp dir removed on exit.
     let dev_dir =
@@ -137,6 +139,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         sc.job_max_count = s.job_max_count;
         sc.http_advertise = cfg.advertise_http.clone();
         sc.encrypt = s.encrypt.clone();
+        sc.name = cfg.name.clone();
         let srv = Server::start(sc, listener).await?;
         let info = AgentInfo {
             name: cfg.name.clone(),
@@ -191,8 +194,17 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         println!("    Waiting for {} servers to form a cluster...", cfg.server.as_ref().map_or(1, |s| s.bootstrap_expect));
     }
 
-    wait_for_signal().await;
-    println!("==> Caught signal, shutting down...");
+    let server_fatal = server.as_ref().map(|s| s.fatal());
+    let fatal = tokio::select! {
+        () = wait_for_signal() => {
+            println!("==> Caught signal, shutting down...");
+            None
+        }
+        Some(message) = async move { match server_fatal { Some(f) => Some(f.await), None => None } } => {
+            println!("==> Server failed, shutting down: {message}");
+            Some(message)
+        }
+    };
     http.abort();
     if let Some(client) = client {
         if cfg.dev {
@@ -207,7 +219,10 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         srv.shutdown().await;
     }
     drop(dev_dir);
-    Ok(())
+    match fatal {
+        None => Ok(()),
+        Some(message) => Err(anyhow::anyhow!("{message}")),
+    }
 }
 
 /// Starts the client role with the agent's settings.

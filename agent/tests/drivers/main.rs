@@ -4,4 +4,5 @@ mod exec;
 mod oci;
 mod raw_exec;
 mod recover;
+mod stats;
 mod support;

@@ -26,6 +26,18 @@ use crate::fsm::Command;
 use crate::heartbeat::HeartbeatExpiry;
 use crate::state::{State, Table};
 
+/// Compares two secrets in time that depends only on their lengths, not on where they first
+/// differ, so a caller cannot guess a node's SecretID byte by byte from response times.
+fn secrets_equal(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    // Keeps the compiler from turning the fold back into an early-exit comparison.
+    std::hint::black_box(diff) == 0
+}
+
 impl Endpoints {
     pub(super) fn authenticate_node<'s>(
         &self,
@@ -37,7 +49,7 @@ impl Endpoints {
             return Err(EndpointError::BadRequest("missing node ID".into()));
         }
         let node = state.node(node_id).ok_or_else(|| EndpointError::NotFound(format!("node {node_id} not found")))?;
-        if node.secret_id != secret || secret.is_empty() {
+        if secret.is_empty() || !secrets_equal(&node.secret_id, secret) {
             return Err(EndpointError::PermissionDenied("node secret ID does not match".into()));
         }
         Ok(node)
@@ -88,7 +100,7 @@ impl Endpoints {
         let snap = self.store.snapshot();
         let original = snap.node(&node.id).cloned();
         if let Some(orig) = &original {
-            if orig.secret_id != node.secret_id {
+            if !secrets_equal(&orig.secret_id, &node.secret_id) {
                 return Err(EndpointError::PermissionDenied("node secret ID does not match. Not registering node.".into()));
             }
             // A known node's status is only ever changed by UpdateStatus and heartbeat expiry.
@@ -375,5 +387,26 @@ impl HeartbeatExpiry for Endpoints {
                 Err(e) => tracing::error!(node_id, error = %e, "updating node after a missed heartbeat failed"),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod secret_tests {
+    use super::secrets_equal;
+
+    #[test]
+    fn secrets_are_equal_only_when_every_byte_is() {
+        let secret = "8f2b6c3e-1d4a-4e5f-9a0b-7c6d5e4f3a2b";
+        assert!(secrets_equal(secret, secret));
+        assert!(secrets_equal("", ""));
+        // A difference in the first, a middle and the last byte is found wherever it is.
+        for at in [0, secret.len() / 2, secret.len() - 1] {
+            let mut other = secret.as_bytes().to_vec();
+            other[at] ^= 0x01;
+            assert!(!secrets_equal(secret, std::str::from_utf8(&other).unwrap()), "differs at {at}");
+        }
+        assert!(!secrets_equal(secret, &secret[..secret.len() - 1]), "a prefix is not the secret");
+        assert!(!secrets_equal(&secret[..1], secret));
+        assert!(!secrets_equal(secret, ""));
     }
 }

@@ -41,7 +41,7 @@ pub async fn agent_self(State(s): State<HttpState>, method: Method, uri: Uri, _b
         let a = &s.agent;
         let mut body = json!({
             "config": a.config,
-            "member": member(&s, &a.name, &a.addr, a.port),
+            "member": member(&s, &a.name, &a.addr, a.port, "alive"),
             "stats": {
                 "nomad": {
                     "server": a.server.to_string(),
@@ -59,7 +59,7 @@ pub async fn agent_self(State(s): State<HttpState>, method: Method, uri: Uri, _b
     .await
 }
 
-fn member(s: &HttpState, name: &str, addr: &str, port: u16) -> serde_json::Value {
+fn member(s: &HttpState, name: &str, addr: &str, port: u16, status: &str) -> serde_json::Value {
     let a = &s.agent;
     json!({
         "Name": name,
@@ -72,30 +72,33 @@ fn member(s: &HttpState, name: &str, addr: &str, port: u16) -> serde_json::Value
             "build": API_VERSION,
             "port": port.to_string(),
         },
-        "Status": "alive",
+        "Status": status,
         "ProtocolMin": 1, "ProtocolMax": 5, "ProtocolCur": 2,
         "DelegateMin": 2, "DelegateMax": 5, "DelegateCur": 4,
     })
 }
 
-/// `GET /v1/agent/members`: the servers of the region.
+/// `GET /v1/agent/members`: the servers of the region under their names (`<name>.<region>`),
+/// `alive` if they answer now and `failed` if not (Nomad's serf statuses).
 pub async fn agent_members(State(s): State<HttpState>, method: Method, uri: Uri, _body: Body) -> Response {
     super::respond(async {
         require_method(&method, &[Method::GET])?;
         let q = QueryOptions::parse(&uri)?;
         let a = &s.agent;
-        let self_addr = format!("{}:{}", a.addr, a.port);
-        let members: Vec<_> = s
-            .endpoints
-            .consensus()
-            .peers()
-            .into_iter()
-            .map(|peer| {
-                let (host, port) = peer.rsplit_once(':').map(|(h, p)| (h.to_string(), p.parse().unwrap_or(0))).unwrap_or((peer.clone(), 0));
-                let name = if peer == self_addr { format!("{}.{}", a.name, a.region) } else { format!("{peer}.{}", a.region) };
-                member(&s, &name, &host, port)
-            })
-            .collect();
+        let members: Vec<_> = match s.endpoints.consensus().members().await {
+            Some(servers) => servers
+                .into_iter()
+                .map(|server| {
+                    let (host, port) = match server.addr.rsplit_once(':') {
+                        Some((host, port)) => (host.to_string(), port.parse().unwrap_or(0)),
+                        None => (server.addr.clone(), 0),
+                    };
+                    member(&s, &server.name, &host, port, if server.alive { "alive" } else { "failed" })
+                })
+                .collect(),
+            // No Raft here (in-process tests): only this server is known, and it is answering.
+            None => vec![member(&s, &format!("{}.{}", a.name, a.region), &a.addr, a.port, "alive")],
+        };
         let body = json!({
             "ServerName": a.name,
             "ServerRegion": a.region,
@@ -136,4 +139,96 @@ pub async fn regions(State(s): State<HttpState>, method: Method, uri: Uri, _body
         json_response(&vec![s.agent.region.clone()], None, q.pretty)
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use axum::body::Body;
+    use axum::http::Request;
+    use serde_json::Value;
+    use tokio::net::TcpListener;
+    use tower::ServiceExt;
+
+    use super::AgentInfo;
+    use crate::rpc_auth::ClusterKey;
+    use crate::server::{Server, ServerConfig};
+
+    const DEADLINE: Duration = Duration::from_secs(60);
+
+    async fn members(router: &axum::Router) -> Vec<(String, String)> {
+        let request = Request::builder().uri("/v1/agent/members").body(Body::empty()).unwrap();
+        let response = router.clone().oneshot(request).await.unwrap();
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        let mut members: Vec<(String, String)> = body["Members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| (m["Name"].as_str().unwrap().to_string(), m["Status"].as_str().unwrap().to_string()))
+            .collect();
+        members.sort();
+        members
+    }
+
+    fn expect(statuses: [&str; 3]) -> Vec<(String, String)> {
+        statuses.iter().enumerate().map(|(i, s)| (format!("server{i}.global"), s.to_string())).collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn members_are_the_servers_by_name_and_a_stopped_one_is_failed() {
+        let key = ClusterKey::generate();
+        let mut listeners = Vec::new();
+        for _ in 0..3 {
+            listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
+        }
+        let addrs: Vec<String> = listeners.iter().map(|l| l.local_addr().unwrap().to_string()).collect();
+        let (mut servers, mut routers, mut dirs) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, listener) in listeners.into_iter().enumerate() {
+            let dir = tempfile::tempdir().unwrap();
+            let mut cfg = ServerConfig::new(dir.path(), addrs[i].clone());
+            cfg.bootstrap_expect = 3;
+            cfg.join = addrs.clone();
+            cfg.encrypt = Some(key.encode());
+            cfg.name = format!("server{i}");
+            let server = Server::start(cfg, listener).await.unwrap();
+            let info = AgentInfo { name: format!("server{i}"), region: "global".into(), server: true, ..AgentInfo::default() };
+            routers.push(server.http_router(info));
+            servers.push(server);
+            dirs.push(dir);
+        }
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        let leader = loop {
+            if let Some(i) = (0..3).find(|&i| servers[i].consensus().is_leader()) {
+                break i;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no leader");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        // Every server answers: all alive, under their own names, from any server's view.
+        for router in &routers {
+            assert_eq!(members(router).await, expect(["alive"; 3]));
+        }
+
+        let stopped = (leader + 1) % 3;
+        let other = (leader + 2) % 3;
+        servers.remove(stopped).shutdown().await;
+        let mut want = ["alive"; 3];
+        want[stopped] = "failed";
+        for viewer in [leader, other] {
+            let router = &routers[viewer];
+            loop {
+                let seen = members(router).await;
+                if seen == expect(want) {
+                    break;
+                }
+                assert!(tokio::time::Instant::now() < deadline, "server {viewer} still reports {seen:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        for server in servers {
+            server.shutdown().await;
+        }
+    }
 }

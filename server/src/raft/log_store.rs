@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 
@@ -48,6 +49,9 @@ enum StoreError {
     Decode { what: String, source: serde_json::Error },
     #[error("storage task failed: {0}")]
     Task(String),
+    /// A failure a test injected in place of the disk's.
+    #[error("{0}")]
+    Injected(std::io::Error),
 }
 
 type StoreResult<T> = Result<T, StoreError>;
@@ -74,6 +78,7 @@ pub(crate) struct LogStore {
 struct Inner {
     db: Arc<Database>,
     unapplied: Arc<Unapplied>,
+    fault: Arc<StorageFault>,
     writes: Mutex<Option<mpsc::Sender<Job>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
 }
@@ -138,6 +143,27 @@ impl Unapplied {
     }
 }
 
+/// Makes every later write fail as a full disk would (tests only set it): lets tests drive the
+/// path a real ENOSPC takes, from the writer thread up to openraft's fatal error.
+#[derive(Default)]
+pub(crate) struct StorageFault {
+    failing: AtomicBool,
+}
+
+impl StorageFault {
+    #[cfg(test)]
+    pub(crate) fn fail_writes(&self) {
+        self.failing.store(true, Ordering::SeqCst);
+    }
+
+    fn check(&self) -> StoreResult<()> {
+        if self.failing.load(Ordering::Relaxed) {
+            return Err(StoreError::Injected(std::io::Error::new(std::io::ErrorKind::StorageFull, "No space left on device (injected)")));
+        }
+        Ok(())
+    }
+}
+
 impl Drop for Inner {
     /// Lets the writer finish what it was given, so the database is closed when the store is.
     fn drop(&mut self) {
@@ -158,31 +184,45 @@ enum Job {
 }
 
 impl LogStore {
-    /// Opens (or creates) the store and checks that what it holds decodes.
+    /// Opens (or creates) the store and checks that what it holds reads and decodes. A corrupt
+    /// file (a zeroed or torn tail, pages overwritten) is refused with an error naming it and
+    /// what to do, also when redb panics on it.
     pub(crate) fn open(path: &Path) -> Result<LogStore, RaftError> {
         let fail = |e: &dyn std::fmt::Display| RaftError::Storage(format!("{}: {e}", path.display()));
-        let db = Database::create(path).map_err(|e| fail(&e))?;
-        let create_tables = || -> StoreResult<()> {
-            let txn = db.begin_write()?;
-            txn.open_table(LOGS)?;
-            txn.open_table(META)?;
-            txn.commit()?;
-            Ok(())
+        let corrupt = |e: &dyn std::fmt::Display| {
+            RaftError::Storage(format!(
+                "{} is corrupt ({e}). Move the file aside (keep it for inspection) and restart: in a cluster \
+                 this server gets the log again from the leader; a single server comes back from its last \
+                 snapshot and loses the writes after it",
+                path.display()
+            ))
         };
-        create_tables().map_err(|e| fail(&e))?;
-        let db = Arc::new(db);
-        check(&db).map_err(|e| fail(&e))?;
+        // redb trusts the pages of a cleanly closed file and may panic on damaged ones: every
+        // read of the file at open time happens inside this boundary.
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| open_checked(path)));
+        let db = match opened {
+            Ok(Ok(db)) => Arc::new(db),
+            Ok(Err(e)) if e.is_corruption() => return Err(corrupt(&e)),
+            Ok(Err(e)) => return Err(fail(&e)),
+            Err(panic) => return Err(corrupt(&format!("reading it panicked: {}", panic_message(&*panic)))),
+        };
         let unapplied = Arc::new(Unapplied::default());
+        let fault = Arc::new(StorageFault::default());
         let (writes, jobs) = mpsc::channel();
         let writer = std::thread::Builder::new()
             .name("raft-log-writer".into())
             .spawn({
-                let (db, unapplied) = (db.clone(), unapplied.clone());
-                move || run_writer(&db, &jobs, &unapplied)
+                let (db, unapplied, fault) = (db.clone(), unapplied.clone(), fault.clone());
+                move || run_writer(&db, &jobs, &unapplied, &fault)
             })
             .map_err(|e| fail(&e))?;
-        let inner = Inner { db, unapplied, writes: Mutex::new(Some(writes)), writer: Mutex::new(Some(writer)) };
+        let inner = Inner { db, unapplied, fault, writes: Mutex::new(Some(writes)), writer: Mutex::new(Some(writer)) };
         Ok(LogStore { inner: Arc::new(inner) })
+    }
+
+    /// The switch tests use to make this store's writes fail.
+    pub(crate) fn fault(&self) -> Arc<StorageFault> {
+        self.inner.fault.clone()
     }
 
     /// The entries in memory, for the state machine to say what it applies.
@@ -224,7 +264,48 @@ impl LogStore {
     }
 }
 
-/// Decodes the pointers and the first and last entries, so a corrupt store fails at start.
+impl StoreError {
+    /// Whether the file's content is damaged (rather than, say, unreadable for permissions).
+    fn is_corruption(&self) -> bool {
+        let storage = match self {
+            StoreError::Storage(e) => Some(e),
+            StoreError::Database(redb::DatabaseError::Storage(e)) => Some(e),
+            StoreError::Transaction(redb::TransactionError::Storage(e)) => Some(e),
+            StoreError::Table(redb::TableError::Storage(e)) => Some(e),
+            StoreError::Commit(redb::CommitError::Storage(e)) => Some(e),
+            StoreError::Decode { .. } => return true,
+            _ => None,
+        };
+        match storage {
+            Some(redb::StorageError::Corrupted(_)) => true,
+            // What redb reports for a file that does not hold a database (a zeroed header).
+            Some(redb::StorageError::Io(e)) => e.kind() == std::io::ErrorKind::InvalidData,
+            _ => false,
+        }
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+        (Some(s), _) => s.to_string(),
+        (_, Some(s)) => s.clone(),
+        _ => "no message".to_string(),
+    }
+}
+
+/// Opens the file, creates the tables, and checks the content (see [`check`]).
+fn open_checked(path: &Path) -> StoreResult<Database> {
+    let db = Database::create(path)?;
+    let txn = db.begin_write()?;
+    txn.open_table(LOGS)?;
+    txn.open_table(META)?;
+    txn.commit()?;
+    check(&db)?;
+    Ok(db)
+}
+
+/// Decodes the pointers and the first and last entries, and reads every entry's page, so a
+/// corrupt store fails at start rather than when Raft first reads the damaged part.
 fn check(db: &Database) -> StoreResult<()> {
     read_meta::<Vote<NodeId>>(db, VOTE)?;
     read_meta::<Option<LogId<NodeId>>>(db, COMMITTED)?;
@@ -234,12 +315,18 @@ fn check(db: &Database) -> StoreResult<()> {
     for (index, bytes) in [logs.first()?, logs.last()?].into_iter().flatten() {
         decode::<Entry<TypeConfig>>(|| format!("log entry {}", index.value()), bytes.value())?;
     }
+    // The log is bounded by snapshots (`snapshot_logs` plus what is kept behind one), so one
+    // pass over it is cheap next to replaying it.
+    for item in logs.iter()? {
+        let (_, bytes) = item?;
+        std::hint::black_box(bytes.value().len());
+    }
     Ok(())
 }
 
 /// The writer thread: runs writes in the order they were sent; appends that are queued
 /// together are committed in one transaction, then acknowledged in order.
-fn run_writer(db: &Database, jobs: &mpsc::Receiver<Job>, unapplied: &Unapplied) {
+fn run_writer(db: &Database, jobs: &mpsc::Receiver<Job>, unapplied: &Unapplied, fault: &StorageFault) {
     let mut next = None;
     loop {
         let job = match next.take() {
@@ -251,7 +338,7 @@ fn run_writer(db: &Database, jobs: &mpsc::Receiver<Job>, unapplied: &Unapplied) 
         };
         let (entries, callback) = match job {
             Job::Other { work, done } => {
-                let _ = done.send(work(db));
+                let _ = done.send(fault.check().and_then(|()| work(db)));
                 continue;
             }
             Job::Append { entries, callback } => (entries, callback),
@@ -266,7 +353,7 @@ fn run_writer(db: &Database, jobs: &mpsc::Receiver<Job>, unapplied: &Unapplied) 
                 }
             }
         }
-        let result = commit_appends(db, batch.iter().flat_map(|(entries, _)| entries));
+        let result = fault.check().and_then(|()| commit_appends(db, batch.iter().flat_map(|(entries, _)| entries)));
         if result.is_ok() {
             unapplied.flushed(batch.iter().flat_map(|(entries, _)| entries));
         }

@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub(crate) use network::never_sent;
-pub use node::RaftNode;
+pub use node::{RaftMember, RaftNode};
 pub use openraft::BasicNode;
 pub use service::RaftService;
 
@@ -87,6 +87,8 @@ pub struct RaftConfig {
     pub apply_timeout_ms: u64,
     /// How this server proves itself to its peers (and checks theirs).
     pub auth: std::sync::Arc<crate::rpc_auth::ClusterAuth>,
+    /// The server's member name (`<name>.<region>`), told to peers that ask (`Info`).
+    pub name: String,
 }
 
 impl RaftConfig {
@@ -109,6 +111,7 @@ impl RaftConfig {
             // Nomad holds an RPC up to 5s while there is no leader.
             apply_timeout_ms: 5000,
             auth,
+            name: String::new(),
         }
     }
 

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::log_store::LogStore;
+use super::log_store::{LogStore, StorageFault};
 use super::network::{Network, PeerClient, PeerPool};
 use super::rpc::{JoinRequest, Refusal};
 use super::service::RaftService;
@@ -27,6 +27,24 @@ struct Applied {
 /// How often `apply` re-checks for a leader while waiting for one.
 const LEADER_RECHECK: Duration = Duration::from_millis(100);
 
+/// How long a server may take to answer [`RaftNode::members`]' `Info` before it counts as failed.
+const MEMBER_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A server of the Raft configuration and whether it answers now (`/v1/agent/members`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RaftMember {
+    /// Raft id.
+    pub id: NodeId,
+    /// Advertised RPC address.
+    pub addr: String,
+    /// Its member name (`<name>.<region>`) as it last told it; its address while never heard from.
+    pub name: String,
+    /// Votes (a learner does not).
+    pub voter: bool,
+    /// It answered just now (this server: its Raft runs).
+    pub alive: bool,
+}
+
 /// State shared by the handle, the gRPC service and the background tasks.
 pub(crate) struct Shared {
     pub(crate) id: NodeId,
@@ -34,6 +52,14 @@ pub(crate) struct Shared {
     pub(crate) raft: Raft<TypeConfig>,
     pub(crate) pool: Arc<PeerPool>,
     pub(crate) apply_timeout: Duration,
+    /// Tests make the log store's writes fail through it.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) storage_fault: Arc<StorageFault>,
+    /// This server's member name (`<name>.<region>`).
+    name: Mutex<String>,
+    /// Peers' member names, as they last answered `Info`, so a server that has stopped is
+    /// still reported under its name.
+    peer_names: Mutex<BTreeMap<NodeId, String>>,
 }
 
 /// What one attempt at a write came to.
@@ -46,11 +72,28 @@ enum Attempt {
 }
 
 impl Shared {
+    pub(crate) fn name(&self) -> String {
+        self.name.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Asks `addr` who it is: its member name if it is server `id` and answers in time.
+    async fn probe(&self, id: NodeId, addr: &str) -> Option<String> {
+        let mut client = self.pool.client(addr).ok()?;
+        let reply = tokio::time::timeout(MEMBER_PROBE_TIMEOUT, client.info(super::rpc::InfoRequest {})).await.ok()?.ok()?.into_inner();
+        if reply.node_id != id {
+            return None;
+        }
+        if !reply.name.is_empty() {
+            self.peer_names.lock().unwrap_or_else(|e| e.into_inner()).insert(id, reply.name.clone());
+        }
+        Some(reply.name)
+    }
+
     /// The current leader's id and address, as this server knows it.
     pub(crate) fn leader(&self) -> Option<(NodeId, String)> {
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow();
-        let id = metrics.current_leader?;
+        let id = leader_in(&metrics)?;
         let node = metrics.membership_config.membership().get_node(&id)?;
         Some((id, node.addr.clone()))
     }
@@ -58,7 +101,7 @@ impl Shared {
     fn is_leader(&self) -> bool {
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow();
-        metrics.state.is_leader() && metrics.current_leader == Some(self.id)
+        metrics.state.is_leader() && leader_in(&metrics) == Some(self.id)
     }
 
     /// Writes through the local Raft, which must be the leader.
@@ -176,11 +219,21 @@ fn refusal(e: OpenraftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> Ref
     }
 }
 
+/// The leader as these metrics tell it; none once Raft has stopped, whatever it last knew: a
+/// server whose Raft stopped (a storage failure) must not keep calling itself or anyone leader.
+fn leader_in(metrics: &RaftMetrics<NodeId, BasicNode>) -> Option<NodeId> {
+    if metrics.running_state.is_err() || metrics.state == openraft::ServerState::Shutdown {
+        return None;
+    }
+    metrics.current_leader
+}
+
 /// The server's handle on Raft. Cheap to clone.
 #[derive(Clone)]
 pub struct RaftNode {
     pub(super) shared: Arc<Shared>,
     leader: watch::Receiver<Option<NodeId>>,
+    fatal: watch::Receiver<Option<String>>,
     tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
@@ -194,17 +247,28 @@ impl RaftNode {
             .map_err(|source| RaftError::Io { context: format!("creating {}", raft_dir.display()), source })?;
         let id = bootstrap::node_id(&raft_dir, cfg.node_id)?;
         let log_store = LogStore::open(&raft_dir.join("raft.redb"))?;
+        let storage_fault = log_store.fault();
         let state_machine = StateMachine::open(raft_dir.join("snapshots"), fsm, log_store.unapplied())?;
         let pool = Arc::new(PeerPool::new(cfg.auth.clone()));
         let network = Network::new(id, pool.clone());
         let raft = Raft::new(id, openraft_config(&cfg)?, network, log_store, state_machine)
             .await
             .map_err(|e| RaftError::Storage(format!("starting raft: {e}")))?;
-        let shared = Arc::new(Shared { id, addr: cfg.advertise_rpc.clone(), raft, pool, apply_timeout: cfg.apply_timeout() });
+        let shared =
+            Arc::new(Shared {
+                id,
+                addr: cfg.advertise_rpc.clone(),
+                raft,
+                pool,
+                apply_timeout: cfg.apply_timeout(),
+                storage_fault,
+                name: Mutex::new(cfg.name.clone()),
+                peer_names: Mutex::default(),
+            });
         let initialized = shared.raft.is_initialized().await.map_err(|e| RaftError::Raft(e.to_string()))?;
         tracing::info!(node_id = id, addr = %shared.addr, initialized, "raft started");
 
-        let (leader, leader_task) = watch_leader(&shared.raft);
+        let (leader, fatal, leader_task) = watch_metrics(&shared.raft, raft_dir.clone());
         let mut tasks = vec![leader_task];
         if !initialized {
             if cfg.bootstrap_expect == 1 {
@@ -217,7 +281,7 @@ impl RaftNode {
         } else {
             tasks.push(tokio::spawn(bootstrap::record_moved_address(shared.clone())));
         }
-        Ok(RaftNode { shared, leader, tasks: Arc::new(Mutex::new(tasks)) })
+        Ok(RaftNode { shared, leader, fatal, tasks: Arc::new(Mutex::new(tasks)) })
     }
 
     /// The `Raft` gRPC service, to mount beside the client-facing services.
@@ -275,6 +339,20 @@ impl RaftNode {
         self.leader.clone()
     }
 
+    /// Set (once) when Raft stopped on an error it cannot recover from, such as a log write that
+    /// failed (a full or broken disk): the message names the data dir and the error. This server
+    /// then no longer leads nor follows, and the process should exit so a supervisor restarts
+    /// it once the disk is usable again.
+    pub fn fatal(&self) -> watch::Receiver<Option<String>> {
+        self.fatal.clone()
+    }
+
+    /// Makes every later write of the log store fail as a full disk would.
+    #[cfg(test)]
+    pub(crate) fn fail_storage_writes(&self) {
+        self.shared.storage_fault.fail_writes();
+    }
+
     /// The leader's RPC address, if one is known.
     pub fn leader_addr(&self) -> Option<String> {
         self.shared.leader().map(|(_, addr)| addr)
@@ -294,6 +372,30 @@ impl RaftNode {
                 leader: metrics.current_leader == Some(*id),
             })
             .collect()
+    }
+
+    /// Sets this server's member name (`<name>.<region>`), told to peers that ask.
+    pub fn set_name(&self, name: &str) {
+        *self.shared.name.lock().unwrap_or_else(|e| e.into_inner()) = name.to_string();
+    }
+
+    /// Every server of the configuration and whether it is alive: this one while its Raft runs,
+    /// each other one if it answers `Info` with its id within a second (asked in parallel). What
+    /// is reported is measured now, not assumed: a stopped, hung or unreachable server is failed.
+    pub async fn members(&self) -> Vec<RaftMember> {
+        let probes = self.configuration().into_iter().map(|peer| async move {
+            let (alive, name) = if peer.id == self.shared.id {
+                (self.fatal.borrow().is_none() && self.shared.raft.metrics().borrow().running_state.is_ok(), Some(self.shared.name()))
+            } else {
+                match self.shared.probe(peer.id, &peer.addr).await {
+                    Some(name) => (true, Some(name)),
+                    None => (false, self.shared.peer_names.lock().unwrap_or_else(|e| e.into_inner()).get(&peer.id).cloned()),
+                }
+            };
+            let name = name.filter(|n| !n.is_empty()).unwrap_or_else(|| peer.addr.clone());
+            RaftMember { id: peer.id, addr: peer.addr, name, voter: peer.voter, alive }
+        });
+        futures::future::join_all(probes).await
     }
 
     /// Takes a server out of the cluster; only the leader can (the operator API forwards the
@@ -359,19 +461,46 @@ fn openraft_config(cfg: &RaftConfig) -> Result<Arc<Config>, RaftError> {
     config.validate().map(Arc::new).map_err(|e| RaftError::Config(e.to_string()))
 }
 
-/// Mirrors openraft's metrics into a channel that changes only when the leader does.
-fn watch_leader(raft: &Raft<TypeConfig>) -> (watch::Receiver<Option<NodeId>>, JoinHandle<()>) {
+/// Mirrors openraft's metrics into a channel that changes only when the leader does, and one
+/// that is set when Raft stops on a fatal error (not on a shutdown asked for).
+fn watch_metrics(
+    raft: &Raft<TypeConfig>,
+    raft_dir: std::path::PathBuf,
+) -> (watch::Receiver<Option<NodeId>>, watch::Receiver<Option<String>>, JoinHandle<()>) {
     let mut metrics = raft.metrics();
-    let (leader_tx, leader_rx) = watch::channel(metrics.borrow().current_leader);
+    let (leader_tx, leader_rx) = watch::channel(leader_in(&metrics.borrow()));
+    let (fatal_tx, fatal_rx) = watch::channel(None);
     let task = tokio::spawn(async move {
         loop {
-            let leader = metrics.borrow_and_update().current_leader;
+            let (leader, fatal) = {
+                let m = metrics.borrow_and_update();
+                (leader_in(&m), m.running_state.as_ref().err().filter(|e| !matches!(e, openraft::error::Fatal::Stopped)).cloned())
+            };
             leader_tx.send_if_modified(|current| std::mem::replace(current, leader) != leader);
+            if let Some(error) = fatal {
+                let message = fatal_message(&raft_dir, &error);
+                tracing::error!("{message}");
+                fatal_tx.send_replace(Some(message));
+                break;
+            }
             if metrics.changed().await.is_err() {
                 break;
             }
         }
         leader_tx.send_replace(None);
     });
-    (leader_rx, task)
+    (leader_rx, fatal_rx, task)
+}
+
+/// What an operator needs to read when Raft stopped on `error`.
+fn fatal_message(raft_dir: &std::path::Path, error: &openraft::error::Fatal<NodeId>) -> String {
+    let kind = match error {
+        openraft::error::Fatal::StorageError(_) => "a storage error",
+        _ => "an unrecoverable error",
+    };
+    format!(
+        "raft stopped on {kind} in {}: {error}; this server no longer leads or takes part in the cluster. \
+         Free space or repair the disk, then restart the agent (its acknowledged writes are on disk)",
+        raft_dir.display()
+    )
 }

@@ -59,6 +59,9 @@ pub struct InfoReply {
     pub addr: String,
     /// Whether it has Raft state (it is, or was, part of a cluster).
     pub initialized: bool,
+    /// Its member name (`<name>.<region>`); empty from a server that predates it.
+    #[serde(default)]
+    pub name: String,
 }
 
 /// Why a server did not carry out a `Join`.

@@ -48,6 +48,6 @@ impl RaftRpc for RaftService {
 
     async fn info(&self, _: Request<InfoRequest>) -> Result<Response<InfoReply>, Status> {
         let initialized = self.shared.raft.is_initialized().await.map_err(|e| Status::unavailable(e.to_string()))?;
-        Ok(Response::new(InfoReply { node_id: self.shared.id, addr: self.shared.addr.clone(), initialized }))
+        Ok(Response::new(InfoReply { node_id: self.shared.id, addr: self.shared.addr.clone(), initialized, name: self.shared.name() }))
     }
 }

@@ -222,6 +222,54 @@ async fn corrupt_log_entry_fails_start_with_a_clear_error() {
 }
 
 #[tokio::test]
+async fn a_zeroed_log_tail_fails_open_with_a_clear_error_not_a_panic() {
+    let big_entry = |index| Entry::<TypeConfig> {
+        log_id: log_id(1, 7, index),
+        payload: EntryPayload::Normal(std::sync::Arc::new(Command::EvalDelete {
+            eval_ids: (0..200).map(|n| format!("eval-{index}-{n}")).collect(),
+            alloc_ids: Vec::new(),
+        })),
+    };
+    // The tail a crash or a full disk can leave: the last KBs of the file zeroed.
+    let mut refused = 0;
+    for zeroed_kb in [4, 32, 256] {
+        let dir = TempDir::new().unwrap();
+        let path = dir.path().join("raft.redb");
+        {
+            let mut store = LogStore::open(&path).unwrap();
+            store.blocking_append((1..=300).map(big_entry)).await.unwrap();
+            store.save_vote(&Vote::new(1, 7)).await.unwrap();
+        }
+        let len = std::fs::metadata(&path).unwrap().len();
+        let zeroed = (zeroed_kb * 1024).min(len);
+        {
+            use std::io::{Seek, SeekFrom, Write};
+            let mut file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            file.seek(SeekFrom::Start(len - zeroed)).unwrap();
+            file.write_all(&vec![0; zeroed as usize]).unwrap();
+            file.sync_all().unwrap();
+        }
+
+        let err = match LogStore::open(&path) {
+            Err(err) => err,
+            // redb may find the zeroed pages unused (free space at the end): then the log must read back whole.
+            Ok(mut store) => {
+                let entries = store.try_get_log_entries(..).await.expect("an opened store reads back");
+                assert_eq!(entries.len(), 300, "zeroing {zeroed_kb} KB lost entries without an error");
+                continue;
+            }
+        };
+        refused += 1;
+        let message = err.to_string();
+        assert!(matches!(err, RaftError::Storage(_)), "{message}");
+        assert!(message.contains(&path.display().to_string()), "names the file: {message}");
+        assert!(message.contains("is corrupt"), "says it is corrupt: {message}");
+        assert!(message.contains("Move the file aside"), "says what to do: {message}");
+    }
+    assert!(refused > 0, "no zeroed tail hit the log's pages: the test does not test anything");
+}
+
+#[tokio::test]
 async fn log_store_truncates_purges_and_persists() {
     let dir = TempDir::new().unwrap();
     let path = dir.path().join("raft.redb");

@@ -15,6 +15,8 @@ mod logs;
 mod restart;
 mod stats;
 
+pub use stats::task_resource_usage;
+
 use std::sync::Arc;
 
 use axum::Router;
