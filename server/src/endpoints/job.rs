@@ -71,11 +71,14 @@ pub struct JobDeregisterResponse {
 
 /// What `Job.Register` and `Job.Plan` do to a submitted job before anything else: its counts
 /// and sizes against the server's limits (400, before canonicalizing fills a default into every
-/// group and task), Nomad's defaults, its encoded size, then Nomad's validation (500, as Nomad).
+/// group and task), Nomad's defaults, its encoded size, what nomad-rs does not run
+/// (`nomad_proto::admission`, 400: before validation, so a Connect gateway group is refused for
+/// its gateway, not for the task Nomad would have added), then Nomad's validation (500, as Nomad).
 pub(super) fn admit_job(job: &mut Job, limits: &JobLimits) -> Result<(), EndpointError> {
     job.check_limits(limits).map_err(|e| EndpointError::BadRequest(e.to_string()))?;
     job.canonicalize();
     job.check_encoded_size().map_err(|e| EndpointError::BadRequest(e.to_string()))?;
+    job.check_supported().map_err(|e| EndpointError::BadRequest(e.to_string()))?;
     job.validate()?;
     Ok(())
 }

@@ -133,4 +133,6 @@ impl Endpoints {
 #[cfg(test)]
 mod admission_tests;
 #[cfg(test)]
+mod support_tests;
+#[cfg(test)]
 mod tests;

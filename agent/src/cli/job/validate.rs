@@ -15,8 +15,8 @@ pub struct ValidateArgs {
     pub file: JobFileArgs,
 }
 
-/// Parses, checks against the servers' default limits, canonicalizes and validates a job file,
-/// as `Job.Register` does; the message lists every problem.
+/// Parses, checks against the servers' default limits, canonicalizes, refuses what nomad-rs does
+/// not run and validates a job file, as `Job.Register` does; the message lists every problem.
 pub fn check(args: &JobFileArgs) -> Result<nomad_proto::Job, Failure> {
     let mut job = load(args)?.job;
     let limits = |e: LimitError| {
@@ -32,6 +32,7 @@ pub fn check(args: &JobFileArgs) -> Result<nomad_proto::Job, Failure> {
     job.check_limits(&JobLimits::default()).map_err(limits)?;
     job.canonicalize();
     job.check_encoded_size().map_err(limits)?;
+    job.check_supported().map_err(|e| Failure::new(format!("Job validation errors:\n{}", e.to_string().trim_end())))?;
     job.validate().map_err(|e| Failure::new(format!("Job validation errors:\n{}", e.to_string().trim_end())))?;
     Ok(job)
 }
