@@ -85,7 +85,7 @@ table! {
     // Job.
     Name: Attribute "name" in "job, group, task" => H("names the object"),
     JobId: Attribute "id" in "job" => H("the job's key"),
-    JobRegion: Attribute "region" in "job" => H("one region per cluster"),
+    JobRegion: Attribute "region" in "job" => H("must be the cluster's region: the servers refuse another, as they do not forward between regions"),
     JobNamespace: Attribute "namespace" in "job" => H("the namespace must exist"),
     JobType: Attribute "type" in "job" => H("service, batch, system and sysbatch schedulers"),
     JobPriority: Attribute "priority" in "job" => H("eval broker order"),
@@ -180,7 +180,7 @@ table! {
     Cores: Attribute "cores" in "resources" => R("tasks are not pinned to reserved cores"),
     Memory: Attribute "memory" in "resources" => H("scheduler fit, cgroup limit"),
     MemoryMax: Attribute "memory_max" in "resources" => H("cgroup limit (exec, oci)"),
-    Disk: Attribute "disk" in "resources" => H("ignored, as Nomad does (deprecated; ephemeral_disk counts)"),
+    Disk: Attribute "disk" in "resources" => H("refused by validation, as Nomad does (ephemeral_disk is the group's disk)"),
     Device: Block "device" in "resources" => R("devices are not assigned to tasks"),
 }
 
@@ -446,8 +446,7 @@ impl Walk {
         self.restart(restart_policy.as_ref());
         if let Some(ReschedulePolicy { attempts: _, interval: _, delay: _, delay_function: _, max_delay: _, unlimited: _ }) =
             reschedule_policy
-        {
-        }
+        {}
         self.decide(Feature::Reschedule, reschedule_policy.is_some());
         let EphemeralDisk { sticky, size_mb, migrate: disk_migrate } = ephemeral_disk;
         self.within("ephemeral_disk".into(), |w| {
@@ -540,7 +539,10 @@ impl Walk {
         self.decide(Feature::ServiceNomad, !consul);
         self.decide(Feature::ServiceConsul, consul);
         self.decide(Feature::ServiceFields, true);
-        self.decide(Feature::ServiceConsulOnly, *enable_tag_override || !canary_tags.is_empty() || !meta.is_empty() || !canary_meta.is_empty() || !tagged_addresses.is_empty());
+        self.decide(
+            Feature::ServiceConsulOnly,
+            *enable_tag_override || !canary_tags.is_empty() || !meta.is_empty() || !canary_meta.is_empty() || !tagged_addresses.is_empty(),
+        );
         let known_mode = matches!(address_mode.as_str(), "" | "auto" | "host");
         self.decide(Feature::ServiceAddressMode, false);
         if !known_mode {
@@ -604,8 +606,7 @@ impl Walk {
             shutdown_delay: _,
             kill_signal: _,
         }) = sidecar_task
-        {
-        }
+        {}
         if let Some(ConsulGateway { proxy: _, ingress: _, terminating, mesh: _ }) = gateway
             && let Some(ConsulTerminatingConfigEntry { services }) = terminating
         {
@@ -671,18 +672,9 @@ impl Walk {
             self.within(named("service", &s.name), |w| w.service(s));
         }
         self.decide(Feature::Vault, vault.as_ref().is_some_and(|v| !v.is_null()));
-        for Template {
-            source_path: _,
-            dest_path: _,
-            embedded_tmpl: _,
-            change_mode: _,
-            change_signal: _,
-            splay: _,
-            perms: _,
-            envvars: _,
-        } in templates
-        {
-        }
+        for Template { source_path: _, dest_path: _, embedded_tmpl: _, change_mode: _, change_signal: _, splay: _, perms: _, envvars: _ } in
+            templates
+        {}
         self.decide(Feature::Template, !templates.is_empty());
         self.placement(constraints, affinities, &[]);
         self.within("resources".into(), |w| w.resources(resources));
@@ -702,9 +694,9 @@ impl Walk {
         self.decide(Feature::Scaling, scaling_policies.iter().any(|s| !s.is_null()));
         self.decide(Feature::KillSignal, !kill_signal.is_empty());
         self.decide(Feature::TaskKind, !kind.is_empty());
-        if let Some(CsiPluginConfig { id: _, plugin_type: _, mount_dir: _, stage_publish_base_dir: _, health_timeout: _ }) = csi_plugin_config
-        {
-        }
+        if let Some(CsiPluginConfig { id: _, plugin_type: _, mount_dir: _, stage_publish_base_dir: _, health_timeout: _ }) =
+            csi_plugin_config
+        {}
         self.decide(Feature::CsiPlugin, csi_plugin_config.is_some());
         self.decide(Feature::Identity, identity.as_ref().is_some_and(|i| !i.is_null()));
     }
@@ -789,7 +781,9 @@ pub fn sample_job_using(feature: Feature) -> Job {
             job.parameterized_job = Some(ParameterizedJobConfig::default());
         }
         Feature::Payload => job.payload = Some("aGk=".into()),
-        Feature::UpdateManualHealth => job.update = Some(UpdateStrategy { health_check: "manual".into(), ..UpdateStrategy::default_service() }),
+        Feature::UpdateManualHealth => {
+            job.update = Some(UpdateStrategy { health_check: "manual".into(), ..UpdateStrategy::default_service() })
+        }
         Feature::UpdateHealthyDeadline => {
             job.update = Some(UpdateStrategy { healthy_deadline: 60_000_000_000, ..UpdateStrategy::default_service() })
         }
@@ -807,23 +801,30 @@ pub fn sample_job_using(feature: Feature) -> Job {
         Feature::NetworkMode => g.networks = vec![NetworkResource { mode: "bridge".into(), ..NetworkResource::default() }],
         Feature::NetworkHostname => g.networks = vec![NetworkResource { hostname: "cache".into(), ..NetworkResource::default() }],
         Feature::NetworkDns => {
-            g.networks = vec![NetworkResource { dns: Some(DnsConfig { servers: vec!["1.1.1.1".into()], ..DnsConfig::default() }), ..NetworkResource::default() }]
+            g.networks = vec![NetworkResource {
+                dns: Some(DnsConfig { servers: vec!["1.1.1.1".into()], ..DnsConfig::default() }),
+                ..NetworkResource::default()
+            }]
         }
         Feature::NetworkDevice => g.networks = vec![NetworkResource { device: "eth0".into(), ..NetworkResource::default() }],
         Feature::NetworkCidr => g.networks = vec![NetworkResource { cidr: "10.0.0.0/8".into(), ..NetworkResource::default() }],
         Feature::NetworkIp => g.networks = vec![NetworkResource { ip: "10.0.0.1".into(), ..NetworkResource::default() }],
         Feature::Port | Feature::NetworkModeHost => {
-            g.networks = vec![NetworkResource {
-                dynamic_ports: vec![Port { label: "db".into(), ..Port::default() }],
-                ..NetworkResource::default()
-            }]
+            g.networks =
+                vec![NetworkResource { dynamic_ports: vec![Port { label: "db".into(), ..Port::default() }], ..NetworkResource::default() }]
         }
         Feature::ServiceNomad | Feature::ServiceFields => g.services = vec![nomad_service()],
         Feature::ServiceConsulOnly => g.services = vec![Service { canary_tags: vec!["canary".into()], ..nomad_service() }],
         Feature::ServiceConsul => g.services = vec![Service { provider: String::new(), ..nomad_service() }],
         Feature::ServiceAddressMode => g.services = vec![Service { address_mode: "driver".into(), ..nomad_service() }],
         Feature::ServiceCheck => {
-            let check = ServiceCheck { name: "alive".into(), check_type: "tcp".into(), interval: 10_000_000_000, timeout: 2_000_000_000, ..ServiceCheck::default() };
+            let check = ServiceCheck {
+                name: "alive".into(),
+                check_type: "tcp".into(),
+                interval: 10_000_000_000,
+                timeout: 2_000_000_000,
+                ..ServiceCheck::default()
+            };
             g.services = vec![Service { checks: vec![check], ..nomad_service() }]
         }
         Feature::Connect => {
@@ -843,12 +844,18 @@ pub fn sample_job_using(feature: Feature) -> Job {
         }
         Feature::ConnectGateway => {
             // As Nomad's jobspec leaves it: a group with no task of its own.
-            let connect = ConsulConnect { gateway: Some(ConsulGateway { ingress: Some(json!({})), ..ConsulGateway::default() }), ..ConsulConnect::default() };
+            let connect = ConsulConnect {
+                gateway: Some(ConsulGateway { ingress: Some(json!({})), ..ConsulGateway::default() }),
+                ..ConsulConnect::default()
+            };
             g.tasks.clear();
             g.services = vec![Service { name: "ingress".into(), provider: "consul".into(), connect: Some(connect), ..Service::default() }];
         }
         Feature::HostVolume => {
-            g.volumes.insert("data".into(), VolumeRequest { name: "data".into(), volume_type: "host".into(), source: "data".into(), ..VolumeRequest::default() });
+            g.volumes.insert(
+                "data".into(),
+                VolumeRequest { name: "data".into(), volume_type: "host".into(), source: "data".into(), ..VolumeRequest::default() },
+            );
         }
         Feature::CsiVolume => {
             g.volumes.insert(
@@ -871,26 +878,40 @@ pub fn sample_job_using(feature: Feature) -> Job {
         Feature::LogsDisabled => t.log_config.disabled = true,
         Feature::Vault => t.vault = Some(json!({"Policies": ["read"]})),
         Feature::Template => {
-            t.templates = vec![Template { embedded_tmpl: "hi".into(), dest_path: "local/hi".into(), change_mode: "restart".into(), ..Template::default() }]
+            t.templates = vec![Template {
+                embedded_tmpl: "hi".into(),
+                dest_path: "local/hi".into(),
+                change_mode: "restart".into(),
+                ..Template::default()
+            }]
         }
         Feature::Artifact => {
             t.artifacts = vec![TaskArtifact { getter_source: "https://example.com/x.tgz".into(), ..TaskArtifact::default() }]
         }
         Feature::DispatchPayload => t.dispatch_payload = Some(json!({"File": "input.txt"})),
         Feature::VolumeMount => {
-            g.volumes.insert("data".into(), VolumeRequest { name: "data".into(), volume_type: "host".into(), source: "data".into(), ..VolumeRequest::default() });
+            g.volumes.insert(
+                "data".into(),
+                VolumeRequest { name: "data".into(), volume_type: "host".into(), source: "data".into(), ..VolumeRequest::default() },
+            );
             let t = &mut g.tasks[0];
             t.volume_mounts = vec![VolumeMount { volume: "data".into(), destination: "/data".into(), ..VolumeMount::default() }];
         }
         Feature::TaskKind => t.kind = "connect-proxy:redis".into(),
         Feature::CsiPlugin => {
-            t.csi_plugin_config =
-                Some(CsiPluginConfig { id: "ebs".into(), plugin_type: "node".into(), mount_dir: "/csi".into(), ..CsiPluginConfig::default() })
+            t.csi_plugin_config = Some(CsiPluginConfig {
+                id: "ebs".into(),
+                plugin_type: "node".into(),
+                mount_dir: "/csi".into(),
+                ..CsiPluginConfig::default()
+            })
         }
         Feature::Identity => t.identity = Some(json!({"Env": true})),
         Feature::Cores => t.resources.cores = 1,
         Feature::MemoryMax => t.resources.memory_max_mb = 600,
-        Feature::Device => t.resources.devices = vec![RequestedDevice { name: "nvidia/gpu".into(), count: 1, ..RequestedDevice::default() }],
+        Feature::Device => {
+            t.resources.devices = vec![RequestedDevice { name: "nvidia/gpu".into(), count: 1, ..RequestedDevice::default() }]
+        }
         Feature::KillSignal => t.kill_signal = "SIGTERM".into(),
         Feature::Leader => t.leader = true,
         Feature::Lifecycle => {
@@ -902,12 +923,13 @@ pub fn sample_job_using(feature: Feature) -> Job {
         Feature::ShutdownDelay => g.shutdown_delay = Some(5_000_000_000),
         Feature::MaxClientDisconnect => g.max_client_disconnect = Some(3_600_000_000_000),
         Feature::StopAfterClientDisconnect => g.stop_after_client_disconnect = Some(60_000_000_000),
-        Feature::Constraint => job.constraints = vec![Constraint { l_target: "${attr.kernel.name}".into(), r_target: "linux".into(), operand: "=".into() }],
+        Feature::Constraint => {
+            job.constraints = vec![Constraint { l_target: "${attr.kernel.name}".into(), r_target: "linux".into(), operand: "=".into() }]
+        }
         Feature::Meta => {
             job.meta.insert("team".into(), "cache".into());
         }
         Feature::NetworkMbits => g.networks = vec![NetworkResource { mbits: 10, ..NetworkResource::default() }],
-        Feature::Disk => t.resources.disk_mb = 100,
         Feature::Name
         | Feature::JobId
         | Feature::JobRegion
@@ -935,6 +957,7 @@ pub fn sample_job_using(feature: Feature) -> Job {
         | Feature::KillTimeout
         | Feature::Logs
         | Feature::Cpu
+        | Feature::Disk
         | Feature::Memory => {}
     }
     job

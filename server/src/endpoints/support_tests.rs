@@ -11,7 +11,10 @@ use serde_json::json;
 use tower::ServiceExt;
 
 use super::EndpointError;
+use crate::consensus::Consensus;
+use crate::fsm::Command;
 use crate::scheduler::BuiltinScheduler;
+use crate::sim::ready_node;
 use crate::testing::{TestServer, job, node};
 
 fn server() -> TestServer {
@@ -48,7 +51,10 @@ async fn every_refused_entry_is_refused_at_register_and_plan_and_the_rest_are_ad
             Fate::Honoured(_) | Fate::Constrained(_) => {
                 assert_eq!(refusal, None, "{:?}", e.feature);
                 ts.endpoints.job_plan(job.clone(), false).await.unwrap_or_else(|err| panic!("{:?} at plan: {err:?}", e.feature));
-                ts.endpoints.job_register(job, Default::default()).await.unwrap_or_else(|err| panic!("{:?} at register: {err:?}", e.feature));
+                ts.endpoints
+                    .job_register(job, Default::default())
+                    .await
+                    .unwrap_or_else(|err| panic!("{:?} at register: {err:?}", e.feature));
             }
         }
     }
@@ -58,7 +64,7 @@ async fn every_refused_entry_is_refused_at_register_and_plan_and_the_rest_are_ad
 #[tokio::test]
 async fn a_host_volume_no_node_has_is_kept_from_placement_with_the_reason() {
     let ts = server();
-    ts.register_node(node("n1")).await;
+    ts.consensus.apply(Command::NodeRegister { node: ready_node("n1"), evals: vec![], now: nomad_proto::Timestamp::now() }).await.unwrap();
     let Fate::Constrained(reason) = Feature::HostVolume.entry().fate else { panic!("host volumes are constrained") };
     let plan = ts.endpoints.job_plan(sample_job_using(Feature::HostVolume), false).await.unwrap();
     let failed = plan.failed_tg_allocs.expect("the group cannot be placed");
@@ -115,6 +121,55 @@ async fn a_nomad_json_job_with_a_default_provider_service_and_a_template_is_refu
     let (status, text) = put(&ts, "/v1/jobs", body).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
     assert!(text.starts_with("2 errors occurred:"), "{text}");
-    assert!(text.contains("group \"cache\" service \"redis-cache\": provider = \"consul\" is not supported by nomad-rs yet; set provider = \"nomad\""), "{text}");
+    assert!(
+        text.contains(
+            "group \"cache\" service \"redis-cache\": provider = \"consul\" is not supported by nomad-rs yet; set provider = \"nomad\""
+        ),
+        "{text}"
+    );
     assert!(text.contains("group \"cache\" task \"redis\": the \"template\" block is not supported by nomad-rs yet"), "{text}");
+}
+
+/// Nomad's `/v1/validate/job`: 200 with the problems listed, the same messages as a refusal.
+#[tokio::test]
+async fn validate_job_lists_what_register_would_refuse() {
+    let ts = server();
+    let (status, text) = put(&ts, "/v1/validate/job", json!({ "Job": sample_job_using(Feature::Template) })).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let want = "group \"cache\" task \"redis\": the \"template\" block is not supported by nomad-rs yet";
+    assert_eq!(v["ValidationErrors"], json!([want]));
+    assert_eq!(v["Error"], format!("1 error occurred:\n\t* {want}\n\n"));
+    assert_eq!((v["DriverConfigValidated"].as_bool(), v["Warnings"].as_str()), (Some(true), Some("")));
+
+    let mut invalid = job("bad", 1);
+    invalid.priority = 500;
+    let (status, text) = put(&ts, "/v1/validate/job", json!({ "Job": invalid })).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(v["ValidationErrors"][0].as_str().unwrap().contains("priority"), "{v}");
+
+    let (status, text) = put(&ts, "/v1/validate/job", json!({ "Job": job("plain", 1) })).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!((v["ValidationErrors"].clone(), v["Error"].clone()), (json!([]), json!("")));
+
+    let (status, text) = put(&ts, "/v1/validate/job", json!({})).await;
+    assert_eq!((status, text.trim_end()), (StatusCode::BAD_REQUEST, "Job must be specified"));
+    assert!(ts.store.snapshot().jobs().next().is_none(), "validation writes nothing");
+}
+
+/// A job for another region would have been run here as if it were this one's.
+#[tokio::test]
+async fn a_job_for_another_region_is_refused_not_run_here() {
+    let ts = server();
+    let mut eu = job("eu", 1);
+    eu.region = "eu".into();
+    let want = "job region \"eu\" is not this cluster's region \"global\"; nomad-rs does not forward jobs to other regions yet";
+    assert_eq!(ts.endpoints.job_register(eu.clone(), Default::default()).await.unwrap_err(), EndpointError::BadRequest(want.into()));
+    assert_eq!(ts.endpoints.job_plan(eu.clone(), false).await.unwrap_err(), EndpointError::BadRequest(want.into()));
+    assert_eq!(ts.endpoints.job_validate(eu).validation_errors, vec![want.to_string()]);
+    let mut here = job("here", 1);
+    here.region = "global".into();
+    ts.endpoints.job_register(here, Default::default()).await.unwrap();
 }
