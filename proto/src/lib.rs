@@ -8,6 +8,7 @@
 
 #![warn(missing_docs)]
 
+pub mod admission;
 pub mod alloc;
 pub mod canonicalize;
 pub mod cron;

@@ -24,12 +24,6 @@ job "svc-e2e" {
       tags     = ["dc-${node.datacenter}", "idx-${NOMAD_ALLOC_INDEX}"]
     }
 
-    # Consul services are not this client's business.
-    service {
-      name = "left-to-consul"
-      port = "http"
-    }
-
     task "server" {
       driver = "raw_exec"
 
@@ -64,6 +58,15 @@ fn a_jobs_nomad_services_carry_the_allocs_dynamic_port_and_go_with_the_job() {
     let http = agent.http();
     let file = dir.path().join("svc.nomad.hcl");
     std::fs::write(&file, JOB).unwrap();
+    // A service without a provider is Nomad's default, a Consul service: refused, not dropped.
+    let consul = dir.path().join("consul.nomad.hcl");
+    std::fs::write(&consul, JOB.replace("provider = \"nomad\"\n      port     = \"http\"\n      tags", "port     = \"http\"\n      tags"))
+        .unwrap();
+    let refused = nomad(&agent, &["job", "run", consul.to_str().unwrap()]).expect(1, "job run of a Consul service");
+    let want = "group \"api\" service \"${NOMAD_JOB_NAME}-http\": provider = \"consul\" is not supported by nomad-rs yet; set provider = \"nomad\"";
+    assert!(refused.stderr.contains("400") && refused.stderr.contains(want), "{}", refused.stderr);
+    nomad(&agent, &["job", "validate", consul.to_str().unwrap()]).expect(1, "job validate of a Consul service");
+    assert!(http.get_json("/v1/job/svc-e2e").is_err(), "nothing was registered");
     nomad(&agent, &["job", "run", file.to_str().unwrap()]).expect(0, "job run");
 
     let alloc = wait_for("the alloc to run", SETTLE, || {
@@ -91,7 +94,6 @@ fn a_jobs_nomad_services_carry_the_allocs_dynamic_port_and_go_with_the_job() {
     assert_eq!(r["NodeID"], alloc["NodeID"]);
     wait_for("the task service to be registered", SETTLE, || Some(service(&http, "svc-e2e-task")).filter(|r| r.len() == 1))
         .unwrap_or_else(|e| panic!("{e}\n{}", agent.logs()));
-    assert!(service(&http, "left-to-consul").is_empty());
 
     let info = nomad(&agent, &["service", "info", "svc-e2e-http"]).expect(0, "service info");
     let row: Vec<&str> = info.stdout.lines().nth(1).unwrap_or_default().split_whitespace().collect();

@@ -1,10 +1,10 @@
 //! `Job.*` endpoints: register and deregister.
 
 use nomad_proto::eval::trigger;
-use nomad_proto::{Evaluation, Job, JobLimits};
+use nomad_proto::{Evaluation, Job};
 use serde::Serialize;
 
-use super::{EndpointError, Endpoints};
+use super::{EndpointConfig, EndpointError, Endpoints};
 use crate::fsm::Command;
 
 /// Options of a job registration (`JobRegisterRequest` minus the job).
@@ -71,20 +71,72 @@ pub struct JobDeregisterResponse {
 
 /// What `Job.Register` and `Job.Plan` do to a submitted job before anything else: its counts
 /// and sizes against the server's limits (400, before canonicalizing fills a default into every
-/// group and task), Nomad's defaults, its encoded size, then Nomad's validation (500, as Nomad).
-pub(super) fn admit_job(job: &mut Job, limits: &JobLimits) -> Result<(), EndpointError> {
-    job.check_limits(limits).map_err(|e| EndpointError::BadRequest(e.to_string()))?;
+/// group and task), Nomad's defaults, its encoded size, what nomad-rs does not run
+/// (`nomad_proto::admission`, 400: before validation, so a Connect gateway group is refused for
+/// its gateway, not for the task Nomad would have added), then Nomad's validation (500, as Nomad).
+/// A job for another region is refused: nomad-rs does not forward between regions.
+pub(super) fn admit_job(job: &mut Job, config: &EndpointConfig) -> Result<(), EndpointError> {
+    job.check_limits(&config.job_limits).map_err(|e| EndpointError::BadRequest(e.to_string()))?;
     job.canonicalize();
     job.check_encoded_size().map_err(|e| EndpointError::BadRequest(e.to_string()))?;
+    job.check_supported().map_err(|e| EndpointError::BadRequest(e.to_string()))?;
+    if !config.region.is_empty() && job.region != config.region {
+        return Err(EndpointError::BadRequest(foreign_region(&job.region, &config.region)));
+    }
     job.validate()?;
     Ok(())
 }
 
+/// Reply to `PUT /v1/validate/job`, in Nomad's shape: a job that would be refused is still a
+/// successful answer, listing why.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct JobValidateResponse {
+    /// Nomad's servers report the driver config as checked; ours check it on the client.
+    pub driver_config_validated: bool,
+    /// One entry per problem.
+    pub validation_errors: Vec<String>,
+    /// The problems as one message (empty when there are none).
+    pub error: String,
+    /// Warnings.
+    pub warnings: String,
+}
+
+fn foreign_region(job: &str, ours: &str) -> String {
+    format!(
+        "job region {:?} is not this cluster's region {:?}; nomad-rs does not forward jobs to other regions yet",
+        nomad_proto::validate::escape_unsafe_chars(job, &[]),
+        ours
+    )
+}
+
 impl Endpoints {
+    /// `/v1/validate/job`: what [`admit_job`] would say about `job`, without writing anything.
+    pub fn job_validate(&self, mut job: Job) -> JobValidateResponse {
+        let errors = if let Err(e) = job.check_limits(&self.config.job_limits) {
+            vec![e.to_string()]
+        } else {
+            job.canonicalize();
+            match (job.check_encoded_size(), job.check_supported(), job.validate()) {
+                (Err(e), _, _) => vec![e.to_string()],
+                (Ok(()), Err(unsupported), _) => unsupported.0,
+                (Ok(()), Ok(()), Err(invalid)) => invalid.0,
+                (Ok(()), Ok(()), Ok(())) => Vec::new(),
+            }
+        };
+        let errors = if errors.is_empty() && !self.config.region.is_empty() && job.region != self.config.region {
+            vec![foreign_region(&job.region, &self.config.region)]
+        } else {
+            errors
+        };
+        let error = if errors.is_empty() { String::new() } else { nomad_proto::ValidationErrors(errors.clone()).to_string() };
+        JobValidateResponse { driver_config_validated: true, validation_errors: errors, error, warnings: String::new() }
+    }
+
     /// `Job.Register`: admit (limits, defaults, validation), then write the job and its eval in
     /// one command.
     pub async fn job_register(&self, mut job: Job, opts: JobRegisterOptions) -> Result<JobRegisterResponse, EndpointError> {
-        admit_job(&mut job, &self.config.job_limits)?;
+        admit_job(&mut job, &self.config)?;
         if opts.eval_priority != 0 && !(1..=nomad_proto::job::MAX_JOB_PRIORITY).contains(&opts.eval_priority) {
             return Err(EndpointError::BadRequest("eval priority must be between 1 and 100".into()));
         }

@@ -43,7 +43,7 @@ impl Endpoints {
     pub async fn job_plan(&self, mut job: Job, diff: bool) -> Result<JobPlanResponse, EndpointError> {
         let scheduler =
             self.scheduler.clone().ok_or_else(|| EndpointError::Internal("job plan is unavailable: no scheduler is configured".into()))?;
-        super::job::admit_job(&mut job, &self.config.job_limits)?;
+        super::job::admit_job(&mut job, &self.config)?;
         let snap = self.store.snapshot();
         if snap.namespace(&job.namespace).is_none() {
             return Err(EndpointError::Invalid(format!("job {:?} is in nonexistent namespace {:?}", job.id, job.namespace)));

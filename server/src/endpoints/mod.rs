@@ -22,7 +22,7 @@ use std::sync::Arc;
 pub use alloc::AllocStopResponse;
 pub use drain::{DrainRequest, DrainSpec, NodeWriteResponse};
 pub use error::EndpointError;
-pub use job::{JobDeregisterResponse, JobRegisterOptions, JobRegisterResponse};
+pub use job::{JobDeregisterResponse, JobRegisterOptions, JobRegisterResponse, JobValidateResponse};
 pub use job_plan::JobPlanResponse;
 pub use node_evals::{create_node_evals, should_create_node_eval};
 
@@ -132,5 +132,7 @@ impl Endpoints {
 
 #[cfg(test)]
 mod admission_tests;
+#[cfg(test)]
+mod support_tests;
 #[cfg(test)]
 mod tests;

@@ -138,6 +138,29 @@ pub async fn jobs_parse(State(_s): State<HttpState>, method: Method, uri: Uri, b
     .await
 }
 
+/// Body of `PUT /v1/validate/job` (`api.JobValidateRequest`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+struct JobValidateRequest {
+    job: Option<Job>,
+}
+
+/// `PUT|POST /v1/validate/job`: the admission checks of `Job.Register` (limits, what nomad-rs
+/// does not run, validation), answered as a list instead of a refusal.
+pub async fn validate_job(State(s): State<HttpState>, method: Method, uri: Uri, body: Body) -> Response {
+    super::respond(async {
+        require_method(&method, &[Method::PUT, Method::POST])?;
+        let q = QueryOptions::parse(&uri)?;
+        let bytes = read_body(body).await?;
+        let req: JobValidateRequest = decode_body(&bytes)?;
+        let Some(job) = req.job else {
+            return Err(HttpError::bad_request("Job must be specified"));
+        };
+        json_response(&s.endpoints.job_validate(job), None, q.pretty)
+    })
+    .await
+}
+
 /// Body of `PUT /v1/job/<id>/plan` (`api.JobPlanRequest`).
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, rename_all = "PascalCase")]

@@ -63,6 +63,7 @@ pub fn router(state: HttpState) -> Router {
     let routes = Router::new()
         .route("/v1/jobs", any(jobs::jobs))
         .route("/v1/jobs/parse", any(jobs::jobs_parse))
+        .route("/v1/validate/job", any(jobs::validate_job))
         .route("/v1/job/{*rest}", any(jobs::job_specific))
         .route("/v1/allocations", any(allocs::allocations))
         .route("/v1/allocation/{*rest}", any(allocs::allocation_specific))

@@ -15,10 +15,14 @@ pub struct ValidateArgs {
     pub file: JobFileArgs,
 }
 
-/// Parses, checks against the servers' default limits, canonicalizes and validates a job file,
-/// as `Job.Register` does; the message lists every problem.
+/// Parses, checks against the servers' default limits, canonicalizes, refuses what nomad-rs does
+/// not run and validates a job file, as `Job.Register` does; the message lists every problem.
 pub fn check(args: &JobFileArgs) -> Result<nomad_proto::Job, Failure> {
-    let mut job = load(args)?.job;
+    check_job(load(args)?.job)
+}
+
+/// What `Job.Register` does to a parsed job before writing it, done locally.
+pub fn check_job(mut job: nomad_proto::Job) -> Result<nomad_proto::Job, Failure> {
     let limits = |e: LimitError| {
         let note = match e {
             // The one limit a server may be configured with: say whose value this is.
@@ -32,6 +36,7 @@ pub fn check(args: &JobFileArgs) -> Result<nomad_proto::Job, Failure> {
     job.check_limits(&JobLimits::default()).map_err(limits)?;
     job.canonicalize();
     job.check_encoded_size().map_err(limits)?;
+    job.check_supported().map_err(|e| Failure::new(format!("Job validation errors:\n{}", e.to_string().trim_end())))?;
     job.validate().map_err(|e| Failure::new(format!("Job validation errors:\n{}", e.to_string().trim_end())))?;
     Ok(job)
 }
@@ -77,6 +82,39 @@ mod tests {
         let (_d, args) = file("job \"x\" {\n  group \"g\" {\n    task \"..\" {\n      driver = \"raw_exec\"\n    }\n  }\n}\n");
         let e = check(&args).unwrap_err();
         assert!(e.message.contains("Task name cannot be \"..\""), "{}", e.message);
+    }
+
+    /// Every entry of the job specification support table, as the servers judge it.
+    #[test]
+    fn what_nomad_rs_does_not_run_is_refused_naming_it_as_the_servers_do() {
+        use nomad_proto::admission::{Fate, TABLE, sample_job_using};
+        for e in TABLE.iter() {
+            let job = sample_job_using(e.feature);
+            let mut canonical = job.clone();
+            canonical.canonicalize();
+            match (e.fate, canonical.check_supported()) {
+                (Fate::Refused(_), Err(want)) => {
+                    let got = check_job(job).unwrap_err();
+                    assert_eq!(got.message, format!("Job validation errors:\n{}", want.to_string().trim_end()), "{:?}", e.feature);
+                }
+                (Fate::Refused(_), Ok(())) => panic!("{:?}: its sample is not refused", e.feature),
+                (_, _) => {
+                    check_job(job).unwrap_or_else(|f| panic!("{:?}: {}", e.feature, f.message));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_template_in_a_job_file_is_refused_with_its_path() {
+        let (_d, args) = file(
+            "job \"x\" {\n  group \"cache\" {\n    task \"redis\" {\n      driver = \"raw_exec\"\n      config {\n        command = \"/bin/true\"\n      }\n      template {\n        data        = \"x\"\n        destination = \"local/x\"\n      }\n    }\n  }\n}\n",
+        );
+        let e = check(&args).unwrap_err();
+        assert_eq!(
+            e.message,
+            "Job validation errors:\ngroup \"cache\" task \"redis\": the \"template\" block is not supported by nomad-rs yet"
+        );
     }
 
     /// Every example job file parses and validates; each one is there to be run.

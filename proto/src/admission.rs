@@ -1,0 +1,967 @@
+//! Job specification support: what nomad-rs does with every block and attribute a job can
+//! carry. Nothing accepted is silently ignored: each one is
+//!
+//! - **honoured** by the cluster (the note says how, or that Nomad ignores it too),
+//! - **refused** at admission (`Job.Register`, `Job.Plan`, `job validate`: HTTP 400) with a
+//!   message that names the block and where it is in the job, e.g.
+//!   `group "cache" task "redis": the "template" block is not supported by nomad-rs yet`,
+//! - or **constrained**: accepted, and kept from placement on nodes that cannot run it, with
+//!   the reason the eval's failed placement shows.
+//!
+//! [`TABLE`] decides, one entry per feature; the issue that builds a feature flips its entry.
+//! [`check`] walks a canonicalized job with exhaustive destructuring (no `..`), so a field added
+//! to any job type fails to compile here until someone decides about it; the tests check that
+//! the walk reaches every entry and that each refused entry is refused.
+
+use std::fmt;
+
+use crate::job::{
+    Affinity, Constraint, CsiPluginConfig, EphemeralDisk, Job, LogConfig, MigrateStrategy, ParameterizedJobConfig, PeriodicConfig,
+    ReschedulePolicy, RestartPolicy, Spread, SpreadTarget, Task, TaskArtifact, TaskGroup, TaskLifecycle, Template, UpdateStrategy,
+};
+use crate::resources::{DnsConfig, NetworkResource, Port, RequestedDevice, Resources};
+use crate::service::{
+    CheckRestart, ConsulConnect, ConsulGateway, ConsulLinkedService, ConsulProxy, ConsulSidecarService, ConsulTerminatingConfigEntry,
+    ConsulUpstream, SERVICE_PROVIDER_CONSUL, Service, ServiceCheck, SidecarTask,
+};
+use crate::validate::escape_unsafe_chars;
+use crate::volume::{CsiMountOptions, VolumeMount, VolumeRequest};
+
+/// What the cluster does with a feature.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    /// Done as Nomad does; the note says by what (or that Nomad ignores it as well).
+    Honoured(&'static str),
+    /// Refused at admission; the text (may be empty) is added to the message as advice.
+    Refused(&'static str),
+    /// Accepted; allocs are placed only on nodes that can run it, else the placement fails
+    /// with this reason.
+    Constrained(&'static str),
+}
+
+/// How a feature is written in a job file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `name { ... }`.
+    Block,
+    /// `name = value`.
+    Attribute,
+    /// A particular value of an attribute (`mode = "bridge"`).
+    Value,
+}
+
+/// One row of [`TABLE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    /// The feature.
+    pub feature: Feature,
+    /// Its name in the job file (or the value, for [`Kind::Value`]).
+    pub name: &'static str,
+    /// Block, attribute or value.
+    pub kind: Kind,
+    /// The blocks it appears in.
+    pub scope: &'static str,
+    /// What happens to it.
+    pub fate: Fate,
+}
+
+const H: fn(&'static str) -> Fate = Fate::Honoured;
+const R: fn(&'static str) -> Fate = Fate::Refused;
+
+macro_rules! table {
+    ($($feature:ident: $kind:ident $name:literal in $scope:literal => $fate:expr,)*) => {
+        /// A block, attribute or attribute value of the job specification.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Feature { $(#[doc = $name] $feature),* }
+
+        /// The fate of every feature, in the order of [`Feature`].
+        pub static TABLE: std::sync::LazyLock<Vec<Entry>> = std::sync::LazyLock::new(|| vec![
+            $(Entry { feature: Feature::$feature, name: $name, kind: Kind::$kind, scope: $scope, fate: $fate }),*
+        ]);
+    };
+}
+
+table! {
+    // Job.
+    Name: Attribute "name" in "job, group, task" => H("names the object"),
+    JobId: Attribute "id" in "job" => H("the job's key"),
+    JobRegion: Attribute "region" in "job" => H("must be the cluster's region: the servers refuse another, as they do not forward between regions"),
+    JobNamespace: Attribute "namespace" in "job" => H("the namespace must exist"),
+    JobType: Attribute "type" in "job" => H("service, batch, system and sysbatch schedulers"),
+    JobPriority: Attribute "priority" in "job" => H("eval broker order"),
+    JobAllAtOnce: Attribute "all_at_once" in "job" => H("the plan applier places all or nothing"),
+    JobDatacenters: Attribute "datacenters" in "job" => H("placement filter, globs allowed"),
+    JobNodePool: Attribute "node_pool" in "job" => H("placement filter"),
+    JobStop: Attribute "stop" in "job" => H("every alloc is stopped"),
+    JobServerSet: Attribute "status, version, index and dispatch bookkeeping fields" in "job (JSON)" => H("set by the servers"),
+    ConsulToken: Attribute "consul_token" in "job" => H("accepted and unused: it only authorizes Consul blocks, which are refused"),
+    VaultToken: Attribute "vault_token" in "job" => H("accepted and unused: it only authorizes vault blocks, which are refused"),
+    ConsulNamespace: Attribute "consul_namespace" in "job" => R(""),
+    VaultNamespace: Attribute "vault_namespace" in "job" => R(""),
+    Multiregion: Block "multiregion" in "job" => R(""),
+    Periodic: Block "periodic" in "job" => R("nothing would ever launch it"),
+    Parameterized: Block "parameterized" in "job" => R("jobs cannot be dispatched"),
+    Payload: Attribute "payload" in "job (JSON)" => R("jobs cannot be dispatched"),
+    Meta: Attribute "meta" in "job, group, task" => H("NOMAD_META_* and ${meta.*}"),
+    Constraint: Block "constraint" in "job, group, task" => H("scheduler feasibility"),
+    Affinity: Block "affinity" in "job, group, task" => H("scheduler ranking"),
+    Spread: Block "spread" in "job, group" => H("scheduler ranking"),
+    // update, job or group.
+    UpdateMaxParallel: Attribute "max_parallel" in "update" => H("destructive updates go this many at a time"),
+    UpdateStagger: Attribute "stagger" in "update" => H("system jobs: wait between batches"),
+    UpdateMinHealthyTime: Attribute "min_healthy_time" in "update" => H("wait before the next batch"),
+    UpdateHealthCheck: Attribute "health_check" in "update" => H("\"checks\" and \"task_states\" are judged on task states (checks are refused)"),
+    UpdateManualHealth: Value "health_check = \"manual\"" in "update" => R("nomad-rs has no deployments to set health on"),
+    UpdateHealthyDeadline: Attribute "healthy_deadline" in "update" => R("nomad-rs has no deployments: only the default is accepted"),
+    UpdateProgressDeadline: Attribute "progress_deadline" in "update" => R("nomad-rs has no deployments: only the default is accepted"),
+    UpdateCanary: Attribute "canary" in "update" => R("nomad-rs has no deployments"),
+    UpdateAutoRevert: Attribute "auto_revert" in "update" => R("nomad-rs has no deployments"),
+    UpdateAutoPromote: Attribute "auto_promote" in "update" => R("nomad-rs has no deployments"),
+    // Group.
+    GroupCount: Attribute "count" in "group" => H("the reconciler keeps this many allocs"),
+    Migrate: Block "migrate" in "group" => H("the drainer migrates max_parallel at a time, health judged on task states"),
+    Scaling: Block "scaling" in "group, task" => R(""),
+    Restart: Block "restart" in "group, task" => H("the task runner's restart tracker (render_templates: templates are refused)"),
+    Reschedule: Block "reschedule" in "group" => H("the reconciler's reschedule tracker"),
+    EphemeralDiskSize: Attribute "size" in "ephemeral_disk" => H("disk the scheduler reserves"),
+    EphemeralDiskSticky: Attribute "sticky" in "ephemeral_disk" => R("the alloc's data is not carried to its replacement"),
+    EphemeralDiskMigrate: Attribute "migrate" in "ephemeral_disk" => R("the alloc's data is not carried to its replacement"),
+    ShutdownDelay: Attribute "shutdown_delay" in "group, task" => H("waited for after services are deregistered"),
+    StopAfterClientDisconnect: Attribute "stop_after_client_disconnect" in "group" => H("the reconciler"),
+    MaxClientDisconnect: Attribute "max_client_disconnect" in "group" => H("the reconciler keeps allocs unknown"),
+    GroupConsul: Block "consul" in "group" => R(""),
+    // network, group or task.
+    NetworkModeHost: Value "mode = \"host\"" in "network" => H("ports on the host's addresses"),
+    NetworkMode: Attribute "mode" in "network" => R("only mode = \"host\" is run"),
+    NetworkHostname: Attribute "hostname" in "network" => R("it needs bridge networking"),
+    NetworkDns: Block "dns" in "network" => R("it needs bridge networking"),
+    NetworkDevice: Attribute "device" in "network" => R(""),
+    NetworkCidr: Attribute "cidr" in "network" => R(""),
+    NetworkIp: Attribute "ip" in "network" => R(""),
+    NetworkMbits: Attribute "mbits" in "network" => H("ignored, as Nomad does (deprecated)"),
+    Port: Block "port" in "network" => H("static and dynamic ports, to, host_network"),
+    // service, group or task.
+    ServiceNomad: Value "provider = \"nomad\"" in "service" => H("registered by the client in Nomad's service catalog"),
+    ServiceConsul: Value "provider = \"consul\"" in "service" => R("set provider = \"nomad\": nomad-rs registers services in Nomad's own catalog, and a service without a provider is a Consul service"),
+    ServiceFields: Attribute "name, port, tags, address, task, on_update" in "service" => H("the registration"),
+    ServiceAddressMode: Attribute "address_mode" in "service" => R("only \"auto\" and \"host\" are run"),
+    ServiceConsulOnly: Attribute "enable_tag_override, canary_tags, canary_meta, tagged_addresses, meta" in "service" => H("ignored for nomad services, as Nomad does"),
+    ServiceCheck: Block "check" in "service" => R("the nomad-rs client does not run service checks"),
+    Connect: Block "connect" in "service" => R(""),
+    ConnectSidecarService: Block "sidecar_service" in "service connect" => R(""),
+    ConnectSidecarTask: Block "sidecar_task" in "service connect" => R(""),
+    ConnectNative: Attribute "native" in "service connect" => R(""),
+    ConnectGateway: Block "gateway" in "service connect" => R(""),
+    // volume (group).
+    HostVolume: Value "type = \"host\"" in "volume" => Fate::Constrained("missing compatible host volumes"),
+    CsiVolume: Value "type = \"csi\"" in "volume" => R(""),
+    // Task.
+    Driver: Attribute "driver" in "task" => Fate::Constrained("missing drivers"),
+    User: Attribute "user" in "task" => H("exec and oci drivers"),
+    RawExecUser: Value "user with driver = \"raw_exec\"" in "task" => R("raw_exec runs tasks as the agent's user"),
+    Config: Block "config" in "task" => H("checked by the driver when the task starts"),
+    Env: Block "env" in "task" => H("the task's environment"),
+    Lifecycle: Block "lifecycle" in "task" => H("prestart, poststart, poststop, sidecar"),
+    Leader: Attribute "leader" in "task" => H("the alloc runner stops the group when the leader exits"),
+    KillTimeout: Attribute "kill_timeout" in "task" => H("capped by the client's max_kill_timeout"),
+    KillSignal: Attribute "kill_signal" in "task" => H("sent by the executor on stop"),
+    Logs: Block "logs" in "task" => H("max_files and max_file_size rotate the task's logs"),
+    LogsDisabled: Attribute "disabled" in "logs" => R("the executor always collects logs"),
+    Vault: Block "vault" in "group, task" => R(""),
+    Template: Block "template" in "task" => R(""),
+    Artifact: Block "artifact" in "task" => R(""),
+    DispatchPayload: Block "dispatch_payload" in "task" => R("jobs cannot be dispatched"),
+    VolumeMount: Block "volume_mount" in "task" => R("volumes are not mounted into tasks"),
+    TaskKind: Attribute "kind" in "task" => R("it marks Consul Connect tasks"),
+    CsiPlugin: Block "csi_plugin" in "task" => R(""),
+    Identity: Block "identity" in "task" => R(""),
+    // resources (task).
+    Cpu: Attribute "cpu" in "resources" => H("scheduler fit, cgroup weight"),
+    Cores: Attribute "cores" in "resources" => R("tasks are not pinned to reserved cores"),
+    Memory: Attribute "memory" in "resources" => H("scheduler fit, cgroup limit"),
+    MemoryMax: Attribute "memory_max" in "resources" => H("cgroup limit (exec, oci)"),
+    Disk: Attribute "disk" in "resources" => H("refused by validation, as Nomad does (ephemeral_disk is the group's disk)"),
+    Device: Block "device" in "resources" => R("devices are not assigned to tasks"),
+}
+
+impl Feature {
+    /// This feature's row of [`TABLE`].
+    pub fn entry(self) -> &'static Entry {
+        &TABLE[self as usize]
+    }
+}
+
+impl Entry {
+    /// How the message names it: `the "template" block`, `provider = "consul"`.
+    fn described(&self) -> String {
+        match self.kind {
+            Kind::Block => format!("the {:?} block", self.name),
+            Kind::Attribute => format!("the {:?} attribute", self.name),
+            Kind::Value => self.name.to_string(),
+        }
+    }
+}
+
+/// The features of a job that nomad-rs does not run, one message each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unsupported(pub Vec<String>);
+
+impl fmt::Display for Unsupported {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.as_slice() {
+            [one] => f.write_str(one),
+            all => {
+                writeln!(f, "{} errors occurred:", all.len())?;
+                for e in all {
+                    writeln!(f, "\t* {e}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::error::Error for Unsupported {}
+
+impl Job {
+    /// Refuses a canonicalized job that uses anything [`TABLE`] refuses, naming each use.
+    pub fn check_supported(&self) -> Result<(), Unsupported> {
+        let mut w = Walk::default();
+        w.job(self);
+        if w.refused.is_empty() { Ok(()) } else { Err(Unsupported(w.refused)) }
+    }
+}
+
+/// The features a job uses, whatever their fate (for tests and tools).
+pub fn features_used(job: &Job) -> Vec<Feature> {
+    let mut w = Walk::default();
+    w.job(job);
+    w.used
+}
+
+/// Every feature the walk decided about, used or not: the walk reaches every [`TABLE`] entry.
+pub fn features_visited(job: &Job) -> Vec<Feature> {
+    let mut w = Walk::default();
+    w.job(job);
+    w.visited
+}
+
+#[derive(Default)]
+struct Walk {
+    path: Vec<String>,
+    refused: Vec<String>,
+    used: Vec<Feature>,
+    visited: Vec<Feature>,
+}
+
+fn named(kind: &str, name: &str) -> String {
+    format!("{kind} \"{}\"", escape_unsafe_chars(name, &[]).replace('"', "\\\""))
+}
+
+impl Walk {
+    /// Decides `feature` at the current path; `used` says whether the job uses it.
+    fn decide(&mut self, feature: Feature, used: bool) {
+        if !self.visited.contains(&feature) {
+            self.visited.push(feature);
+        }
+        if !used {
+            return;
+        }
+        if !self.used.contains(&feature) {
+            self.used.push(feature);
+        }
+        let entry = feature.entry();
+        if let Fate::Refused(advice) = entry.fate {
+            let at = if self.path.is_empty() { String::new() } else { format!("{}: ", self.path.join(" ")) };
+            let advice = if advice.is_empty() { String::new() } else { format!("; {advice}") };
+            let msg = format!("{at}{} is not supported by nomad-rs yet{advice}", entry.described());
+            if !self.refused.contains(&msg) {
+                self.refused.push(msg);
+            }
+        }
+    }
+
+    fn within<F: FnOnce(&mut Walk)>(&mut self, segment: String, f: F) {
+        self.path.push(segment);
+        f(self);
+        self.path.pop();
+    }
+
+    fn job(&mut self, job: &Job) {
+        let Job {
+            stop: _,
+            region: _,
+            namespace: _,
+            id,
+            parent_id: _,
+            name: _,
+            job_type: _,
+            priority: _,
+            all_at_once: _,
+            datacenters: _,
+            node_pool: _,
+            constraints,
+            affinities,
+            spreads,
+            task_groups,
+            update,
+            multiregion,
+            periodic,
+            parameterized_job,
+            dispatched: _,
+            dispatch_idempotency_token: _,
+            payload,
+            meta: _,
+            consul_token,
+            consul_namespace,
+            vault_token,
+            vault_namespace,
+            nomad_token_id: _,
+            status: _,
+            status_description: _,
+            stable: _,
+            version: _,
+            submit_time: _,
+            create_index: _,
+            modify_index: _,
+            job_modify_index: _,
+        } = job;
+        self.within(named("job", id), |w| {
+            for f in [
+                Feature::Name,
+                Feature::JobId,
+                Feature::JobRegion,
+                Feature::JobNamespace,
+                Feature::JobType,
+                Feature::JobPriority,
+                Feature::JobAllAtOnce,
+                Feature::JobDatacenters,
+                Feature::JobNodePool,
+                Feature::JobStop,
+                Feature::JobServerSet,
+                Feature::Meta,
+            ] {
+                w.decide(f, true);
+            }
+            w.decide(Feature::ConsulToken, !consul_token.is_empty());
+            w.decide(Feature::VaultToken, !vault_token.is_empty());
+            w.decide(Feature::ConsulNamespace, !consul_namespace.is_empty());
+            w.decide(Feature::VaultNamespace, !vault_namespace.is_empty());
+            w.decide(Feature::Multiregion, multiregion.as_ref().is_some_and(|m| !m.is_null()));
+            w.periodic(periodic.as_ref());
+            w.parameterized(parameterized_job.as_ref());
+            w.decide(Feature::Payload, payload.as_ref().is_some_and(|p| !p.is_empty()));
+            w.placement(constraints, affinities, spreads);
+            if let Some(u) = update {
+                w.within("update".into(), |w| w.update(u));
+            }
+        });
+        for g in task_groups {
+            self.within(named("group", &g.name), |w| w.group(g));
+        }
+    }
+
+    fn periodic(&mut self, p: Option<&PeriodicConfig>) {
+        // The whole block is one entry.
+        if let Some(PeriodicConfig { enabled: _, spec: _, specs: _, spec_type: _, prohibit_overlap: _, time_zone: _ }) = p {}
+        self.decide(Feature::Periodic, p.is_some());
+    }
+
+    fn parameterized(&mut self, p: Option<&ParameterizedJobConfig>) {
+        if let Some(ParameterizedJobConfig { payload: _, meta_required: _, meta_optional: _ }) = p {}
+        self.decide(Feature::Parameterized, p.is_some());
+    }
+
+    fn placement(&mut self, constraints: &[Constraint], affinities: &[Affinity], spreads: &[Spread]) {
+        for Constraint { l_target: _, r_target: _, operand: _ } in constraints {}
+        for Affinity { l_target: _, r_target: _, operand: _, weight: _ } in affinities {}
+        for Spread { attribute: _, weight: _, spread_target } in spreads {
+            for SpreadTarget { value: _, percent: _ } in spread_target {}
+        }
+        self.decide(Feature::Constraint, !constraints.is_empty());
+        self.decide(Feature::Affinity, !affinities.is_empty());
+        self.decide(Feature::Spread, !spreads.is_empty());
+    }
+
+    fn update(&mut self, u: &UpdateStrategy) {
+        let UpdateStrategy {
+            stagger,
+            max_parallel,
+            health_check,
+            min_healthy_time,
+            healthy_deadline,
+            progress_deadline,
+            auto_revert,
+            auto_promote,
+            canary,
+        } = u;
+        let d = UpdateStrategy::default_service();
+        // Canonicalizing fills the defaults of service jobs; other types may leave zeros.
+        let differs = |v: i64, default: i64| v != 0 && v != default;
+        self.decide(Feature::UpdateStagger, *stagger != 0);
+        self.decide(Feature::UpdateMaxParallel, *max_parallel != 0);
+        self.decide(Feature::UpdateMinHealthyTime, *min_healthy_time != 0);
+        self.decide(Feature::UpdateHealthCheck, !health_check.is_empty());
+        self.decide(Feature::UpdateManualHealth, health_check == "manual");
+        self.decide(Feature::UpdateHealthyDeadline, differs(*healthy_deadline, d.healthy_deadline));
+        self.decide(Feature::UpdateProgressDeadline, differs(*progress_deadline, d.progress_deadline));
+        self.decide(Feature::UpdateCanary, *canary > 0);
+        self.decide(Feature::UpdateAutoRevert, *auto_revert);
+        self.decide(Feature::UpdateAutoPromote, *auto_promote);
+    }
+
+    fn group(&mut self, g: &TaskGroup) {
+        let TaskGroup {
+            name: _,
+            count: _,
+            update,
+            migrate,
+            constraints,
+            affinities,
+            spreads,
+            scaling,
+            restart_policy,
+            tasks,
+            ephemeral_disk,
+            meta: _,
+            reschedule_policy,
+            networks,
+            consul,
+            services,
+            volumes,
+            shutdown_delay,
+            stop_after_client_disconnect,
+            max_client_disconnect,
+        } = g;
+        self.decide(Feature::Name, true);
+        self.decide(Feature::GroupCount, true);
+        self.decide(Feature::Meta, !g.meta.is_empty());
+        if let Some(u) = update {
+            self.within("update".into(), |w| w.update(u));
+        }
+        if let Some(MigrateStrategy { max_parallel: _, health_check: _, min_healthy_time: _, healthy_deadline: _ }) = migrate {}
+        self.decide(Feature::Migrate, migrate.is_some());
+        self.placement(constraints, affinities, spreads);
+        self.decide(Feature::Scaling, scaling.as_ref().is_some_and(|s| !s.is_null()));
+        self.restart(restart_policy.as_ref());
+        if let Some(ReschedulePolicy { attempts: _, interval: _, delay: _, delay_function: _, max_delay: _, unlimited: _ }) =
+            reschedule_policy
+        {}
+        self.decide(Feature::Reschedule, reschedule_policy.is_some());
+        let EphemeralDisk { sticky, size_mb, migrate: disk_migrate } = ephemeral_disk;
+        self.within("ephemeral_disk".into(), |w| {
+            w.decide(Feature::EphemeralDiskSize, *size_mb != 0);
+            w.decide(Feature::EphemeralDiskSticky, *sticky);
+            w.decide(Feature::EphemeralDiskMigrate, *disk_migrate);
+        });
+        for n in networks {
+            self.within("network".into(), |w| w.network(n));
+        }
+        self.decide(Feature::GroupConsul, consul.as_ref().is_some_and(|c| !c.is_null()));
+        for s in services {
+            self.within(named("service", &s.name), |w| w.service(s));
+        }
+        for (name, v) in volumes {
+            self.within(named("volume", name), |w| w.volume(v));
+        }
+        self.decide(Feature::ShutdownDelay, shutdown_delay.is_some());
+        self.decide(Feature::StopAfterClientDisconnect, stop_after_client_disconnect.is_some());
+        self.decide(Feature::MaxClientDisconnect, max_client_disconnect.is_some());
+        // Connect gateway groups have no tasks yet (Nomad adds the gateway task): their
+        // service is what they are refused for, before validation says "Missing tasks".
+        for t in tasks {
+            self.within(named("task", &t.name), |w| w.task(t));
+        }
+    }
+
+    fn restart(&mut self, r: Option<&RestartPolicy>) {
+        if let Some(RestartPolicy { attempts: _, interval: _, delay: _, mode: _, render_templates: _ }) = r {}
+        self.decide(Feature::Restart, r.is_some());
+    }
+
+    fn network(&mut self, n: &NetworkResource) {
+        let NetworkResource { mode, device, cidr, ip, hostname, mbits, dns, reserved_ports, dynamic_ports } = n;
+        let host = mode.is_empty() || mode == "host";
+        self.decide(Feature::NetworkModeHost, host);
+        self.decide(Feature::NetworkMode, false);
+        if !host {
+            self.refuse_value(Feature::NetworkMode, "mode", mode);
+        }
+        self.decide(Feature::NetworkDevice, !device.is_empty());
+        self.decide(Feature::NetworkCidr, !cidr.is_empty());
+        self.decide(Feature::NetworkIp, !ip.is_empty());
+        self.decide(Feature::NetworkHostname, !hostname.is_empty());
+        self.decide(Feature::NetworkMbits, *mbits != 0);
+        if let Some(DnsConfig { servers: _, searches: _, options: _ }) = dns {}
+        self.decide(Feature::NetworkDns, dns.is_some());
+        for Port { label: _, value: _, to: _, host_network: _ } in reserved_ports.iter().chain(dynamic_ports) {}
+        self.decide(Feature::Port, !reserved_ports.is_empty() || !dynamic_ports.is_empty());
+    }
+
+    /// Refuses an attribute for its value: `network: mode = "bridge" is not supported ...`.
+    fn refuse_value(&mut self, feature: Feature, attribute: &str, value: &str) {
+        if !self.used.contains(&feature) {
+            self.used.push(feature);
+        }
+        if let Fate::Refused(advice) = feature.entry().fate {
+            let advice = if advice.is_empty() { String::new() } else { format!("; {advice}") };
+            let msg = format!(
+                "{}: {attribute} = \"{}\" is not supported by nomad-rs yet{advice}",
+                self.path.join(" "),
+                escape_unsafe_chars(value, &[]).replace('"', "\\\"")
+            );
+            if !self.refused.contains(&msg) {
+                self.refused.push(msg);
+            }
+        }
+    }
+
+    fn service(&mut self, s: &Service) {
+        let Service {
+            name: _,
+            task_name: _,
+            port_label: _,
+            address_mode,
+            address: _,
+            enable_tag_override,
+            tags: _,
+            canary_tags,
+            checks,
+            connect,
+            meta,
+            canary_meta,
+            tagged_addresses,
+            namespace: _,
+            on_update: _,
+            provider,
+        } = s;
+        let consul = provider == SERVICE_PROVIDER_CONSUL || provider.is_empty();
+        self.decide(Feature::ServiceNomad, !consul);
+        self.decide(Feature::ServiceConsul, consul);
+        self.decide(Feature::ServiceFields, true);
+        self.decide(
+            Feature::ServiceConsulOnly,
+            *enable_tag_override || !canary_tags.is_empty() || !meta.is_empty() || !canary_meta.is_empty() || !tagged_addresses.is_empty(),
+        );
+        let known_mode = matches!(address_mode.as_str(), "" | "auto" | "host");
+        self.decide(Feature::ServiceAddressMode, false);
+        if !known_mode {
+            self.refuse_value(Feature::ServiceAddressMode, "address_mode", address_mode);
+        }
+        for c in checks {
+            let ServiceCheck {
+                name: _,
+                check_type: _,
+                command: _,
+                args: _,
+                path: _,
+                protocol: _,
+                port_label: _,
+                expose: _,
+                address_mode: _,
+                interval: _,
+                timeout: _,
+                initial_status: _,
+                tls_skip_verify: _,
+                method: _,
+                header: _,
+                check_restart,
+                grpc_service: _,
+                grpc_use_tls: _,
+                task_name: _,
+                success_before_passing: _,
+                failures_before_critical: _,
+                body: _,
+                on_update: _,
+            } = c;
+            if let Some(CheckRestart { limit: _, grace: _, ignore_warnings: _ }) = check_restart {}
+        }
+        self.decide(Feature::ServiceCheck, !checks.is_empty());
+        self.decide(Feature::Connect, false);
+        for f in [Feature::ConnectSidecarService, Feature::ConnectSidecarTask, Feature::ConnectNative, Feature::ConnectGateway] {
+            self.decide(f, false);
+        }
+        if let Some(c) = connect {
+            self.within("connect".into(), |w| w.connect(c));
+        }
+    }
+
+    fn connect(&mut self, c: &ConsulConnect) {
+        let ConsulConnect { native, sidecar_service, sidecar_task, gateway } = c;
+        if let Some(ConsulSidecarService { tags: _, port: _, proxy, disable_default_tcp_check: _, meta: _ }) = sidecar_service
+            && let Some(p) = proxy
+        {
+            proxy_fields(p);
+        }
+        if let Some(SidecarTask {
+            name: _,
+            driver: _,
+            user: _,
+            config: _,
+            env: _,
+            resources: _,
+            meta: _,
+            kill_timeout: _,
+            log_config: _,
+            shutdown_delay: _,
+            kill_signal: _,
+        }) = sidecar_task
+        {}
+        if let Some(ConsulGateway { proxy: _, ingress: _, terminating, mesh: _ }) = gateway
+            && let Some(ConsulTerminatingConfigEntry { services }) = terminating
+        {
+            for ConsulLinkedService { name: _, ca_file: _, cert_file: _, key_file: _, sni: _ } in services {}
+        }
+        let any = *native || sidecar_service.is_some() || sidecar_task.is_some() || gateway.is_some();
+        self.decide(Feature::ConnectSidecarService, sidecar_service.is_some());
+        self.decide(Feature::ConnectSidecarTask, sidecar_task.is_some());
+        self.decide(Feature::ConnectNative, *native);
+        self.decide(Feature::ConnectGateway, gateway.is_some());
+        // An empty `connect {}` is refused as such.
+        self.path.pop();
+        self.decide(Feature::Connect, !any);
+        self.path.push("connect".into());
+    }
+
+    fn volume(&mut self, v: &VolumeRequest) {
+        let VolumeRequest { name: _, volume_type, source: _, read_only: _, access_mode, attachment_mode, mount_options, per_alloc: _ } = v;
+        if let Some(CsiMountOptions { fs_type: _, mount_flags: _ }) = mount_options {}
+        let csi = volume_type == "csi" || !access_mode.is_empty() || !attachment_mode.is_empty() || mount_options.is_some();
+        self.decide(Feature::HostVolume, volume_type == "host" && !csi);
+        self.decide(Feature::CsiVolume, csi);
+    }
+
+    fn task(&mut self, t: &Task) {
+        let Task {
+            name: _,
+            driver,
+            user,
+            config: _,
+            env,
+            services,
+            vault,
+            templates,
+            constraints,
+            affinities,
+            resources,
+            restart_policy,
+            dispatch_payload,
+            lifecycle,
+            meta,
+            kill_timeout: _,
+            log_config,
+            artifacts,
+            leader,
+            shutdown_delay,
+            volume_mounts,
+            scaling_policies,
+            kill_signal,
+            kind,
+            csi_plugin_config,
+            identity,
+        } = t;
+        self.decide(Feature::Name, true);
+        self.decide(Feature::Driver, true);
+        self.decide(Feature::Config, true);
+        self.decide(Feature::KillTimeout, true);
+        self.decide(Feature::User, !user.is_empty());
+        self.decide(Feature::RawExecUser, !user.is_empty() && driver == "raw_exec");
+        self.decide(Feature::Env, !env.is_empty());
+        self.decide(Feature::Meta, !meta.is_empty());
+        for s in services {
+            self.within(named("service", &s.name), |w| w.service(s));
+        }
+        self.decide(Feature::Vault, vault.as_ref().is_some_and(|v| !v.is_null()));
+        for Template { source_path: _, dest_path: _, embedded_tmpl: _, change_mode: _, change_signal: _, splay: _, perms: _, envvars: _ } in
+            templates
+        {}
+        self.decide(Feature::Template, !templates.is_empty());
+        self.placement(constraints, affinities, &[]);
+        self.within("resources".into(), |w| w.resources(resources));
+        self.restart(restart_policy.as_ref());
+        self.decide(Feature::DispatchPayload, dispatch_payload.as_ref().is_some_and(|d| !d.is_null()));
+        if let Some(TaskLifecycle { hook: _, sidecar: _ }) = lifecycle {}
+        self.decide(Feature::Lifecycle, lifecycle.is_some());
+        let LogConfig { max_files: _, max_file_size_mb: _, disabled } = log_config;
+        self.decide(Feature::Logs, true);
+        self.within("logs".into(), |w| w.decide(Feature::LogsDisabled, *disabled));
+        for TaskArtifact { getter_source: _, getter_options: _, getter_headers: _, getter_mode: _, relative_dest: _ } in artifacts {}
+        self.decide(Feature::Artifact, !artifacts.is_empty());
+        self.decide(Feature::Leader, *leader);
+        self.decide(Feature::ShutdownDelay, *shutdown_delay != 0);
+        for VolumeMount { volume: _, destination: _, read_only: _, propagation_mode: _ } in volume_mounts {}
+        self.decide(Feature::VolumeMount, !volume_mounts.is_empty());
+        self.decide(Feature::Scaling, scaling_policies.iter().any(|s| !s.is_null()));
+        self.decide(Feature::KillSignal, !kill_signal.is_empty());
+        self.decide(Feature::TaskKind, !kind.is_empty());
+        if let Some(CsiPluginConfig { id: _, plugin_type: _, mount_dir: _, stage_publish_base_dir: _, health_timeout: _ }) =
+            csi_plugin_config
+        {}
+        self.decide(Feature::CsiPlugin, csi_plugin_config.is_some());
+        self.decide(Feature::Identity, identity.as_ref().is_some_and(|i| !i.is_null()));
+    }
+
+    fn resources(&mut self, r: &Resources) {
+        let Resources { cpu, cores, memory_mb: _, memory_max_mb, disk_mb, networks, devices } = r;
+        self.decide(Feature::Cpu, *cpu != 0);
+        self.decide(Feature::Cores, *cores != 0);
+        self.decide(Feature::Memory, true);
+        self.decide(Feature::MemoryMax, *memory_max_mb != 0);
+        self.decide(Feature::Disk, *disk_mb != 0);
+        for n in networks {
+            self.within("network".into(), |w| w.network(n));
+        }
+        for RequestedDevice { name: _, count: _, constraints: _, affinities: _ } in devices {}
+        self.decide(Feature::Device, !devices.is_empty());
+    }
+}
+
+fn proxy_fields(p: &ConsulProxy) {
+    let ConsulProxy { local_service_address: _, local_service_port: _, upstreams, expose: _, config: _ } = p;
+    for ConsulUpstream {
+        destination_name: _,
+        destination_namespace: _,
+        local_bind_port: _,
+        datacenter: _,
+        local_bind_address: _,
+        mesh_gateway: _,
+    } in upstreams
+    {}
+}
+
+/// The README's "Job specification support" table, from [`TABLE`].
+pub fn markdown_table() -> String {
+    let mut out = String::from("| block or attribute | in | nomad-rs |\n|---|---|---|\n");
+    for e in TABLE.iter() {
+        let fate = match e.fate {
+            Fate::Honoured(how) => format!("honoured: {how}"),
+            Fate::Refused("") => "refused".to_string(),
+            Fate::Refused(why) => format!("refused: {why}"),
+            Fate::Constrained(reason) => format!("constrained: placed only where it can run, else \"{reason}\""),
+        };
+        let name = match e.kind {
+            Kind::Block => format!("`{} {{}}`", e.name),
+            Kind::Attribute | Kind::Value => format!("`{}`", e.name),
+        };
+        out.push_str(&format!("| {name} | {} | {fate} |\n", e.scope));
+    }
+    out
+}
+
+/// A job that uses `feature` (and nothing else that is refused): the fixture every table
+/// entry is tested with, here and through the servers' endpoints and HTTP API.
+pub fn sample_job_using(feature: Feature) -> Job {
+    use serde_json::json;
+    let mut job = Job {
+        id: "sample".into(),
+        datacenters: vec!["dc1".into()],
+        task_groups: vec![TaskGroup {
+            name: "cache".into(),
+            tasks: vec![Task { name: "redis".into(), driver: "raw_exec".into(), ..Task::default() }],
+            ..TaskGroup::default()
+        }],
+        ..Job::default()
+    };
+    job.task_groups[0].tasks[0].config.insert("command".into(), json!("/bin/sleep"));
+    let nomad_service = || Service { name: "redis".into(), provider: "nomad".into(), ..Service::default() };
+    let g = &mut job.task_groups[0];
+    let t = &mut g.tasks[0];
+    match feature {
+        Feature::ConsulNamespace => job.consul_namespace = "team".into(),
+        Feature::VaultNamespace => job.vault_namespace = "team".into(),
+        Feature::ConsulToken => job.consul_token = "token".into(),
+        Feature::VaultToken => job.vault_token = "token".into(),
+        Feature::Multiregion => job.multiregion = Some(json!({"Regions": [{"Name": "east"}]})),
+        Feature::Periodic => {
+            job.job_type = crate::JobType::Batch;
+            job.periodic = Some(PeriodicConfig { enabled: true, spec: "*/5 * * * *".into(), ..PeriodicConfig::default() });
+        }
+        Feature::Parameterized => {
+            job.job_type = crate::JobType::Batch;
+            job.parameterized_job = Some(ParameterizedJobConfig::default());
+        }
+        Feature::Payload => job.payload = Some("aGk=".into()),
+        Feature::UpdateManualHealth => {
+            job.update = Some(UpdateStrategy { health_check: "manual".into(), ..UpdateStrategy::default_service() })
+        }
+        Feature::UpdateHealthyDeadline => {
+            job.update = Some(UpdateStrategy { healthy_deadline: 60_000_000_000, ..UpdateStrategy::default_service() })
+        }
+        Feature::UpdateProgressDeadline => {
+            job.update = Some(UpdateStrategy { progress_deadline: 3_600_000_000_000, ..UpdateStrategy::default_service() })
+        }
+        Feature::UpdateCanary => g.update = Some(UpdateStrategy { canary: 1, ..UpdateStrategy::default_service() }),
+        Feature::UpdateAutoRevert => g.update = Some(UpdateStrategy { auto_revert: true, ..UpdateStrategy::default_service() }),
+        Feature::UpdateAutoPromote => g.update = Some(UpdateStrategy { auto_promote: true, ..UpdateStrategy::default_service() }),
+        Feature::UpdateMaxParallel => job.update = Some(UpdateStrategy { max_parallel: 2, ..UpdateStrategy::default_service() }),
+        Feature::Scaling => g.scaling = Some(json!({"Min": 1, "Max": 3})),
+        Feature::EphemeralDiskSticky => g.ephemeral_disk.sticky = true,
+        Feature::EphemeralDiskMigrate => g.ephemeral_disk.migrate = true,
+        Feature::GroupConsul => g.consul = Some(json!({"Namespace": "team"})),
+        Feature::NetworkMode => g.networks = vec![NetworkResource { mode: "bridge".into(), ..NetworkResource::default() }],
+        Feature::NetworkHostname => g.networks = vec![NetworkResource { hostname: "cache".into(), ..NetworkResource::default() }],
+        Feature::NetworkDns => {
+            g.networks = vec![NetworkResource {
+                dns: Some(DnsConfig { servers: vec!["1.1.1.1".into()], ..DnsConfig::default() }),
+                ..NetworkResource::default()
+            }]
+        }
+        Feature::NetworkDevice => g.networks = vec![NetworkResource { device: "eth0".into(), ..NetworkResource::default() }],
+        Feature::NetworkCidr => g.networks = vec![NetworkResource { cidr: "10.0.0.0/8".into(), ..NetworkResource::default() }],
+        Feature::NetworkIp => g.networks = vec![NetworkResource { ip: "10.0.0.1".into(), ..NetworkResource::default() }],
+        Feature::Port | Feature::NetworkModeHost => {
+            g.networks =
+                vec![NetworkResource { dynamic_ports: vec![Port { label: "db".into(), ..Port::default() }], ..NetworkResource::default() }]
+        }
+        Feature::ServiceNomad | Feature::ServiceFields => g.services = vec![nomad_service()],
+        Feature::ServiceConsulOnly => g.services = vec![Service { canary_tags: vec!["canary".into()], ..nomad_service() }],
+        Feature::ServiceConsul => g.services = vec![Service { provider: String::new(), ..nomad_service() }],
+        Feature::ServiceAddressMode => g.services = vec![Service { address_mode: "driver".into(), ..nomad_service() }],
+        Feature::ServiceCheck => {
+            let check = ServiceCheck {
+                name: "alive".into(),
+                check_type: "tcp".into(),
+                interval: 10_000_000_000,
+                timeout: 2_000_000_000,
+                ..ServiceCheck::default()
+            };
+            g.services = vec![Service { checks: vec![check], ..nomad_service() }]
+        }
+        Feature::Connect => {
+            g.services = vec![Service { provider: "consul".into(), connect: Some(ConsulConnect::default()), ..nomad_service() }]
+        }
+        Feature::ConnectSidecarService => {
+            let connect = ConsulConnect { sidecar_service: Some(ConsulSidecarService::default()), ..ConsulConnect::default() };
+            g.services = vec![Service { provider: "consul".into(), connect: Some(connect), ..nomad_service() }]
+        }
+        Feature::ConnectSidecarTask => {
+            let connect = ConsulConnect { sidecar_task: Some(SidecarTask::default()), ..ConsulConnect::default() };
+            g.services = vec![Service { provider: "consul".into(), connect: Some(connect), ..nomad_service() }]
+        }
+        Feature::ConnectNative => {
+            let connect = ConsulConnect { native: true, ..ConsulConnect::default() };
+            t.services = vec![Service { provider: "consul".into(), connect: Some(connect), task_name: "redis".into(), ..nomad_service() }]
+        }
+        Feature::ConnectGateway => {
+            // As Nomad's jobspec leaves it: a group with no task of its own.
+            let connect = ConsulConnect {
+                gateway: Some(ConsulGateway { ingress: Some(json!({})), ..ConsulGateway::default() }),
+                ..ConsulConnect::default()
+            };
+            g.tasks.clear();
+            g.services = vec![Service { name: "ingress".into(), provider: "consul".into(), connect: Some(connect), ..Service::default() }];
+        }
+        Feature::HostVolume => {
+            g.volumes.insert(
+                "data".into(),
+                VolumeRequest { name: "data".into(), volume_type: "host".into(), source: "data".into(), ..VolumeRequest::default() },
+            );
+        }
+        Feature::CsiVolume => {
+            g.volumes.insert(
+                "data".into(),
+                VolumeRequest {
+                    name: "data".into(),
+                    volume_type: "csi".into(),
+                    source: "data".into(),
+                    access_mode: "single-node-writer".into(),
+                    attachment_mode: "file-system".into(),
+                    ..VolumeRequest::default()
+                },
+            );
+        }
+        Feature::RawExecUser => t.user = "nobody".into(),
+        Feature::User => {
+            t.driver = "exec".into();
+            t.user = "nobody".into();
+        }
+        Feature::LogsDisabled => t.log_config.disabled = true,
+        Feature::Vault => t.vault = Some(json!({"Policies": ["read"]})),
+        Feature::Template => {
+            t.templates = vec![Template {
+                embedded_tmpl: "hi".into(),
+                dest_path: "local/hi".into(),
+                change_mode: "restart".into(),
+                ..Template::default()
+            }]
+        }
+        Feature::Artifact => {
+            t.artifacts = vec![TaskArtifact { getter_source: "https://example.com/x.tgz".into(), ..TaskArtifact::default() }]
+        }
+        Feature::DispatchPayload => t.dispatch_payload = Some(json!({"File": "input.txt"})),
+        Feature::VolumeMount => {
+            g.volumes.insert(
+                "data".into(),
+                VolumeRequest { name: "data".into(), volume_type: "host".into(), source: "data".into(), ..VolumeRequest::default() },
+            );
+            let t = &mut g.tasks[0];
+            t.volume_mounts = vec![VolumeMount { volume: "data".into(), destination: "/data".into(), ..VolumeMount::default() }];
+        }
+        Feature::TaskKind => t.kind = "connect-proxy:redis".into(),
+        Feature::CsiPlugin => {
+            t.csi_plugin_config = Some(CsiPluginConfig {
+                id: "ebs".into(),
+                plugin_type: "node".into(),
+                mount_dir: "/csi".into(),
+                ..CsiPluginConfig::default()
+            })
+        }
+        Feature::Identity => t.identity = Some(json!({"Env": true})),
+        Feature::Cores => t.resources.cores = 1,
+        Feature::MemoryMax => t.resources.memory_max_mb = 600,
+        Feature::Device => {
+            t.resources.devices = vec![RequestedDevice { name: "nvidia/gpu".into(), count: 1, ..RequestedDevice::default() }]
+        }
+        Feature::KillSignal => t.kill_signal = "SIGTERM".into(),
+        Feature::Leader => t.leader = true,
+        Feature::Lifecycle => {
+            let mut pre = t.clone();
+            pre.name = "init".into();
+            pre.lifecycle = Some(TaskLifecycle { hook: "prestart".into(), sidecar: false });
+            g.tasks.push(pre);
+        }
+        Feature::ShutdownDelay => g.shutdown_delay = Some(5_000_000_000),
+        Feature::MaxClientDisconnect => g.max_client_disconnect = Some(3_600_000_000_000),
+        Feature::StopAfterClientDisconnect => g.stop_after_client_disconnect = Some(60_000_000_000),
+        Feature::Constraint => {
+            job.constraints = vec![Constraint { l_target: "${attr.kernel.name}".into(), r_target: "linux".into(), operand: "=".into() }]
+        }
+        Feature::Meta => {
+            job.meta.insert("team".into(), "cache".into());
+        }
+        Feature::NetworkMbits => g.networks = vec![NetworkResource { mbits: 10, ..NetworkResource::default() }],
+        Feature::Name
+        | Feature::JobId
+        | Feature::JobRegion
+        | Feature::JobNamespace
+        | Feature::JobType
+        | Feature::JobPriority
+        | Feature::JobAllAtOnce
+        | Feature::JobDatacenters
+        | Feature::JobNodePool
+        | Feature::JobStop
+        | Feature::JobServerSet
+        | Feature::Affinity
+        | Feature::Spread
+        | Feature::UpdateStagger
+        | Feature::UpdateMinHealthyTime
+        | Feature::UpdateHealthCheck
+        | Feature::GroupCount
+        | Feature::Migrate
+        | Feature::Restart
+        | Feature::Reschedule
+        | Feature::EphemeralDiskSize
+        | Feature::Driver
+        | Feature::Config
+        | Feature::Env
+        | Feature::KillTimeout
+        | Feature::Logs
+        | Feature::Cpu
+        | Feature::Disk
+        | Feature::Memory => {}
+    }
+    job
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,137 @@
+use super::*;
+
+fn admitted(mut job: Job) -> Result<Job, String> {
+    job.canonicalize();
+    job.check_supported().map_err(|e| e.to_string())?;
+    Ok(job)
+}
+
+#[test]
+fn the_table_has_one_row_per_feature_in_order() {
+    for (i, e) in TABLE.iter().enumerate() {
+        assert_eq!(e.feature as usize, i, "{e:?}");
+        assert_eq!(e.feature.entry(), e);
+    }
+}
+
+/// A job that uses every block and attribute of the model: the walk must decide about every
+/// entry of the table (together with the exhaustive destructuring in the walk, which makes a
+/// new field a compile error, nothing can be left undecided).
+#[test]
+fn the_walk_reaches_every_table_entry() {
+    let mut visited = std::collections::BTreeSet::new();
+    for e in TABLE.iter() {
+        let mut job = sample_job_using(e.feature);
+        job.canonicalize();
+        visited.extend(features_visited(&job));
+    }
+    let missing: Vec<_> = TABLE.iter().filter(|e| !visited.contains(&e.feature)).map(|e| e.feature).collect();
+    assert!(missing.is_empty(), "the walk never decides about {missing:?}");
+}
+
+/// Every entry: its sample uses it; a refused entry is refused naming the block and where it
+/// is, anything else is admitted.
+#[test]
+fn each_entry_is_refused_or_admitted_as_the_table_says() {
+    for e in TABLE.iter() {
+        let mut job = sample_job_using(e.feature);
+        job.canonicalize();
+        let used = features_used(&job);
+        match e.fate {
+            Fate::Refused(advice) => {
+                assert!(used.contains(&e.feature), "the sample of {:?} does not use it: {used:?}", e.feature);
+                let msg = job.check_supported().expect_err(&format!("{:?} is refused", e.feature)).to_string();
+                let named = match e.kind {
+                    Kind::Value => msg.contains(e.name.split(' ').next().unwrap()),
+                    Kind::Block => msg.contains(&format!("the {:?} block", e.name)),
+                    // An attribute refused for its value names both: `mode = "bridge"`.
+                    Kind::Attribute => msg.contains(&format!("the {:?} attribute", e.name)) || msg.contains(&format!("{} = ", e.name)),
+                };
+                assert!(named, "{:?}: {msg}", e.feature);
+                assert!(msg.contains("is not supported by nomad-rs yet"), "{:?}: {msg}", e.feature);
+                assert!(msg.contains("group \"cache\"") || msg.contains("job \"sample\""), "{:?} names where: {msg}", e.feature);
+                assert!(msg.contains(advice), "{:?}: {msg}", e.feature);
+            }
+            Fate::Honoured(_) | Fate::Constrained(_) => {
+                if let Err(msg) = job.check_supported() {
+                    panic!("{:?} is {:?} but its sample is refused: {msg}", e.feature, e.fate);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_plain_job_is_admitted() {
+    let job = sample_job_using(Feature::Cpu);
+    admitted(job).unwrap();
+}
+
+#[test]
+fn messages_name_the_path_as_the_issue_shows() {
+    let msg = admitted(sample_job_using(Feature::Template)).unwrap_err();
+    assert_eq!(msg, "group \"cache\" task \"redis\": the \"template\" block is not supported by nomad-rs yet");
+    let msg = admitted(sample_job_using(Feature::Periodic)).unwrap_err();
+    assert_eq!(msg, "job \"sample\": the \"periodic\" block is not supported by nomad-rs yet; nothing would ever launch it");
+    let msg = admitted(sample_job_using(Feature::NetworkMode)).unwrap_err();
+    assert_eq!(msg, "group \"cache\" network: mode = \"bridge\" is not supported by nomad-rs yet; only mode = \"host\" is run");
+}
+
+#[test]
+fn a_service_without_provider_is_a_consul_service_and_is_refused_with_advice() {
+    let msg = admitted(sample_job_using(Feature::ServiceConsul)).unwrap_err();
+    assert_eq!(
+        msg,
+        "group \"cache\" service \"redis\": provider = \"consul\" is not supported by nomad-rs yet; set provider = \"nomad\": nomad-rs \
+         registers services in Nomad's own catalog, and a service without a provider is a Consul service"
+    );
+    // provider = "nomad" is run.
+    admitted(sample_job_using(Feature::ServiceNomad)).unwrap();
+}
+
+#[test]
+fn a_connect_gateway_group_is_refused_for_its_gateway() {
+    let msg = admitted(sample_job_using(Feature::ConnectGateway)).unwrap_err();
+    assert!(msg.contains("group \"cache\" service \"ingress\" connect: the \"gateway\" block is not supported by nomad-rs yet"), "{msg}");
+    assert!(!msg.contains("Missing tasks"), "{msg}");
+}
+
+#[test]
+fn every_use_is_reported_once_with_its_count() {
+    let mut job = sample_job_using(Feature::Template);
+    job.task_groups[0].tasks[0].artifacts = sample_job_using(Feature::Artifact).task_groups[0].tasks[0].artifacts.clone();
+    let mut second = job.task_groups[0].clone();
+    second.name = "other".into();
+    job.task_groups.push(second);
+    let msg = admitted(job).unwrap_err();
+    assert!(msg.starts_with("4 errors occurred:\n"), "{msg}");
+    assert!(msg.contains("\t* group \"other\" task \"redis\": the \"artifact\" block"), "{msg}");
+}
+
+#[test]
+fn update_defaults_pass_and_only_changed_deadlines_are_refused() {
+    let mut job = sample_job_using(Feature::Cpu);
+    job.update = Some(UpdateStrategy::default_service());
+    admitted(job).unwrap();
+    for f in [Feature::UpdateHealthyDeadline, Feature::UpdateProgressDeadline, Feature::UpdateCanary, Feature::UpdateManualHealth] {
+        let msg = admitted(sample_job_using(f)).unwrap_err();
+        assert!(msg.contains("update:"), "{msg}");
+    }
+}
+
+#[test]
+fn names_in_messages_are_escaped() {
+    let mut job = sample_job_using(Feature::Template);
+    job.task_groups[0].name = "ca\u{1b}[2Jche".into();
+    let msg = admitted(job).unwrap_err();
+    assert!(msg.contains("group \"ca\\u{1b}[2Jche\""), "{msg}");
+    assert!(!msg.contains('\u{1b}'));
+}
+
+#[test]
+fn the_markdown_table_lists_every_entry() {
+    let md = markdown_table();
+    assert_eq!(md.lines().count(), TABLE.len() + 2);
+    assert!(md.contains("| `template {}` | task | refused |"), "{md}");
+    assert!(md.contains("constrained: placed only where it can run, else \"missing compatible host volumes\""), "{md}");
+}
