@@ -13,6 +13,7 @@ mod events;
 pub mod filter;
 pub mod forward;
 mod jobs;
+pub mod listener;
 mod namespaces;
 mod nodes;
 mod operator;
