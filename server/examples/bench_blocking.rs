@@ -5,7 +5,7 @@
 //! RSS left after a few large request bodies.
 //!
 //! ```text
-//! cargo run --release -p nomad-server --example bench_blocking -- --waiters 2000 --writes 200
+//! cargo run --release -p nomad-server --example bench_blocking -- --waiters 2000 --writes 100 --wait-secs 60
 //! ```
 //!
 //! Only uses what every version of the server has (the router and the test fixtures), so the
@@ -27,7 +27,7 @@ struct Args {
 }
 
 fn args() -> Args {
-    let mut a = Args { waiters: 2000, writes: 200, wait: Duration::from_secs(20) };
+    let mut a = Args { waiters: 2000, writes: 100, wait: Duration::from_secs(60) };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().and_then(|v| v.parse::<u64>().ok()).unwrap_or_else(|| panic!("{flag} needs a number"));
