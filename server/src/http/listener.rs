@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -78,6 +78,42 @@ impl Drop for ConnSlot {
             }
         }
     }
+}
+
+/// A request body at least this large (or of unknown length) is followed by a trim.
+const TRIM_AFTER_BODY_BYTES: u64 = 1024 * 1024;
+
+/// After a large body, glibc keeps the freed pages in its arenas for reuse (tens of MB per
+/// body); hand them back to the OS once the request is done.
+pub(crate) async fn release_after_large_bodies(req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    let h = req.headers();
+    let large = h
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|n| n >= TRIM_AFTER_BODY_BYTES)
+        || h.contains_key(http::header::TRANSFER_ENCODING);
+    let resp = next.run(req).await;
+    if large {
+        release_freed_memory();
+    }
+    resp
+}
+
+/// Returns free heap pages to the OS, at most once a second (a trim walks every arena).
+fn release_freed_memory() {
+    static LAST: Mutex<Option<Instant>> = Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+    if last.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+        return;
+    }
+    *last = Some(Instant::now());
+    drop(last);
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    tokio::task::spawn_blocking(|| {
+        // SAFETY: malloc_trim only gives free pages back; it has no preconditions.
+        unsafe { libc::malloc_trim(0) };
+    });
 }
 
 /// Serves `router` on `listener` until the task is dropped. Accept errors (out of file
