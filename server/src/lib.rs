@@ -13,6 +13,7 @@ pub mod plan_apply;
 pub mod raft;
 pub mod rpc;
 pub mod rpc_auth;
+pub mod rpc_listener;
 pub mod scheduler;
 pub mod server;
 pub mod sim;

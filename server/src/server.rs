@@ -56,6 +56,8 @@ pub struct ServerConfig {
     /// The agent's name; the server's member name is `<name>.<region>`. Empty: the name the
     /// [`AgentInfo`] given to [`Server::http_router`] carries.
     pub name: String,
+    /// The RPC listener's limits (the agent's `limits { rpc_* }`).
+    pub rpc_limits: crate::rpc_listener::RpcLimits,
 }
 
 impl ServerConfig {
@@ -76,6 +78,7 @@ impl ServerConfig {
             encrypt: None,
             job_max_count: nomad_proto::limits::DEFAULT_JOB_MAX_COUNT,
             name: String::new(),
+            rpc_limits: crate::rpc_listener::RpcLimits::default(),
         }
     }
 }
@@ -147,6 +150,7 @@ impl Server {
         let service_svc = client_rpc.service_registration();
         let forward_service = ForwardService::new();
         let forward_svc = forward_service.server();
+        let rpc_limits = cfg.rpc_limits;
         let rpc = tokio::spawn(async move {
             let served = tonic::transport::Server::builder()
                 // Who may call what: one table (`rpc_auth::RPC_TABLE`) in front of every service.
@@ -156,10 +160,10 @@ impl Server {
                 .add_service(node_svc)
                 .add_service(alloc_svc)
                 .add_service(service_svc)
-                // TCP_NODELAY on every accepted connection: a gRPC reply is written as
-                // several frames, and with Nagle's algorithm the last one would wait for the
-                // peer's delayed ACK (about 40 ms per call on Linux).
-                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(rpc_listener).with_nodelay(Some(true)))
+                // TCP_NODELAY on every accepted connection (a gRPC reply is written as several
+                // frames, and with Nagle's algorithm the last one would wait for the peer's
+                // delayed ACK, about 40 ms per call on Linux), and the `limits`.
+                .serve_with_incoming(crate::rpc_listener::incoming(rpc_listener, rpc_limits))
                 .await;
             if let Err(e) = served {
                 tracing::error!(error = %e, "rpc listener stopped");

@@ -140,6 +140,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         sc.http_advertise = cfg.advertise_http.clone();
         sc.encrypt = s.encrypt.clone();
         sc.name = cfg.name.clone();
+        sc.rpc_limits = cfg.limits.rpc();
         let srv = Server::start(sc, listener).await?;
         let info = AgentInfo {
             name: cfg.name.clone(),
@@ -176,15 +177,8 @@ pub async fn run(args: AgentArgs) -> Result<()> {
     let locator = server.as_ref().map(|s| Arc::new(StateLocator(s.store().clone())) as Arc<dyn AllocLocator>);
     router =
         router.merge(crate::client::http::router(ClientHttp { client: client.clone(), locator, own_addr: cfg.advertise_http.clone() }));
-    let http = tokio::spawn(async move {
-        // TCP_NODELAY, as on the RPC listener: no reply waits for a delayed ACK.
-        let http_listener = axum::serve::ListenerExt::tap_io(http_listener, |tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        if let Err(e) = axum::serve(http_listener, router).await {
-            tracing::error!(error = %e, "http listener stopped");
-        }
-    });
+    // The agent's `limits`: a request head within the handshake timeout, so many connections per client.
+    let http = tokio::spawn(nomad_server::http::listener::serve(http_listener, router, cfg.limits.http()));
 
     print_banner(&cfg, http_addr, server.as_ref().map(|s| s.rpc_addr()));
     if let Some(srv) = &server

@@ -67,6 +67,8 @@ pub struct FileConfig {
     pub server: Option<ServerBlock>,
     /// Client role.
     pub client: Option<ClientBlock>,
+    /// Listener limits (Nomad's agent `limits {}`).
+    pub limits: Option<LimitsBlock>,
     /// Driver plugins: `plugin "raw_exec" { config { enabled = true } }`.
     pub plugin: Option<BTreeMap<String, PluginBlock>>,
     /// Accepted for compatibility; nomad-rs has no UI.
@@ -138,6 +140,21 @@ pub struct ServerBlock {
     /// The cluster key (base64 of 16, 24 or 32 bytes) the servers prove themselves to each other
     /// with; `nomad-rs operator keygen` makes one.
     pub encrypt: Option<String>,
+}
+
+/// `limits {}`: what one client may hold on the listeners. 0 turns a limit off, as in Nomad.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsBlock {
+    /// Time a new HTTP connection has to send its request head (Nomad: the TLS handshake and
+    /// first byte; without TLS here, the whole head, and each next one on a kept connection).
+    pub https_handshake_timeout: Option<DurationValue>,
+    /// Most HTTP connections open at once from one client IP.
+    pub http_max_conns_per_client: Option<i64>,
+    /// Time a new RPC connection has to send its first bytes.
+    pub rpc_handshake_timeout: Option<DurationValue>,
+    /// Most RPC connections open at once from one client IP.
+    pub rpc_max_conns_per_client: Option<i64>,
 }
 
 /// `server_join {}`.

@@ -132,8 +132,80 @@ pub struct AgentConfig {
     pub client: Option<ClientSettings>,
     /// Driver plugin configs by name.
     pub plugins: BTreeMap<String, BTreeMap<String, Value>>,
+    /// Listener limits (`limits {}`).
+    pub limits: Limits,
     /// Files the config was loaded from.
     pub sources: Vec<PathBuf>,
+}
+
+/// The agent's `limits {}`, resolved with Nomad's defaults. 0 turns a limit off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Time an HTTP connection has to send a full request head.
+    pub https_handshake_timeout: Duration,
+    /// Most HTTP connections at once from one client IP.
+    pub http_max_conns_per_client: usize,
+    /// Time an RPC connection has to send its first bytes.
+    pub rpc_handshake_timeout: Duration,
+    /// Most RPC connections at once from one client IP.
+    pub rpc_max_conns_per_client: usize,
+}
+
+impl Default for Limits {
+    /// Nomad's: 5 s handshakes, 100 connections per client on each listener.
+    fn default() -> Self {
+        Limits {
+            https_handshake_timeout: Duration::from_secs(5),
+            http_max_conns_per_client: 100,
+            rpc_handshake_timeout: Duration::from_secs(5),
+            rpc_max_conns_per_client: 100,
+        }
+    }
+}
+
+impl Limits {
+    /// Nomad keeps this many RPC connections per client for streaming calls; a limit must leave
+    /// room for them (`rpc_max_conns_per_client must be > 25`).
+    const RPC_MIN_CONNS: i64 = 25;
+
+    fn resolve(b: Option<file::LimitsBlock>) -> Result<Limits, ConfigError> {
+        let invalid = |key: &str, message: String| ConfigError::Invalid { path: "agent configuration".into(), key: key.into(), message };
+        let b = b.unwrap_or_default();
+        let d = Limits::default();
+        let http = b.http_max_conns_per_client.unwrap_or(d.http_max_conns_per_client as i64);
+        if http < 0 {
+            return Err(invalid("limits.http_max_conns_per_client", format!("http_max_conns_per_client must be >= 0; found: {http}")));
+        }
+        let rpc = b.rpc_max_conns_per_client.unwrap_or(d.rpc_max_conns_per_client as i64);
+        if rpc < 0 || (rpc > 0 && rpc <= Self::RPC_MIN_CONNS) {
+            return Err(invalid(
+                "limits.rpc_max_conns_per_client",
+                format!("rpc_max_conns_per_client must be > {}; found: {rpc}", Self::RPC_MIN_CONNS),
+            ));
+        }
+        Ok(Limits {
+            https_handshake_timeout: b.https_handshake_timeout.map_or(d.https_handshake_timeout, |v| v.0),
+            http_max_conns_per_client: http as usize,
+            rpc_handshake_timeout: b.rpc_handshake_timeout.map_or(d.rpc_handshake_timeout, |v| v.0),
+            rpc_max_conns_per_client: rpc as usize,
+        })
+    }
+
+    /// What the RPC listener enforces.
+    pub fn rpc(&self) -> nomad_server::rpc_listener::RpcLimits {
+        nomad_server::rpc_listener::RpcLimits {
+            handshake_timeout: (!self.rpc_handshake_timeout.is_zero()).then_some(self.rpc_handshake_timeout),
+            max_conns_per_client: self.rpc_max_conns_per_client,
+        }
+    }
+
+    /// What the HTTP listener enforces.
+    pub fn http(&self) -> nomad_server::http::listener::HttpLimits {
+        nomad_server::http::listener::HttpLimits {
+            header_read_timeout: (!self.https_handshake_timeout.is_zero()).then_some(self.https_handshake_timeout),
+            max_conns_per_client: self.http_max_conns_per_client,
+        }
+    }
 }
 
 /// Default HTTP port.
@@ -270,6 +342,7 @@ impl AgentConfig {
             return Err(invalid("(top level)", "Must specify either server, client or dev mode for the agent".into()));
         }
 
+        let limits = Limits::resolve(f.limits)?;
         let mut plugins: BTreeMap<String, BTreeMap<String, Value>> =
             f.plugin.unwrap_or_default().into_iter().map(|(k, v)| (k, v.config.unwrap_or_default())).collect();
         if dev {
@@ -292,6 +365,7 @@ impl AgentConfig {
             server,
             client,
             plugins,
+            limits,
             sources: flags.config.clone(),
         })
     }
@@ -327,6 +401,12 @@ impl AgentConfig {
                 "Meta": self.client.as_ref().map(|c| c.meta.clone()).unwrap_or_default(),
             },
             "ACL": { "Enabled": false },
+            "Limits": {
+                "HTTPSHandshakeTimeout": fmt_duration(self.limits.https_handshake_timeout),
+                "HTTPMaxConnsPerClient": self.limits.http_max_conns_per_client,
+                "RPCHandshakeTimeout": fmt_duration(self.limits.rpc_handshake_timeout),
+                "RPCMaxConnsPerClient": self.limits.rpc_max_conns_per_client,
+            },
         })
     }
 
@@ -467,6 +547,44 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(e.contains("server.job_max_count") && e.contains("must be between 1 and 10000000"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn limits_take_nomads_defaults_and_names_bad_values() {
+        let c = resolve("", AgentFlags { dev: true, ..Default::default() }).unwrap();
+        assert_eq!(c.limits, Limits::default());
+        assert_eq!(
+            c.limits.http(),
+            nomad_server::http::listener::HttpLimits { header_read_timeout: Some(Duration::from_secs(5)), max_conns_per_client: 100 }
+        );
+        assert_eq!(c.to_api_json()["Limits"]["HTTPMaxConnsPerClient"], 100);
+        let c = resolve(
+            "limits {\n  https_handshake_timeout = \"250ms\"\n  http_max_conns_per_client = 7\n  rpc_handshake_timeout = \"0s\"\n  rpc_max_conns_per_client = 0\n}\n",
+            AgentFlags { dev: true, ..Default::default() },
+        )
+        .unwrap();
+        assert_eq!(
+            c.limits,
+            Limits {
+                https_handshake_timeout: Duration::from_millis(250),
+                http_max_conns_per_client: 7,
+                rpc_handshake_timeout: Duration::ZERO,
+                rpc_max_conns_per_client: 0,
+            }
+        );
+        let off = resolve("limits {\n  https_handshake_timeout = \"0s\"\n  http_max_conns_per_client = 0\n}\n", AgentFlags { dev: true, ..Default::default() })
+            .unwrap();
+        assert_eq!(off.limits.http(), nomad_server::http::listener::HttpLimits { header_read_timeout: None, max_conns_per_client: 0 });
+        for (src, key, msg) in [
+            ("http_max_conns_per_client = -1", "limits.http_max_conns_per_client", "must be >= 0; found: -1"),
+            ("rpc_max_conns_per_client = 20", "limits.rpc_max_conns_per_client", "must be > 25; found: 20"),
+            ("https_handshake_timeout = \"soon\"", "limits.https_handshake_timeout", "invalid duration"),
+            ("rpc_handshake_timeout = \"-1s\"", "limits.rpc_handshake_timeout", "must not be negative"),
+            ("http_max_conns = 1", "limits.http_max_conns", "unknown field"),
+        ] {
+            let e = resolve(&format!("limits {{\n  {src}\n}}\n"), AgentFlags { dev: true, ..Default::default() }).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains(msg), "{src}: {e}");
         }
     }
 }

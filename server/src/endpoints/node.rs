@@ -24,7 +24,7 @@ use super::node_evals::{create_node_evals, should_create_node_eval, status_trans
 use super::{EndpointError, Endpoints};
 use crate::fsm::Command;
 use crate::heartbeat::HeartbeatExpiry;
-use crate::state::{State, Table};
+use crate::state::{State, Table, Watch};
 
 /// Compares two secrets in time that depends only on their lengths, not on where they first
 /// differ, so a caller cannot guess a node's SecretID byte by byte from response times.
@@ -317,7 +317,8 @@ impl Endpoints {
         let node_id = req.node_id.clone();
         let (allocs, index) = self
             .store
-            .blocking_query(&[Table::Allocs], req.min_query_index, wait, |s| {
+            // Only writes to this node's allocs wake it (not every client's).
+            .blocking_query_on(&[Watch::NodeAllocs(node_id.clone())], req.min_query_index, wait, |s| {
                 let mut max = s.alloc_removed_index(&node_id);
                 let allocs = s
                     .allocs_by_node(&node_id)

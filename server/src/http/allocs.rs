@@ -10,7 +10,7 @@ use nomad_proto::{AllocStubFields, Allocation};
 
 use super::HttpState;
 use super::util::{HttpError, HttpResult, QueryOptions, json_response, list_response, paginate, require_method};
-use crate::state::Table;
+use crate::state::{Table, Watch};
 
 /// `GET /v1/allocations`.
 pub async fn allocations(State(s): State<HttpState>, method: Method, uri: Uri, _body: Body) -> Response {
@@ -66,7 +66,7 @@ async fn get_alloc(s: &HttpState, q: &QueryOptions, id: &str) -> HttpResult {
     let (alloc, index): (Option<Arc<Allocation>>, u64) = s
         .endpoints
         .store()
-        .blocking_query(&[Table::Allocs], q.min_index, q.wait, |st| match st.alloc(id) {
+        .blocking_query_on(&[Watch::Alloc(id.to_string())], q.min_index, q.wait, |st| match st.alloc(id) {
             Some(a) => (Some(a.clone()), a.modify_index),
             None => (None, st.table_index(Table::Allocs)),
         })

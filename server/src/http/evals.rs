@@ -8,7 +8,7 @@ use nomad_proto::AllocStubFields;
 
 use super::HttpState;
 use super::util::{HttpError, QueryOptions, filtered, json_response, list_response, paginate, require_method};
-use crate::state::Table;
+use crate::state::{Table, Watch};
 
 /// `GET /v1/evaluations` with `prefix`, `namespace` and the legacy `status` and `job` filters.
 pub async fn evaluations(State(s): State<HttpState>, method: Method, uri: Uri, _body: Body) -> Response {
@@ -53,7 +53,7 @@ pub async fn evaluation_specific(State(s): State<HttpState>, method: Method, uri
                 let (eval, index) = s
                     .endpoints
                     .store()
-                    .blocking_query(&[Table::Evals], q.min_index, q.wait, |st| match st.eval(id) {
+                    .blocking_query_on(&[Watch::Eval(id.to_string())], q.min_index, q.wait, |st| match st.eval(id) {
                         Some(e) => (Some(e.clone()), e.modify_index),
                         None => (None, st.table_index(Table::Evals)),
                     })
@@ -65,7 +65,7 @@ pub async fn evaluation_specific(State(s): State<HttpState>, method: Method, uri
                 let (stubs, index) = s
                     .endpoints
                     .store()
-                    .blocking_query(&[Table::Allocs], q.min_index, q.wait, |st| {
+                    .blocking_query_on(&[Watch::EvalAllocs(id.to_string())], q.min_index, q.wait, |st| {
                         let stubs: Vec<_> = match st.eval(id) {
                             Some(e) => st.allocs_by_eval(e).map(|a| a.stub(AllocStubFields::default())).collect(),
                             None => Vec::new(),

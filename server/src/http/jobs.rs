@@ -14,7 +14,7 @@ use super::util::{
     HttpError, HttpResult, QueryOptions, decode_body, filtered, json_response, list_response, paginate, read_body, require_method,
 };
 use crate::endpoints::JobRegisterOptions;
-use crate::state::Table;
+use crate::state::{Table, Watch};
 
 /// Body of `PUT /v1/jobs` (`api.JobRegisterRequest`).
 #[derive(Debug, Default, Deserialize)]
@@ -301,7 +301,7 @@ async fn get_job(s: &HttpState, q: &QueryOptions, id: &str) -> HttpResult {
     let (job, index): (Option<Arc<Job>>, u64) = s
         .endpoints
         .store()
-        .blocking_query(&[Table::Jobs], q.min_index, q.wait, |st| match st.job(&ns, id) {
+        .blocking_query_on(&[Watch::Job(Watch::job_key(&ns, id))], q.min_index, q.wait, |st| match st.job(&ns, id) {
             Some(j) => (Some(j.clone()), j.modify_index),
             None => (None, st.table_index(Table::Jobs)),
         })
@@ -326,7 +326,8 @@ async fn job_allocations(s: &HttpState, q: &QueryOptions, id: &str) -> HttpResul
     let (stubs, index) = s
         .endpoints
         .store()
-        .blocking_query(&[Table::Allocs], q.min_index, q.wait, |st| {
+        // The job too: which allocs show depends on its CreateIndex.
+        .blocking_query_on(&[Watch::JobAllocs(Watch::job_key(&ns, id)), Watch::Job(Watch::job_key(&ns, id))], q.min_index, q.wait, |st| {
             let current = st.job(&ns, id).map(|j| j.create_index);
             let stubs: Vec<_> = st
                 .allocs_by_job(&ns, id)
@@ -345,7 +346,7 @@ async fn job_evaluations(s: &HttpState, q: &QueryOptions, id: &str) -> HttpResul
     let (evals, index) = s
         .endpoints
         .store()
-        .blocking_query(&[Table::Evals], q.min_index, q.wait, |st| {
+        .blocking_query_on(&[Watch::JobEvals(Watch::job_key(&ns, id))], q.min_index, q.wait, |st| {
             let evals: Vec<_> = st.evals_by_job(&ns, id).map(|e| (**e).clone()).collect();
             (evals, st.table_index(Table::Evals))
         })
@@ -358,7 +359,7 @@ async fn job_summary(s: &HttpState, q: &QueryOptions, id: &str) -> HttpResult {
     let (summary, index): (Option<Arc<JobSummary>>, u64) = s
         .endpoints
         .store()
-        .blocking_query(&[Table::JobSummary], q.min_index, q.wait, |st| match st.job_summary(&ns, id) {
+        .blocking_query_on(&[Watch::JobSummary(Watch::job_key(&ns, id))], q.min_index, q.wait, |st| match st.job_summary(&ns, id) {
             Some(js) => (Some(js.clone()), js.modify_index),
             None => (None, st.table_index(Table::JobSummary)),
         })

@@ -13,6 +13,7 @@ mod events;
 pub mod filter;
 pub mod forward;
 mod jobs;
+pub mod listener;
 mod namespaces;
 mod nodes;
 mod operator;
@@ -87,7 +88,10 @@ pub fn router(state: HttpState) -> Router {
         Some(forwarder) => routes.route_layer(axum::middleware::from_fn_with_state(forwarder, forward::to_leader)),
         None => routes,
     };
-    routes.fallback(|| async { StatusCode::NOT_FOUND }).with_state(state)
+    routes
+        .fallback(|| async { StatusCode::NOT_FOUND })
+        .layer(axum::middleware::from_fn(listener::release_after_large_bodies))
+        .with_state(state)
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use super::HttpState;
 use super::util::{
     HttpError, HttpResult, QueryOptions, decode_body, filtered, json_response, list_response, paginate, read_body, require_method,
 };
-use crate::state::Table;
+use crate::state::{Table, Watch};
 
 /// `GET /v1/nodes` with `prefix`, `resources` and `os`.
 pub async fn nodes(State(s): State<HttpState>, method: Method, uri: Uri, _body: Body) -> Response {
@@ -57,7 +57,7 @@ pub async fn node_specific(State(s): State<HttpState>, method: Method, uri: Uri,
                 let (allocs, index) = s
                     .endpoints
                     .store()
-                    .blocking_query(&[Table::Allocs], q.min_index, q.wait, |st| {
+                    .blocking_query_on(&[Watch::NodeAllocs(id.to_string())], q.min_index, q.wait, |st| {
                         let allocs: Vec<_> = st.allocs_by_node(id).map(|a| (**a).clone()).collect();
                         (allocs, st.table_index(Table::Allocs))
                     })
@@ -113,7 +113,7 @@ async fn get_node(s: &HttpState, q: &QueryOptions, id: &str) -> HttpResult {
     let (node, index) = s
         .endpoints
         .store()
-        .blocking_query(&[Table::Nodes], q.min_index, q.wait, |st| match st.node(id) {
+        .blocking_query_on(&[Watch::Node(id.to_string())], q.min_index, q.wait, |st| match st.node(id) {
             Some(n) => (Some(n.clone()), n.modify_index),
             None => (None, st.table_index(Table::Nodes)),
         })

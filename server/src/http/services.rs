@@ -10,7 +10,7 @@ use nomad_proto::service_registration::{ServiceRegistrationListStub, ServiceRegi
 
 use super::HttpState;
 use super::util::{HttpError, QueryOptions, filtered, list_response, require_method};
-use crate::state::Table;
+use crate::state::{Table, Watch};
 
 /// `GET /v1/services`: service names and tags, grouped by namespace.
 pub async fn services(State(s): State<HttpState>, method: Method, uri: Uri, _body: Body) -> Response {
@@ -59,7 +59,7 @@ pub async fn service_specific(State(s): State<HttpState>, method: Method, uri: U
         let (regs, index) = s
             .endpoints
             .store()
-            .blocking_query(&[Table::Services], q.min_index, q.wait, |st| {
+            .blocking_query_on(&[Watch::Service(name.clone())], q.min_index, q.wait, |st| {
                 let regs: Vec<_> = st.service_registrations_by_name(ns.as_deref(), &name).map(|r| (**r).clone()).collect();
                 (regs, st.table_index(Table::Services))
             })

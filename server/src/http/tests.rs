@@ -152,6 +152,33 @@ async fn oversized_bodies_are_refused() {
 }
 
 #[tokio::test]
+async fn a_body_declared_over_the_limit_is_refused_before_it_is_sent() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ts = TestServer::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(super::listener::serve(listener, ts.router(), super::listener::HttpLimits::default()));
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!("PUT /v1/jobs HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n", super::util::MAX_BODY_BYTES + 1);
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    // Not one byte of the body is sent: the answer comes from the declared length alone.
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let answered = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while !String::from_utf8_lossy(&got).contains("the limit is 32 MiB") {
+            let n = tcp.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed without an answer: {}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    let text = String::from_utf8_lossy(&got);
+    assert!(answered.is_ok(), "no answer while the body was not sent: {text}");
+    assert!(text.starts_with("HTTP/1.1 413 Payload Too Large"), "{text}");
+    assert!(text.contains("Request body too large: the limit is 32 MiB"), "{text}");
+}
+
+#[tokio::test]
 async fn unknown_paths_are_empty_404s() {
     let ts = TestServer::new();
     let r = get(&ts, "/v1/nope").await;

@@ -238,19 +238,24 @@ pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, HttpError> {
     nomad_proto::lenient::from_slice(body).map_err(|e| HttpError::bad_request(e.to_string()))
 }
 
-/// Reads the body, refusing anything over [`MAX_BODY_BYTES`].
+/// The 413 for a body over [`MAX_BODY_BYTES`].
+fn body_too_large() -> HttpError {
+    HttpError {
+        code: StatusCode::PAYLOAD_TOO_LARGE,
+        message: format!("Request body too large: the limit is {} MiB", MAX_BODY_BYTES / (1024 * 1024)),
+    }
+}
+
+/// Reads the body, refusing anything over [`MAX_BODY_BYTES`]: at once when its
+/// `Content-Length` says so (nothing read), else as soon as the limit is passed.
 pub async fn read_body(body: Body) -> Result<bytes::Bytes, HttpError> {
+    if axum::body::HttpBody::size_hint(&body).lower() > MAX_BODY_BYTES as u64 {
+        return Err(body_too_large());
+    }
     axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|e| {
         let too_big =
             std::error::Error::source(&e).is_some_and(|s| s.to_string().contains("length limit")) || e.to_string().contains("length limit");
-        if too_big {
-            HttpError {
-                code: StatusCode::PAYLOAD_TOO_LARGE,
-                message: format!("Request body too large: the limit is {} MiB", MAX_BODY_BYTES / (1024 * 1024)),
-            }
-        } else {
-            HttpError::bad_request(format!("Failed to read request body: {e}"))
-        }
+        if too_big { body_too_large() } else { HttpError::bad_request(format!("Failed to read request body: {e}")) }
     })
 }
 

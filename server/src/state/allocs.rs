@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use nomad_proto::{Allocation, ClientStatus, DesiredStatus, DesiredTransition, NamespacedId};
 
-use super::{Key, State, Table, Txn, TxnError};
+use super::{Key, State, Table, Txn, TxnError, Watch};
 
 impl State {
     /// One alloc.
@@ -98,6 +98,7 @@ impl Txn<'_> {
         self.state.allocs_by_job.entry(key).or_default().insert(id.clone(), alloc.clone());
         self.state.allocs.insert(id, alloc.clone());
         self.touch(Table::Allocs);
+        self.touch_alloc(&alloc);
         self.record(super::Change::Alloc(alloc));
     }
 
@@ -226,7 +227,18 @@ impl Txn<'_> {
             }
             jobs.insert(key);
             self.touch(Table::Allocs);
+            self.touch_alloc(&a);
         }
         jobs
+    }
+
+    /// The watches an alloc's insert, update or removal touches.
+    fn touch_alloc(&mut self, a: &Allocation) {
+        self.touch_key(Watch::Alloc(a.id.clone()));
+        self.touch_key(Watch::JobAllocs(Watch::job_key(&a.namespace, &a.job_id)));
+        self.touch_key(Watch::NodeAllocs(a.node_id.clone()));
+        if !a.eval_id.is_empty() {
+            self.touch_key(Watch::EvalAllocs(a.eval_id.clone()));
+        }
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use nomad_proto::{Evaluation, NamespacedId};
 
-use super::{State, Table, Txn};
+use super::{State, Table, Txn, Watch};
 
 impl State {
     /// One eval.
@@ -57,6 +57,8 @@ impl Txn<'_> {
             self.state.evals_by_job.entry(key.clone()).or_default().insert(id.clone());
             let e = Arc::new(e);
             self.state.evals.insert(id, e.clone());
+            self.touch_key(Watch::Eval(e.id.clone()));
+            self.touch_key(Watch::JobEvals(Watch::job_key(&key.namespace, &key.id)));
             self.record(super::Change::Eval(e));
             jobs.insert(key);
         }
@@ -78,6 +80,8 @@ impl Txn<'_> {
                     self.state.evals_by_job.remove(&key);
                 }
             }
+            self.touch_key(Watch::Eval(e.id.clone()));
+            self.touch_key(Watch::JobEvals(Watch::job_key(&key.namespace, &key.id)));
             jobs.insert(key);
             self.touch(Table::Evals);
         }

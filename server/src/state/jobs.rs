@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use nomad_proto::{Job, JobStatus, JobSummary, JobType, NamespacedId, TaskGroupSummary};
 
-use super::{State, Table, Txn, TxnError};
+use super::{State, Table, Txn, TxnError, Watch};
 
 impl State {
     /// One job.
@@ -90,6 +90,7 @@ impl Txn<'_> {
         let job = Arc::new(job);
         self.state.jobs.insert(key.clone(), job.clone());
         self.touch(Table::Jobs);
+        self.touch_key(Watch::Job(Watch::job_key(&key.namespace, &key.id)));
         self.record(super::Change::Job(job.clone()));
         self.ensure_summary(&job);
         Ok(job)
@@ -112,6 +113,7 @@ impl Txn<'_> {
         }
         if changed {
             summary.modify_index = self.index;
+            self.touch_key(Watch::JobSummary(Watch::job_key(&key.namespace, &key.id)));
             self.state.job_summaries.insert(key, Arc::new(summary));
             self.touch(Table::JobSummary);
         }
@@ -125,6 +127,7 @@ impl Txn<'_> {
             s.modify_index = self.index;
             self.state.job_summaries.insert(key.clone(), Arc::new(s));
             self.touch(Table::JobSummary);
+            self.touch_key(Watch::JobSummary(Watch::job_key(&key.namespace, &key.id)));
         }
     }
 
@@ -137,6 +140,8 @@ impl Txn<'_> {
         self.state.job_summaries.remove(&key);
         self.touch(Table::Jobs);
         self.touch(Table::JobSummary);
+        self.touch_key(Watch::Job(Watch::job_key(namespace, id)));
+        self.touch_key(Watch::JobSummary(Watch::job_key(namespace, id)));
         Ok(())
     }
 
@@ -151,6 +156,7 @@ impl Txn<'_> {
             let j = Arc::new(j);
             self.state.jobs.insert(key.clone(), j.clone());
             self.touch(Table::Jobs);
+            self.touch_key(Watch::Job(Watch::job_key(&key.namespace, &key.id)));
             self.record(super::Change::Job(j));
         }
     }

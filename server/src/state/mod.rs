@@ -23,8 +23,9 @@ mod node_load;
 mod nodes;
 mod persist;
 mod services;
+mod waiters;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -34,6 +35,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 pub use jobs::job_status;
+pub use waiters::Watch;
 
 /// Keys of the large tables (alloc, eval and node IDs). A write copies the tree nodes on its
 /// path, keys included, and frees them when the last snapshot sharing the old ones goes: shared
@@ -165,6 +167,8 @@ pub struct Txn<'a> {
     state: &'a mut State,
     index: u64,
     touched: BTreeSet<Table>,
+    /// The keyed watches this write touched (tables are in `touched`).
+    touched_keys: HashSet<Watch>,
     changes: Vec<Change>,
     change_pos: std::collections::HashMap<(u8, String), usize>,
 }
@@ -182,6 +186,11 @@ impl Txn<'_> {
 
     fn touch(&mut self, t: Table) {
         self.touched.insert(t);
+    }
+
+    /// Marks one object (or one object's children) changed, for the blocking queries on it.
+    fn touch_key(&mut self, w: Watch) {
+        self.touched_keys.insert(w);
     }
 
     /// Records a written object; a later write of the same object replaces the record.
@@ -205,7 +214,10 @@ pub struct TxnError(pub String);
 /// The state store: the current [`State`] plus change notification.
 pub struct StateStore {
     current: RwLock<State>,
+    /// Per-table index channels for the server's own loops ([`StateStore::wait_for_change`]).
     watchers: [watch::Sender<u64>; TABLES],
+    /// Blocking queries, by what they wait on.
+    waiters: Arc<waiters::Registry>,
 }
 
 impl Default for StateStore {
@@ -223,7 +235,11 @@ impl std::fmt::Debug for StateStore {
 impl StateStore {
     /// An empty store with the `default` namespace.
     pub fn new() -> StateStore {
-        StateStore { current: RwLock::new(State::new()), watchers: std::array::from_fn(|_| watch::channel(0).0) }
+        StateStore {
+            current: RwLock::new(State::new()),
+            watchers: std::array::from_fn(|_| watch::channel(0).0),
+            waiters: Arc::default(),
+        }
     }
 
     /// The state now. O(1); later writes do not change it.
@@ -245,9 +261,17 @@ impl StateStore {
     ) -> Result<(T, Vec<Change>), TxnError> {
         let mut guard = self.current.write().unwrap_or_else(|e| e.into_inner());
         let mut next = guard.clone();
-        let mut txn = Txn { state: &mut next, index, touched: BTreeSet::new(), changes: Vec::new(), change_pos: Default::default() };
+        let mut txn = Txn {
+            state: &mut next,
+            index,
+            touched: BTreeSet::new(),
+            touched_keys: HashSet::new(),
+            changes: Vec::new(),
+            change_pos: Default::default(),
+        };
         let out = f(&mut txn)?;
         let touched = std::mem::take(&mut txn.touched);
+        let mut touched_keys = std::mem::take(&mut txn.touched_keys);
         let changes = std::mem::take(&mut txn.changes);
         for t in &touched {
             next.table_index[t.slot()] = index;
@@ -257,7 +281,9 @@ impl StateStore {
         drop(guard);
         for t in touched {
             self.watchers[t.slot()].send_replace(index);
+            touched_keys.insert(Watch::Table(t));
         }
+        self.waiters.wake(&touched_keys);
         Ok((out, changes))
     }
 
@@ -268,9 +294,11 @@ impl StateStore {
         for t in Table::ALL {
             self.watchers[t.slot()].send_replace(indexes[t.slot()]);
         }
+        self.waiters.wake_all();
     }
 
     /// Waits until one of `tables` has an index above `min_index`, or until `wait` passes.
+    /// For the server's own long-lived loops; queries use [`StateStore::blocking_query_on`].
     pub async fn wait_for_change(&self, tables: &[Table], min_index: u64, wait: Duration) {
         let mut rxs: Vec<watch::Receiver<u64>> = tables.iter().map(|t| self.watchers[t.slot()].subscribe()).collect();
         let changed = async {
@@ -285,28 +313,60 @@ impl StateStore {
         let _ = tokio::time::timeout(wait, changed).await;
     }
 
-    /// Runs `query` against snapshots until its result index is above
-    /// `min_index` or `wait` passes (Nomad's blocking query). A `min_index`
-    /// of 0 returns at once.
+    /// [`StateStore::blocking_query_on`] waiting on whole tables.
     pub async fn blocking_query<T>(
         &self,
         tables: &[Table],
         min_index: u64,
         wait: Duration,
+        query: impl FnMut(&State) -> (T, u64),
+    ) -> (T, u64) {
+        let watches: Vec<Watch> = tables.iter().copied().map(Watch::Table).collect();
+        self.blocking_query_on(&watches, min_index, wait, query).await
+    }
+
+    /// Runs `query` against snapshots until its result index is above `min_index` or `wait`
+    /// passes (Nomad's blocking query). A `min_index` of 0 returns at once. Between runs the
+    /// query sleeps until a write touches one of `watches` (what its result depends on): writes
+    /// elsewhere neither wake it nor cost it anything. While it sleeps it holds neither a
+    /// snapshot nor a result, so a parked query keeps no old state alive.
+    pub async fn blocking_query_on<T>(
+        &self,
+        watches: &[Watch],
+        min_index: u64,
+        wait: Duration,
         mut query: impl FnMut(&State) -> (T, u64),
     ) -> (T, u64) {
+        if min_index == 0 {
+            let (out, index) = query(&self.snapshot());
+            return (out, index.max(1));
+        }
         let deadline = tokio::time::Instant::now() + wait;
+        // Registered before the first snapshot: a write after it wakes this query.
+        let registration = self.waiters.register(watches);
         loop {
-            let snap = self.snapshot();
-            let (out, index) = query(&snap);
-            let now = tokio::time::Instant::now();
-            if min_index == 0 || index > min_index || now >= deadline {
+            {
+                let snap = self.snapshot();
+                let (out, index) = query(&snap);
+                if index > min_index || tokio::time::Instant::now() >= deadline {
+                    return (out, index.max(1));
+                }
+            }
+            if tokio::time::timeout_at(deadline, registration.changed()).await.is_err() {
+                let (out, index) = query(&self.snapshot());
                 return (out, index.max(1));
             }
-            // Wait for a change to any table newer than what this snapshot saw.
-            let seen = snap.max_index(tables);
-            self.wait_for_change(tables, seen, deadline - now).await;
         }
+    }
+
+    /// Blocking queries registered now (one per query and watch): 0 once they all ended.
+    pub fn blocking_registrations(&self) -> usize {
+        self.waiters.registrations()
+    }
+
+    /// Wakes handed to blocking queries so far (one per query and touched watch).
+    pub fn blocking_wakeups(&self) -> u64 {
+        self.waiters.wakeups()
     }
 }
 

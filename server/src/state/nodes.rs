@@ -5,7 +5,7 @@ use std::sync::Arc;
 use nomad_proto::node::{DrainStrategy, event_subsystem};
 use nomad_proto::{Node, NodeEvent, NodeStatus, SchedulingEligibility, Timestamp};
 
-use super::{State, Table, Txn, TxnError};
+use super::{State, Table, Txn, TxnError, Watch};
 
 impl State {
     /// One node.
@@ -69,6 +69,7 @@ impl Txn<'_> {
         let node = Arc::new(node);
         self.state.nodes.insert(node.id.clone(), node.clone());
         self.touch(Table::Nodes);
+        self.touch_key(Watch::Node(node.id.clone()));
         self.record(super::Change::Node(node.clone()));
         node
     }
@@ -93,6 +94,7 @@ impl Txn<'_> {
         let node = Arc::new(node);
         self.state.nodes.insert(node.id.clone(), node.clone());
         self.touch(Table::Nodes);
+        self.touch_key(Watch::Node(node.id.clone()));
         self.record(super::Change::Node(node.clone()));
         Ok(node)
     }
@@ -193,6 +195,7 @@ impl Txn<'_> {
         let node = Arc::new(node);
         self.state.nodes.insert(node.id.clone(), node.clone());
         self.touch(Table::Nodes);
+        self.touch_key(Watch::Node(node.id.clone()));
         self.record(super::Change::Node(node.clone()));
         Some(node)
     }
@@ -203,6 +206,7 @@ impl Txn<'_> {
             return Err(TxnError(format!("node not found: {node_id}")));
         };
         self.touch(Table::Nodes);
+        self.touch_key(Watch::Node(node.id.clone()));
         self.record(super::Change::NodeDeleted(node));
         Ok(())
     }
@@ -216,6 +220,7 @@ impl Txn<'_> {
             // The table index moves (as in Nomad) but not the node's ModifyIndex: nothing users set changed.
             self.state.nodes.insert(node.id.clone(), Arc::new(node));
             self.touch(Table::Nodes);
+            self.touch_key(Watch::Node(node_id.to_string()));
         }
     }
 }

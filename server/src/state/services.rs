@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use nomad_proto::ServiceRegistration;
 
-use super::{Change, State, Table, Txn};
+use super::{Change, State, Table, Txn, Watch};
 
 impl State {
     /// Every registration, ordered by ID.
@@ -37,6 +37,7 @@ impl Txn<'_> {
             let r = Arc::new(r);
             self.state.services.insert(r.id.clone(), r.clone());
             self.touch(Table::Services);
+            self.touch_key(Watch::Service(r.service_name.clone()));
             self.record(Change::Service(r));
         }
     }
@@ -47,6 +48,7 @@ impl Txn<'_> {
         for s in gone {
             self.state.services.remove(&s.id);
             self.touch(Table::Services);
+            self.touch_key(Watch::Service(s.service_name.clone()));
             self.record(Change::ServiceDeleted(s));
         }
     }

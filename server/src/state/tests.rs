@@ -74,6 +74,88 @@ async fn blocking_queries_wake_on_their_table_only() {
     assert_eq!((count, index), (2, 7));
 }
 
+/// Waits (with a deadline) until `cond` holds, yielding to the runtime between looks.
+async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+#[tokio::test]
+async fn writes_wake_only_the_queries_on_the_keys_they_touch() {
+    const WAITERS: usize = 500;
+    let store = Arc::new(StateStore::new());
+    store.write(1, |tx| tx.upsert_job(job("a")).map(|_| ())).unwrap();
+    store.write(2, |tx| tx.upsert_job(job("b")).map(|_| ())).unwrap();
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .blocking_query_on(&[Watch::Job(Watch::job_key("default", "b"))], 2, Duration::from_secs(60), |s| {
+                        let j = s.job("default", "b").expect("job b");
+                        (j.version, j.modify_index)
+                    })
+                    .await
+            })
+        })
+        .collect();
+    until("every waiter registered", || store.blocking_registrations() == WAITERS).await;
+    let wakeups = store.blocking_wakeups();
+    // 100 writes to job a (and its allocs and evals): none of them is for a waiter on b.
+    let a = job("a");
+    for i in 0..100u64 {
+        store
+            .write(3 + i, |tx| {
+                tx.upsert_job(a.clone())?;
+                tx.upsert_allocs_from_plan(vec![alloc(&format!("alloc-{i}"), &a, "n1")]);
+                tx.upsert_evals(vec![Evaluation::for_job(&a, "job-register", Timestamp::ZERO)]);
+                Ok(())
+            })
+            .unwrap();
+    }
+    assert_eq!(store.blocking_wakeups(), wakeups, "a write to job a woke a query on job b");
+    assert!(waiters.iter().all(|w| !w.is_finished()), "a query on job b answered after writes to job a only");
+    assert_eq!(store.blocking_registrations(), WAITERS);
+
+    // One write to b answers every one of them, once, with b's new index.
+    let mut b = job("b");
+    b.task_groups[0].count = 2;
+    store.write(200, |tx| tx.upsert_job(b).map(|_| ())).unwrap();
+    assert_eq!(store.blocking_wakeups(), wakeups + WAITERS as u64);
+    for w in waiters {
+        assert_eq!(tokio::time::timeout(Duration::from_secs(10), w).await.unwrap().unwrap(), (1, 200));
+    }
+    assert_eq!(store.blocking_registrations(), 0, "answered queries left their registrations behind");
+}
+
+#[tokio::test]
+async fn queries_that_time_out_or_are_dropped_leave_the_registry() {
+    let store = Arc::new(StateStore::new());
+    store.write(1, |tx| tx.upsert_job(job("a")).map(|_| ())).unwrap();
+    let query = |store: Arc<StateStore>, wait: Duration| async move {
+        store
+            .blocking_query_on(&[Watch::Job(Watch::job_key("default", "a")), Watch::Table(Table::Nodes)], 1, wait, |s| {
+                ((), s.job("default", "a").map_or(0, |j| j.modify_index))
+            })
+            .await
+    };
+    let timed_out: Vec<_> = (0..50).map(|_| tokio::spawn(query(store.clone(), Duration::from_millis(50)))).collect();
+    let abandoned: Vec<_> = (0..50).map(|_| tokio::spawn(query(store.clone(), Duration::from_secs(60)))).collect();
+    until("every waiter registered", || store.blocking_registrations() == 200).await;
+    for w in timed_out {
+        assert_eq!(tokio::time::timeout(Duration::from_secs(10), w).await.unwrap().unwrap(), ((), 1));
+    }
+    assert_eq!(store.blocking_registrations(), 100, "timed-out queries are still registered");
+    // A caller that goes away (its connection closed) drops the query future.
+    for w in &abandoned {
+        w.abort();
+    }
+    until("abandoned queries to leave", || store.blocking_registrations() == 0).await;
+}
+
 #[tokio::test]
 async fn a_blocking_query_times_out_with_current_data() {
     let store = StateStore::new();
