@@ -939,10 +939,7 @@ mod tests {
 
     #[test]
     fn remove_tree_does_not_cross_a_mount_point() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipping: mounting a tmpfs needs root");
-            return;
-        }
+        nomad_testkit::require_prereqs!(nomad_testkit::Prereq::Root); // to mount a tmpfs
         let s = setup();
         let mnt = s.base.join("alloc1/web/secrets");
         std::fs::create_dir_all(&mnt).unwrap();

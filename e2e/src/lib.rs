@@ -14,7 +14,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 
@@ -35,20 +35,7 @@ pub fn binary() -> PathBuf {
 }
 
 /// Polls `f` until it returns `Some` or `timeout` passes; the error names what was awaited.
-pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Result<T> {
-    let deadline = Instant::now() + timeout;
-    let mut delay = Duration::from_millis(10);
-    loop {
-        if let Some(v) = f() {
-            return Ok(v);
-        }
-        if Instant::now() >= deadline {
-            bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        std::thread::sleep(delay);
-        delay = (delay * 2).min(Duration::from_millis(200));
-    }
-}
+pub use nomad_testkit::wait_for_blocking as wait_for;
 
 /// How to start an agent.
 #[derive(Debug, Clone, Default)]

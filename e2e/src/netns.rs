@@ -18,6 +18,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{Context, Result, bail};
+use nomad_testkit::Prereq;
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
@@ -29,10 +30,8 @@ fn ip(args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// Whether this process can create network namespaces (root with iproute2).
-pub fn available() -> bool {
-    nix::unistd::geteuid().is_root() && Command::new("ip").arg("-V").output().is_ok_and(|o| o.status.success())
-}
+/// What creating network namespaces needs (`nomad_testkit::prereq::met(&netns::PREREQS)`).
+pub const PREREQS: [Prereq; 2] = [Prereq::Root, Prereq::Iproute2];
 
 /// A bridge in a hub namespace that hosts (and the root namespace) attach to.
 pub struct Network {
@@ -135,8 +134,7 @@ mod tests {
 
     #[test]
     fn hosts_reach_each_other_until_cut() {
-        if !available() {
-            eprintln!("skipping: network namespaces need root and iproute2");
+        if !nomad_testkit::prereq::met(&PREREQS) {
             return;
         }
         let mut net = Network::new().unwrap();

@@ -18,5 +18,7 @@ pub mod scheduler;
 pub mod server;
 pub mod sim;
 pub mod state;
+#[cfg(test)]
+mod test_support;
 pub mod testing;
 pub mod worker;

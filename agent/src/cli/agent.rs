@@ -223,7 +223,11 @@ pub async fn run(args: AgentArgs) -> Result<()> {
 async fn start_client(cfg: &AgentConfig, settings: crate::config::ClientSettings) -> Result<Client> {
     let mut cc = ClientConfig::new(settings, &cfg.name, &cfg.datacenter, &cfg.region, &cfg.advertise_http);
     cc.dev_mode = cfg.dev;
-    let drivers = DriverRegistry::new(&DriverOptions::new(cfg.plugin_enabled("raw_exec")));
+    let mut options = DriverOptions::new(cfg.plugin_enabled("raw_exec"));
+    if let Some(root) = cfg.oci_runtime_root().map_err(anyhow::Error::msg)? {
+        options.oci.runtime_root = root;
+    }
+    let drivers = DriverRegistry::new(&options);
     Client::start(cc, drivers).await.context("starting the client")
 }
 

@@ -375,6 +375,16 @@ impl AgentConfig {
         self.plugins.get(name).and_then(|c| c.get("enabled")).is_some_and(|v| v.as_bool() == Some(true))
     }
 
+    /// The oci driver's runtime state directory (`plugin "oci" { config { runtime_root = "/run/x" } }`),
+    /// when set: it keeps the containers of agents sharing a host apart (each e2e test's agent).
+    pub fn oci_runtime_root(&self) -> Result<Option<PathBuf>, String> {
+        match self.plugins.get("oci").and_then(|c| c.get("runtime_root")) {
+            None => Ok(None),
+            Some(Value::String(s)) if std::path::Path::new(s).is_absolute() => Ok(Some(PathBuf::from(s))),
+            Some(v) => Err(format!("plugin \"oci\" config runtime_root: must be an absolute path, got {v}")),
+        }
+    }
+
     /// The configuration as `/v1/agent/self` shows it (Go field names).
     pub fn to_api_json(&self) -> Value {
         serde_json::json!({
@@ -495,6 +505,18 @@ mod tests {
         assert_eq!((s.bootstrap_expect, s.join.as_slice()), (3, &["x:1".to_string()][..]));
         assert_eq!(s.heartbeat.grace, Duration::from_secs(1));
         assert!(!c.plugin_enabled("raw_exec"), "raw_exec is off unless enabled");
+    }
+
+    #[test]
+    fn the_oci_runtime_root_is_an_absolute_path_when_set() {
+        let dev = AgentFlags { dev: true, ..Default::default() };
+        assert_eq!(resolve("", dev.clone()).unwrap().oci_runtime_root(), Ok(None));
+        let c = resolve("plugin \"oci\" {\n  config {\n    runtime_root = \"/run/t1/runc\"\n  }\n}\n", dev.clone()).unwrap();
+        assert_eq!(c.oci_runtime_root(), Ok(Some(PathBuf::from("/run/t1/runc"))));
+        let c = resolve("plugin \"oci\" {\n  config {\n    runtime_root = \"runc\"\n  }\n}\n", dev.clone()).unwrap();
+        assert_eq!(c.oci_runtime_root(), Err("plugin \"oci\" config runtime_root: must be an absolute path, got \"runc\"".to_string()));
+        let c = resolve("plugin \"oci\" {\n  config {\n    runtime_root = 3\n  }\n}\n", dev).unwrap();
+        assert!(c.oci_runtime_root().unwrap_err().ends_with("got 3"));
     }
 
     #[test]

@@ -304,10 +304,7 @@ mod tests {
 
     #[test]
     fn a_full_disk_drops_and_recovers() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipping: mounting a small tmpfs needs root");
-            return;
-        }
+        nomad_testkit::require_prereqs!(nomad_testkit::Prereq::Root); // to mount a small tmpfs
         let (dir, logs) = alloc_dir();
         nix::mount::mount(Some("tmpfs"), &logs, Some("tmpfs"), nix::mount::MsFlags::empty(), Some("size=8k")).unwrap();
         let filler = logs.join("filler");

@@ -11,10 +11,7 @@ async fn every_example_validates_with_the_binary() {
 
 #[test]
 fn make_busybox_rootfs_builds_a_rootfs_with_applets() {
-    if !std::path::Path::new("/bin/busybox").exists() {
-        eprintln!("skipping: /bin/busybox is missing (apt-get install busybox-static)");
-        return;
-    }
+    nomad_testkit::require_prereqs!(nomad_testkit::Prereq::Busybox);
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("rootfs");
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/make-busybox-rootfs");

@@ -1,7 +1,8 @@
 //! What a task leaves on the host once it is over: exec cgroups and oci containers (runtime
 //! state, cgroups, bundle) are removed when a run ends, whether the task finished, was stopped
 //! by the servers, or was killed by a dev agent's shutdown. Needs root, runc and busybox-static
-//! (the test script installs them); skips with a message without.
+//! (scripts/install-deps installs them): without them each test is skipped loudly, or fails
+//! under CI (`nomad_testkit::prereq`).
 
 use std::path::{Path, PathBuf};
 
@@ -15,22 +16,11 @@ use crate::support::{TestServer, client_config, executor_path, job, restart_poli
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
-/// None when this host cannot run exec and oci tasks; the reason is printed.
-fn isolated_host() -> Option<()> {
-    let missing = if !nix::unistd::geteuid().is_root() {
-        Some("root")
-    } else if std::process::Command::new("runc").arg("--version").output().is_err() {
-        Some("runc (apt-get install runc)")
-    } else if !Path::new("/bin/busybox").exists() {
-        Some("busybox (apt-get install busybox-static)")
-    } else {
-        None
+/// exec and oci tasks need root, runc and busybox-static.
+macro_rules! require_isolated_host {
+    () => {
+        nomad_testkit::require_prereqs!(nomad_testkit::Prereq::Root, nomad_testkit::Prereq::Runc, nomad_testkit::Prereq::Busybox);
     };
-    if let Some(what) = missing {
-        eprintln!("skipping: this test needs {what}");
-        return None;
-    }
-    Some(())
 }
 
 /// Drivers with runc's state inside the test's dir, so leftovers are easy to see.
@@ -91,9 +81,7 @@ fn busybox_rootfs(dir: &Path) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dev_shutdown_leaves_no_cgroups_or_containers_of_running_or_finished_tasks() {
-    if isolated_host().is_none() {
-        return;
-    }
+    require_isolated_host!();
     let server = TestServer::start().await;
     let root = tempfile::tempdir().unwrap();
     let rootfs = busybox_rootfs(root.path());
@@ -124,9 +112,7 @@ async fn a_dev_shutdown_leaves_no_cgroups_or_containers_of_running_or_finished_t
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exec_task_stopped_by_the_servers_or_restarted_leaves_one_cgroup_at_most() {
-    if isolated_host().is_none() {
-        return;
-    }
+    require_isolated_host!();
     let server = TestServer::start().await;
     let root = tempfile::tempdir().unwrap();
     let client = start(root.path(), &server).await;

@@ -30,29 +30,7 @@ use serde_json::json;
 use tokio::sync::{mpsc, oneshot, watch};
 use tonic::{Request, Response, Status};
 
-/// How long any condition may take before a test fails.
-pub const DEADLINE: Duration = Duration::from_secs(30);
-
-/// Polls `condition` until it holds, failing the test after [`DEADLINE`].
-pub async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !condition() {
-        assert!(start.elapsed() < DEADLINE, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
-/// Polls `f` until it returns `Some`, failing after [`DEADLINE`].
-pub async fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
+pub use nomad_testkit::{DEADLINE, wait_for, wait_until};
 
 /// Counts and gates the client-facing RPCs of a [`TestServer`] started with a gate.
 #[derive(Default)]

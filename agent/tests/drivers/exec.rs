@@ -5,18 +5,16 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::support::{is_root, log, options, task, wait_for_output};
+use crate::support::{log, options, task, wait_for_output};
 use nomad_agent::client::driver::{
     CgroupVersion, Driver, DriverError, DriverOptions, DriverRegistry, DriverState, TaskHandle, TaskResources,
 };
 use serde_json::json;
 
+/// The exec driver needs root: without it the test is skipped (or fails under CI).
 macro_rules! require_root {
     () => {
-        if !is_root() {
-            eprintln!("skipping: the exec driver needs root");
-            return;
-        }
+        nomad_testkit::require_prereqs!(nomad_testkit::Prereq::Root);
     };
 }
 

@@ -1,12 +1,13 @@
 //! oci driver: busybox containers run by runc, limits, stop escalation, OCI image layouts.
-//! Needs root, runc and busybox-static (scripts install them); skips with a message without.
+//! Needs root, runc and busybox-static (scripts/install-deps installs them): without them each
+//! test is skipped loudly, or fails under CI (`nomad_testkit::prereq`).
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::support::{is_root, log, options, task, wait_for_output};
+use crate::support::{log, options, task, wait_for_output};
 use nix::sys::signal::Signal;
 use nomad_agent::client::driver::{Driver, DriverError, DriverOptions, DriverRegistry, DriverState, TaskHandle};
 use serde_json::json;
@@ -15,24 +16,11 @@ use sha2::{Digest, Sha256};
 const BUSYBOX: &str = "/bin/busybox";
 const APPLETS: [&str; 10] = ["sh", "echo", "cat", "sleep", "id", "ls", "test", "hostname", "env", "true"];
 
-/// None when this host cannot run containers; the reason is printed.
-fn oci_host() -> Option<()> {
-    let missing = if !is_root() {
-        Some("root")
-    } else if std::process::Command::new("runc").arg("--version").output().is_err() {
-        Some("runc (apt-get install runc)")
-    } else if !Path::new(BUSYBOX).exists() {
-        Some("busybox (apt-get install busybox-static)")
-    } else {
-        None
+/// Containers need root, runc and a static busybox to copy into the rootfs.
+macro_rules! require_oci_host {
+    () => {
+        nomad_testkit::require_prereqs!(nomad_testkit::Prereq::Root, nomad_testkit::Prereq::Runc, nomad_testkit::Prereq::Busybox);
     };
-    match missing {
-        Some(what) => {
-            eprintln!("skipping: the oci driver test needs {what}");
-            None
-        }
-        None => Some(()),
-    }
 }
 
 /// Options with runc's state kept inside the test's temp dir.
@@ -69,7 +57,7 @@ fn container_id(handle: &TaskHandle) -> String {
 
 #[tokio::test]
 async fn a_busybox_container_prints_to_its_log() {
-    let Some(()) = oci_host() else { return };
+    require_oci_host!();
     let dir = tempfile::tempdir().unwrap();
     let rootfs = busybox_rootfs(dir.path());
     let script = "echo hello-from-oci; echo uid=$(id -u); test -d /local && test -d /alloc && echo dirs-mounted";
@@ -84,7 +72,7 @@ async fn a_busybox_container_prints_to_its_log() {
 
 #[tokio::test]
 async fn memory_limit_is_applied_and_stop_escalates_to_kill() {
-    let Some(()) = oci_host() else { return };
+    require_oci_host!();
     let dir = tempfile::tempdir().unwrap();
     let rootfs = busybox_rootfs(dir.path());
     // As PID 1 without a handler, sh ignores SIGTERM: only SIGKILL ends it.
@@ -121,7 +109,7 @@ async fn memory_limit_is_applied_and_stop_escalates_to_kill() {
 
 #[tokio::test]
 async fn stop_signal_reaches_the_container_first() {
-    let Some(()) = oci_host() else { return };
+    require_oci_host!();
     let dir = tempfile::tempdir().unwrap();
     let rootfs = busybox_rootfs(dir.path());
     let script = "trap 'echo got-term; exit 5' TERM; echo ready; sleep 600 & wait";
@@ -192,7 +180,7 @@ fn image_layout(dir: &Path) -> PathBuf {
 
 #[tokio::test]
 async fn an_oci_image_layout_is_unpacked_with_whiteouts_and_run_with_its_entrypoint() {
-    let Some(()) = oci_host() else { return };
+    require_oci_host!();
     let dir = tempfile::tempdir().unwrap();
     let layout = image_layout(dir.path());
     let task = task(dir.path(), "layout", json!({"image": layout}));
@@ -300,7 +288,7 @@ async fn an_image_never_leads_out_of_the_task_dir_or_the_rootfs() {
 
 #[tokio::test]
 async fn fingerprint_reports_the_runtime_version() {
-    let Some(()) = oci_host() else { return };
+    require_oci_host!();
     let info = oci_driver(&options(false)).fingerprint().await;
     assert!(info.detected && info.healthy, "{info:?}");
     assert_eq!(info.attributes.get("driver.oci.runtime").map(String::as_str), Some("runc"));

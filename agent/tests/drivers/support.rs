@@ -4,13 +4,10 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use nomad_agent::client::driver::{DriverOptions, LogConfig, TaskConfig, TaskResources};
-
-/// How long any condition may take before a test fails.
-pub const DEADLINE: Duration = Duration::from_secs(20);
 
 /// The executor binary cargo built for these tests.
 pub fn executor_path() -> PathBuf {
@@ -50,21 +47,9 @@ pub fn log(task: &TaskConfig, stream: &str, index: u64) -> String {
     fs::read_to_string(task.log_dir().join(format!("{}.{stream}.{index}", task.task_name))).unwrap_or_default()
 }
 
-/// Polls `condition` until it holds, failing the test after [`DEADLINE`].
-pub async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !condition() {
-        assert!(start.elapsed() < DEADLINE, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+pub use nomad_testkit::wait_until;
 
 /// Waits until the task's stdout log contains `text`.
 pub async fn wait_for_output(task: &TaskConfig, text: &str) {
     wait_until(&format!("stdout contains {text:?}"), || log(task, "stdout", 0).contains(text)).await;
-}
-
-/// True when running as root (exec and oci need it).
-pub fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
 }

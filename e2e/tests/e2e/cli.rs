@@ -8,6 +8,7 @@ use std::process::Command;
 
 use nix::sys::signal::Signal;
 use nomad_e2e::{Agent, AgentOptions, HttpClient, wait_for};
+use nomad_testkit::Prereq;
 use serde_json::Value;
 
 use crate::SETTLE;
@@ -45,9 +46,17 @@ fn example(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name).display().to_string()
 }
 
+/// Where the dev agent in `dir` keeps runc's state: each test's own, so the containers of tests
+/// running at the same time never meet (and one test's leftovers are its own).
+fn runc_root(dir: &Path) -> PathBuf {
+    dir.join("runc")
+}
+
 /// A dev agent (server and client in one process) in `dir`, with its node ready.
 pub(crate) fn dev_agent(dir: &Path) -> Agent {
-    let agent = Agent::start("dev", dir, AgentOptions { args: vec!["-dev".into()], ..Default::default() }).expect("start dev agent");
+    let config = format!("plugin \"oci\" {{\n  config {{\n    runtime_root = {:?}\n  }}\n}}\n", runc_root(dir).display().to_string());
+    let opts = AgentOptions { args: vec!["-dev".into()], config: Some(config), ..Default::default() };
+    let agent = Agent::start("dev", dir, opts).expect("start dev agent");
     agent.wait_for_leader(SETTLE).unwrap();
     let http = agent.http();
     wait_for("the dev node to be ready", SETTLE, || {
@@ -57,21 +66,10 @@ pub(crate) fn dev_agent(dir: &Path) -> Agent {
     agent
 }
 
-/// Whether exec and oci tasks can run here (root, runc, busybox-static); prints why not.
+/// Whether exec and oci tasks can run here (root, runc, busybox-static): when not, the part of
+/// the test that needs them is skipped loudly, or the test fails under CI.
 fn isolated_tasks_possible() -> bool {
-    let missing = if !nix::unistd::geteuid().is_root() {
-        Some("root")
-    } else if Command::new("runc").arg("--version").output().is_err() {
-        Some("runc")
-    } else if !Path::new("/bin/busybox").exists() {
-        Some("busybox-static")
-    } else {
-        None
-    };
-    if let Some(what) = missing {
-        eprintln!("skipping the exec and oci examples: they need {what}");
-    }
-    missing.is_none()
+    nomad_testkit::prereq::met(&[Prereq::Root, Prereq::Runc, Prereq::Busybox])
 }
 
 /// `scripts/make-busybox-rootfs <dir>/rootfs`.
@@ -250,7 +248,7 @@ fn a_dev_agent_stopped_with_ctrl_c_leaves_no_task_cgroup_or_container_behind() {
     assert!(status.success(), "{status}");
     assert_eq!(leftover_cgroups(&web_id), Vec::<PathBuf>::new(), "cgroups of the exec task killed at shutdown");
     assert_eq!(leftover_cgroups(&batch_id), Vec::<PathBuf>::new(), "cgroups of the finished container");
-    let runc = Command::new("runc").args(["--root", "/run/nomad-rs/runc", "list", "-q"]).output().unwrap();
+    let runc = Command::new("runc").arg("--root").arg(runc_root(&dir.path().join("agent"))).args(["list", "-q"]).output().unwrap();
     let containers = String::from_utf8_lossy(&runc.stdout);
     assert!(!containers.lines().any(|c| c.starts_with(&batch_id)), "runc still has the container: {containers}");
     let tasks = std::fs::read_dir("/proc")

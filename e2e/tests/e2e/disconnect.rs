@@ -14,7 +14,8 @@
 //! | no `max_client_disconnect` | lost / running / running | complete / running / running |
 //! | `max_client_disconnect` | unknown / running / running | running / running / complete |
 //!
-//! and the node must be `ready` again within two heartbeats of the heal.
+//! and the node must be `ready` again soon after the heal: through its heartbeats (about two of
+//! them), never after a register retry (15-30 s).
 //! Everything waits on conditions with deadlines; nothing sleeps to sync.
 
 use std::path::Path;
@@ -27,10 +28,12 @@ use serde_json::{Value, json};
 
 /// Server heartbeat settings: TTLs of 1-2 s, 1 s of grace.
 const SERVER_CONFIG: &str = "  heartbeat_grace = \"1s\"\n  min_heartbeat_ttl = \"1s\"";
-/// The longest TTL a client is given (`min_heartbeat_ttl` plus up to as much stagger), in seconds.
-const MAX_TTL_SECS: u64 = 2;
-/// Two heartbeats, plus the 1-2 s retry of the heartbeat that failed while cut off.
-const READY_BOUND: Duration = Duration::from_secs(2 * MAX_TTL_SECS + 2);
+/// How long the node may take to be ready after the heal, waited for as a condition. The
+/// heartbeat path takes about 6 s (two heartbeats of TTL 1-2 s, plus the 1-2 s retry of the one
+/// that failed while cut off); the deadline leaves a loaded machine more than twice that, yet
+/// stays below the 15 s register retry, so a client that fell back to registering again, or
+/// to the 15-30 s no-leader retry, still fails here.
+const READY_DEADLINE: Duration = Duration::from_secs(14);
 /// Generous bound for everything else on this shared 2-core machine.
 const LONG: Duration = Duration::from_secs(60);
 
@@ -206,8 +209,7 @@ fn row(all: &[Alloc], a: &str, b: &str, r: &str) -> Row {
 }
 
 fn scenario(how: Cut, max_disconnect: bool) {
-    if how == Cut::Netns && !netns::available() {
-        eprintln!("skipping: network namespaces need root and iproute2");
+    if how == Cut::Netns && !nomad_testkit::prereq::met(&netns::PREREQS) {
         return;
     }
     let start = Instant::now();
@@ -249,7 +251,7 @@ fn scenario(how: Cut, max_disconnect: bool) {
 
     let healed_at = Instant::now();
     s.heal(victim, how);
-    wait_for("the node to be ready again", LONG, || (node_status(&http, &a.node) == "ready").then_some(()))
+    wait_for("the node to be ready again", READY_DEADLINE, || (node_status(&http, &a.node) == "ready").then_some(()))
         .unwrap_or_else(|e| fail(e.to_string()));
     let ready_after = healed_at.elapsed();
 
@@ -282,7 +284,6 @@ fn scenario(how: Cut, max_disconnect: bool) {
         ready_after,
         start.elapsed()
     );
-    assert!(ready_after <= READY_BOUND, "the node took {ready_after:?} to be ready after the heal (bound {READY_BOUND:?})");
     // Stop the job so its tasks do not outlive the test.
     let _ = http.delete_json(&format!("/v1/job/{id}"));
     let stopping = Instant::now();

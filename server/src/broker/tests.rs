@@ -13,6 +13,7 @@ use super::*;
 use crate::consensus::{Consensus, LocalConsensus};
 use crate::fsm::Command;
 use crate::state::StateStore;
+use crate::test_support::wait_until;
 
 fn eval(id: &str, job: &str, priority: i64, index: u64) -> Arc<Evaluation> {
     Arc::new(Evaluation {
@@ -158,13 +159,13 @@ async fn the_reaper_writes_the_failed_eval_and_its_follow_up_then_acks() {
     b.enqueue(e);
     let d = next(&b).await;
     b.nack("e1", &d.token).unwrap();
-    wait_until(|| store.snapshot().eval("e1").is_some_and(|e| e.status == EvalStatus::Failed)).await;
+    wait_until("e1 to be failed", || store.snapshot().eval("e1").is_some_and(|e| e.status == EvalStatus::Failed)).await;
     let snap = store.snapshot();
     let failed = snap.eval("e1").unwrap();
     let followup = snap.eval(&failed.next_eval).expect("follow-up stored");
     assert_eq!(followup.triggered_by, trigger::FAILED_FOLLOW_UP);
     assert!(followup.wait_until > Timestamp::now().plus(Duration::from_secs(50)));
-    wait_until(|| b.outstanding("e1").is_none()).await;
+    wait_until("e1 to be acked", || b.outstanding("e1").is_none()).await;
     reaper.abort();
 }
 
@@ -227,7 +228,7 @@ async fn disabling_drops_everything_and_wakes_waiting_workers() {
             b.dequeue(Duration::from_secs(3600)).await
         }
     });
-    wait_until(|| b.stats().ready == 0).await;
+    wait_until("the worker to take the ready eval", || b.stats().ready == 0).await;
     b.set_enabled(false);
     assert_eq!(waiting.await.unwrap().unwrap_err(), BrokerError::Disabled);
     assert_eq!(b.stats(), BrokerStats::default());
@@ -237,15 +238,6 @@ async fn disabling_drops_everything_and_wakes_waiting_workers() {
     b.set_enabled(true);
     b.enqueue(eval("e1", "web", 50, 1));
     assert_eq!(next(&b).await.eval.id, "e1", "forgotten evals can come back after re-enabling");
-}
-
-/// Polls `cond` until it holds; fails after 10 s.
-async fn wait_until(mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(tokio::time::Instant::now() < deadline, "condition not reached in time");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
 }
 
 // ---- blocked evals ----

@@ -19,7 +19,7 @@ use tower::ServiceExt;
 use crate::endpoints::JobRegisterOptions;
 use crate::leader::LeaderConfig;
 use crate::sim::start_leader;
-use crate::state::{State, Table};
+use crate::test_support::eventually;
 use crate::testing::{TestServer, job, node};
 
 /// Every route and query this audit reads, with what it returned.
@@ -52,18 +52,6 @@ impl Audit {
                 assert!(!body.contains(s.as_str()), "{route} leaks a node SecretID: {body}");
             }
         }
-    }
-}
-
-async fn eventually(ts: &TestServer, what: &str, mut cond: impl FnMut(&State) -> bool) -> State {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let snap = ts.store.snapshot();
-        if cond(&snap) {
-            return snap;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for: {what}");
-        ts.store.wait_for_change(&Table::ALL, snap.index, Duration::from_millis(100)).await;
     }
 }
 

@@ -15,20 +15,9 @@ use crate::endpoints::{DrainRequest, DrainSpec, JobRegisterOptions};
 use crate::fsm::Command;
 use crate::scheduler::BuiltinScheduler;
 use crate::sim::{ready_node, start_leader};
-use crate::state::{State, Table};
+use crate::state::Table;
+use crate::test_support::eventually;
 use crate::testing::{TestServer, job};
-
-async fn eventually(ts: &TestServer, what: &str, mut cond: impl FnMut(&State) -> bool) -> State {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let snap = ts.store.snapshot();
-        if cond(&snap) {
-            return snap;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for: {what}");
-        ts.store.wait_for_change(&Table::ALL, snap.index, Duration::from_millis(100)).await;
-    }
-}
 
 /// Every node's client: runs new allocs (healthy at once), finishes stopped ones.
 fn spawn_clients(ts: &TestServer) -> tokio::task::JoinHandle<()> {

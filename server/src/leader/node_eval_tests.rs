@@ -3,7 +3,6 @@
 //! what lands on it (reference: nomad-node-lifecycle.md §5).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use nomad_proto::rpc::{NodeRegisterRequest, NodeUpdateStatusRequest};
 use nomad_proto::{Constraint, EvalStatus, Job, JobType, Node, NodeStatus};
@@ -12,20 +11,9 @@ use super::*;
 use crate::endpoints::JobRegisterOptions;
 use crate::scheduler::BuiltinScheduler;
 use crate::sim::start_leader;
-use crate::state::{State, Table};
+use crate::state::State;
+use crate::test_support::eventually;
 use crate::testing::{TestServer, job, node};
-
-async fn eventually(ts: &TestServer, what: &str, mut cond: impl FnMut(&State) -> bool) -> State {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let snap = ts.store.snapshot();
-        if cond(&snap) {
-            return snap;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for: {what}");
-        ts.store.wait_for_change(&Table::ALL, snap.index, Duration::from_millis(100)).await;
-    }
-}
 
 /// Every eval written so far is done (complete, failed, canceled or parked as blocked).
 fn settled(s: &State) -> bool {

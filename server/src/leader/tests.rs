@@ -2,7 +2,6 @@
 //! broker → workers (stand-in scheduler) → plan applier → state.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use nomad_proto::eval::trigger;
 use nomad_proto::rpc::{NodeRegisterRequest, NodeUpdateStatusRequest};
@@ -14,23 +13,11 @@ use crate::endpoints::JobRegisterOptions;
 use crate::fsm::Command;
 use crate::sim::{FirstReadyNode, ready_node, start_leader};
 use crate::state::State;
+use crate::test_support::eventually;
 use crate::testing::{TestServer, job, node};
 
 fn config() -> LeaderConfig {
     LeaderConfig { num_schedulers: 2, evals_in_flight: 4, ..LeaderConfig::default() }
-}
-
-/// Waits (up to 10 s) until `cond` holds on the current state.
-async fn eventually(ts: &TestServer, what: &str, mut cond: impl FnMut(&State) -> bool) -> State {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let snap = ts.store.snapshot();
-        if cond(&snap) {
-            return snap;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for: {what}");
-        ts.store.wait_for_change(&crate::state::Table::ALL, snap.index, Duration::from_millis(50)).await;
-    }
 }
 
 async fn register(ts: &TestServer, id: &str, count: i64) -> String {

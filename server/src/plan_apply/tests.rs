@@ -12,6 +12,7 @@ use super::*;
 use crate::broker::BrokerConfig;
 use crate::consensus::{BoxFuture, LocalConsensus};
 use crate::state::State;
+use crate::test_support::wait_until;
 
 /// LocalConsensus that records entries, can hold writes at a gate, and can fail them.
 struct TestConsensus {
@@ -315,7 +316,7 @@ async fn a_plan_judged_while_the_previous_entry_is_written_counts_that_entry() {
         let sub = completed(&p1);
         async move { plans.submit(sub).await }
     });
-    wait_for(|| s.consensus.started.load(Ordering::SeqCst) >= 1).await;
+    wait_until("the first apply to start", || s.consensus.started.load(Ordering::SeqCst) >= 1).await;
     let second = tokio::spawn({
         let plans = s.plans.clone();
         let sub = completed(&p2);
@@ -415,7 +416,7 @@ async fn plans_queued_during_a_write_share_the_next_entry_and_no_op_plans_still_
         let sub = completed(&first);
         async move { plans.submit(sub).await }
     });
-    wait_for(|| s.consensus.started.load(Ordering::SeqCst) >= 1).await;
+    wait_until("the first apply to start", || s.consensus.started.load(Ordering::SeqCst) >= 1).await;
     let waiting: Vec<_> = rest
         .iter()
         .map(|p| {
@@ -456,7 +457,7 @@ async fn a_failed_write_fails_its_plans_and_sends_back_those_judged_against_it()
         let sub = completed(&p1);
         async move { plans.submit(sub).await }
     });
-    wait_for(|| s.consensus.started.load(Ordering::SeqCst) >= 1).await;
+    wait_until("the first apply to start", || s.consensus.started.load(Ordering::SeqCst) >= 1).await;
     let second = tokio::spawn({
         let plans = s.plans.clone();
         let sub = completed(&p2);
@@ -488,12 +489,4 @@ fn stops_keep_the_clients_status_unless_the_scheduler_marks_them_lost() {
     assert_eq!(stop_of(&a).client_status, None);
     a.client_status = ClientStatus::Lost;
     assert_eq!(stop_of(&a).client_status, Some(ClientStatus::Lost));
-}
-
-async fn wait_for(mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(tokio::time::Instant::now() < deadline, "condition not reached in time");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
 }

@@ -23,6 +23,7 @@ use super::rpc::{InfoRequest, JoinRequest, RaftClient, VoteArgs};
 use super::{RaftConfig, RaftError, RaftNode, TypeConfig};
 use crate::fsm::{ApplyResult, Command, Fsm};
 use crate::rpc_auth::{ClusterAuth, ClusterKey, RpcAuthLayer, Stamp};
+use crate::test_support::wait_until as wait_for;
 use tonic::service::interceptor::InterceptedService;
 
 /// How long any awaited condition may take before the test fails.
@@ -89,14 +90,6 @@ fn config(dir: &Path, addr: &str) -> RaftConfig {
 
 /// A single server is never contacted, so it advertises an address nothing listens on.
 const UNUSED_ADDR: &str = "127.0.0.1:0";
-
-async fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while !condition() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 /// A runtime of its own, so dropping it kills every Raft task mid-flight like a crash.
 fn crashable_runtime() -> tokio::runtime::Runtime {

@@ -146,10 +146,7 @@ mod tests {
 
     #[test]
     fn secrets_is_a_noexec_tmpfs_as_root() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipping: mounting the secrets tmpfs needs root");
-            return;
-        }
+        nomad_testkit::require_prereqs!(nomad_testkit::Prereq::Root); // to mount the secrets tmpfs
         let dir = tempfile::tempdir().unwrap();
         let mut config = super::super::tests_support::config();
         config.alloc_dir = dir.path().to_path_buf();
