@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::support::{is_root, options, task, wait_for_output};
+use crate::support::{options, task, wait_for_output};
 use nomad_agent::client::driver::{DriverRegistry, TaskResources};
 use nomad_agent::client::http::task_resource_usage;
 use serde_json::json;
@@ -47,10 +47,7 @@ async fn measure(driver_name: &str) {
 
 #[tokio::test]
 async fn an_exec_task_is_measured_over_its_cgroup_children_included() {
-    if !is_root() {
-        eprintln!("skipping: the exec driver needs root");
-        return;
-    }
+    nomad_testkit::require_prereqs!(nomad_testkit::Prereq::Root);
     measure("exec").await;
 }
 
