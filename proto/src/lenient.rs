@@ -409,8 +409,7 @@ mod tests {
             job: crate::Job,
         }
         let job = from_slice::<Register>(body.as_bytes()).unwrap().job;
-        let mut alloc = crate::Allocation::default();
-        alloc.job = Some(std::sync::Arc::new(job));
+        let alloc = crate::Allocation { job: Some(std::sync::Arc::new(job)), ..Default::default() };
         // An RPC reply carrying the alloc, inside 50 more levels of wrapping.
         let reply = serde_json::json!({"a": [{"b": {"Allocs": [alloc]}}]});
         let mut wrapped = reply;

@@ -465,10 +465,10 @@ plugin "raw_exec" {
         // Valid HCL, so only the size can refuse it.
         let line = "# padding padding padding padding padding padding padding padding padding\n";
         std::fs::write(&big, line.repeat((MAX_CONFIG_FILE_BYTES as usize / line.len()) + 1)).unwrap();
-        let e = load(&[big.clone()]).unwrap_err().to_string();
+        let e = load(std::slice::from_ref(&big)).unwrap_err().to_string();
         assert!(e.contains("big.hcl") && e.contains("larger than 1048576 bytes"), "{e}");
         std::fs::write(&big, line.repeat(10)).unwrap();
-        assert!(load(&[big.clone()]).is_ok(), "a small file with the same content loads");
+        assert!(load(std::slice::from_ref(&big)).is_ok(), "a small file with the same content loads");
         std::fs::write(&big, b"name = \"\xff\"\n").unwrap();
         assert!(load(&[big]).unwrap_err().to_string().contains("not UTF-8"));
     }
