@@ -287,10 +287,7 @@ mod tests {
         assert!(!server.consensus.raft().is_leader(), "a server that cannot write still says it leads");
         assert_eq!(server.consensus.leader_rpc_addr(), None);
         let mut leadership = server.consensus.leadership();
-        tokio::time::timeout(Duration::from_secs(20), leadership.wait_for(|leads| !leads))
-            .await
-            .expect("leadership is given up")
-            .ok();
+        tokio::time::timeout(Duration::from_secs(20), leadership.wait_for(|leads| !leads)).await.expect("leadership is given up").ok();
         assert!(!server.consensus.is_leader());
         server.shutdown().await;
     }

@@ -595,8 +595,11 @@ mod tests {
                 rpc_max_conns_per_client: 0,
             }
         );
-        let off = resolve("limits {\n  https_handshake_timeout = \"0s\"\n  http_max_conns_per_client = 0\n}\n", AgentFlags { dev: true, ..Default::default() })
-            .unwrap();
+        let off = resolve(
+            "limits {\n  https_handshake_timeout = \"0s\"\n  http_max_conns_per_client = 0\n}\n",
+            AgentFlags { dev: true, ..Default::default() },
+        )
+        .unwrap();
         assert_eq!(off.limits.http(), nomad_server::http::listener::HttpLimits { header_read_timeout: None, max_conns_per_client: 0 });
         for (src, key, msg) in [
             ("http_max_conns_per_client = -1", "limits.http_max_conns_per_client", "must be >= 0; found: -1"),

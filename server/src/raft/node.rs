@@ -254,17 +254,16 @@ impl RaftNode {
         let raft = Raft::new(id, openraft_config(&cfg)?, network, log_store, state_machine)
             .await
             .map_err(|e| RaftError::Storage(format!("starting raft: {e}")))?;
-        let shared =
-            Arc::new(Shared {
-                id,
-                addr: cfg.advertise_rpc.clone(),
-                raft,
-                pool,
-                apply_timeout: cfg.apply_timeout(),
-                storage_fault,
-                name: Mutex::new(cfg.name.clone()),
-                peer_names: Mutex::default(),
-            });
+        let shared = Arc::new(Shared {
+            id,
+            addr: cfg.advertise_rpc.clone(),
+            raft,
+            pool,
+            apply_timeout: cfg.apply_timeout(),
+            storage_fault,
+            name: Mutex::new(cfg.name.clone()),
+            peer_names: Mutex::default(),
+        });
         let initialized = shared.raft.is_initialized().await.map_err(|e| RaftError::Raft(e.to_string()))?;
         tracing::info!(node_id = id, addr = %shared.addr, initialized, "raft started");
 

@@ -9,10 +9,10 @@ use nomad_proto::plan::PlanAnnotations;
 use nomad_proto::{AllocMetric, Allocation, ClientStatus, DesiredStatus, EvalStatus, Evaluation, Job, JobType, Plan, TaskGroup, Timestamp};
 
 use super::alloc_sets::{stop_lost_on_down_nodes, tainted_nodes};
+use super::ids::IdSource;
 use super::metrics::exhaust_resources;
 use super::nodes::ready_nodes;
 use super::proposed::Proposed;
-use super::ids::IdSource;
 use super::reconcile::{FreshPlacements, PlaceRequest, ReconcileResults, Reconciler, UpdateKind};
 use super::select::{SelectOptions, Selection, Stack, StackKind, seed_for};
 use super::updates::destructive_change;

@@ -19,10 +19,10 @@ use nomad_proto::{AllocMetric, Allocation, ClientStatus, DesiredStatus, EvalStat
 
 use super::alloc_sets::{stop_lost_on_down_nodes, tainted_nodes};
 use super::fast_hash::FastMap;
+use super::ids::IdSource;
 use super::metrics::exhaust_resources;
 use super::nodes::{ReadyNodes, ready_nodes};
 use super::proposed::Proposed;
-use super::ids::IdSource;
 use super::select::{SelectOptions, Stack, StackKind, seed_for};
 use super::updates::destructive_change;
 use super::{
@@ -148,7 +148,9 @@ fn run(state: &State, eval: &Evaluation, now: Timestamp, sysbatch: bool) -> Sche
     }
 
     let placed = match (&live_job, stack.as_mut(), &ready) {
-        (Some(job), Some(stack), Some(ready)) => place(job, stack, &mut proposed, ready, &diff.place, eval, &ids, now, annotations.as_mut()),
+        (Some(job), Some(stack), Some(ready)) => {
+            place(job, stack, &mut proposed, ready, &diff.place, eval, &ids, now, annotations.as_mut())
+        }
         _ => Placed::default(),
     };
     let mut new_evals = placed.blocked;

@@ -235,11 +235,7 @@ impl std::fmt::Debug for StateStore {
 impl StateStore {
     /// An empty store with the `default` namespace.
     pub fn new() -> StateStore {
-        StateStore {
-            current: RwLock::new(State::new()),
-            watchers: std::array::from_fn(|_| watch::channel(0).0),
-            waiters: Arc::default(),
-        }
+        StateStore { current: RwLock::new(State::new()), watchers: std::array::from_fn(|_| watch::channel(0).0), waiters: Arc::default() }
     }
 
     /// The state now. O(1); later writes do not change it.

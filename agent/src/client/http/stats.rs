@@ -256,7 +256,10 @@ fn cpu_percents(before: Option<(Instant, Reading)>, now: (Instant, Reading)) -> 
 /// of it used: Percent / 100 × MHz).
 fn resource_usage(r: &Reading, (percent, user, system): (f64, f64, f64), mhz: f64) -> Value {
     let (memory_measured, cpu_measured): (&[&str], &[&str]) = match r.cgroup {
-        Some(_) => (&["RSS", "Cache", "Swap", "Usage", "Max Usage"], &["System Mode", "User Mode", "Throttled Periods", "Throttled Time", "Percent"]),
+        Some(_) => (
+            &["RSS", "Cache", "Swap", "Usage", "Max Usage"],
+            &["System Mode", "User Mode", "Throttled Periods", "Throttled Time", "Percent"],
+        ),
         None => (&["RSS", "Swap"], &["System Mode", "User Mode", "Percent"]),
     };
     json!({
@@ -367,7 +370,11 @@ mod tests {
     fn a_v2_cgroup_reports_cpu_split_and_memory_of_everything_in_it() {
         let dir = tempfile::tempdir().unwrap();
         let cg = dir.path().join("nomad-rs/task");
-        write(&cg, "cpu.stat", "usage_usec 3000000\nuser_usec 2000000\nsystem_usec 1000000\nnr_periods 9\nnr_throttled 4\nthrottled_usec 5000\n");
+        write(
+            &cg,
+            "cpu.stat",
+            "usage_usec 3000000\nuser_usec 2000000\nsystem_usec 1000000\nnr_periods 9\nnr_throttled 4\nthrottled_usec 5000\n",
+        );
         write(&cg, "memory.current", "104857600\n");
         write(&cg, "memory.stat", "anon 83886080\nfile 20971520\nkernel 1000\n");
         write(&cg, "memory.swap.current", "4096\n");
@@ -414,7 +421,10 @@ mod tests {
 
         write(root.path(), "cgroup.controllers", "cpu memory pids\n");
         let dirs = cgroup_of("0::/nomad-rs/c2\n", root.path()).unwrap();
-        assert_eq!(dirs, CgroupDirs { version: CgroupVersion::V2, memory: root.path().join("nomad-rs/c2"), cpu: root.path().join("nomad-rs/c2") });
+        assert_eq!(
+            dirs,
+            CgroupDirs { version: CgroupVersion::V2, memory: root.path().join("nomad-rs/c2"), cpu: root.path().join("nomad-rs/c2") }
+        );
     }
 
     #[test]
@@ -437,10 +447,7 @@ mod tests {
         // The subshell (a child of the main sh) holds a 64 MiB string, then signals it by a file.
         let dir = tempfile::tempdir().unwrap();
         let ready = dir.path().join("ready");
-        let script = format!(
-            "( x=$(head -c {held} /dev/zero | tr '\\0' a); touch {}; sleep 600; echo ${{#x}} ) & wait",
-            ready.display()
-        );
+        let script = format!("( x=$(head -c {held} /dev/zero | tr '\\0' a); touch {}; sleep 600; echo ${{#x}} ) & wait", ready.display());
         let mut main = std::process::Command::new("sh").arg("-c").arg(&script).spawn().unwrap();
         let deadline = Instant::now() + Duration::from_secs(60);
         while !ready.exists() {
