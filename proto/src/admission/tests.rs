@@ -135,3 +135,10 @@ fn the_markdown_table_lists_every_entry() {
     assert!(md.contains("| `template {}` | task | refused |"), "{md}");
     assert!(md.contains("constrained: placed only where it can run, else \"missing compatible host volumes\""), "{md}");
 }
+
+#[test]
+fn the_readme_carries_the_table_as_the_code_has_it() {
+    let readme = include_str!("../../../README.md");
+    let md = markdown_table();
+    assert!(readme.contains(&md), "README.md's \"Job specification support\" table differs from the code; it should read:\n{md}");
+}
