@@ -172,6 +172,13 @@ pub fn drain_done(node: &Node, allocs: &[Allocation], ignore_system: bool) -> bo
     node.drain_strategy.is_none() && allocs.iter().filter(|a| must_leave(a, ignore_system)).all(|a| a.client_terminal())
 }
 
+/// Allocations already stopped on the client when watching began: not news. One only told to
+/// stop (desired stop, still running) is still to be watched until it has stopped, or the drain
+/// would be reported done while it runs.
+fn already_stopped(allocs: &[Allocation]) -> std::collections::BTreeSet<String> {
+    allocs.iter().filter(|a| a.client_terminal()).map(|a| a.id.clone()).collect()
+}
+
 async fn watch(ctx: &Ctx, id: &str, ignore_system: bool) -> CmdResult {
     let path = format!("/v1/node/{}", encode_path(id));
     let mut seen = BTreeMap::new();
@@ -187,7 +194,7 @@ async fn watch(ctx: &Ctx, id: &str, ignore_system: bool) -> CmdResult {
             .get::<Vec<Allocation>>(&format!("{path}/allocations"), &Query::new().blocking(index, BLOCK_WAIT))
             .await
             .map_err(|e| Failure::new(format!("Error monitoring node allocations: {e}")))?;
-        let old = old.get_or_insert_with(|| allocs.value.iter().filter(|a| a.terminal()).map(|a| a.id.clone()).collect());
+        let old = old.get_or_insert_with(|| already_stopped(&allocs.value));
         let live: Vec<Allocation> = allocs.value.into_iter().filter(|a| !old.contains(&a.id)).collect();
         for m in drain_changes(&mut seen, &live) {
             println!("{}: {m}", format_time(now_nanos()));
@@ -250,6 +257,17 @@ mod tests {
     fn alloc(id: &str, job_type: JobType, client: ClientStatus) -> Allocation {
         let job = Job { job_type, ..Job::default() };
         Allocation { id: id.into(), job: Some(Arc::new(job)), client_status: client, ..Allocation::default() }
+    }
+
+    #[test]
+    fn an_alloc_told_to_stop_but_still_running_is_watched_until_it_stops() {
+        let mut stopping = alloc("stopping", JobType::Service, ClientStatus::Running);
+        stopping.desired_status = DesiredStatus::Stop;
+        let done = alloc("done", JobType::Service, ClientStatus::Complete);
+        let old = already_stopped(&[stopping.clone(), done]);
+        assert_eq!(old.into_iter().collect::<Vec<_>>(), vec!["done".to_string()]);
+        let node = Node::default();
+        assert!(!drain_done(&node, &[stopping], false), "a running alloc has not stopped");
     }
 
     #[test]
