@@ -40,24 +40,57 @@ pub const TOO_MANY_CONNECTIONS: &str = "too many concurrent connections";
 /// Open connections per client IP; a [`ConnSlot`] is one of them.
 #[derive(Debug, Default, Clone)]
 pub struct ConnCounter {
-    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    open: Arc<Mutex<Open>>,
+}
+
+/// A crowd of connections at least this large that has mostly gone is followed by a trim.
+const TRIM_AFTER_CONNECTIONS: usize = 256;
+
+#[derive(Debug, Default)]
+struct Open {
+    per_ip: HashMap<IpAddr, usize>,
+    total: usize,
+    /// Most connections open at once since the last trim.
+    peak: usize,
+}
+
+impl Open {
+    /// Counts one connection closed from `ip`. True when a crowd of connections (thousands of
+    /// parked blocking queries, say) has shrunk to a quarter: their buffers are free in glibc's
+    /// arenas and should go back to the OS.
+    fn close(&mut self, ip: IpAddr) -> bool {
+        if let Some(n) = self.per_ip.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_ip.remove(&ip);
+            }
+        }
+        self.total = self.total.saturating_sub(1);
+        if self.peak >= TRIM_AFTER_CONNECTIONS && self.total <= self.peak / 4 {
+            self.peak = self.total;
+            return true;
+        }
+        false
+    }
 }
 
 impl ConnCounter {
     /// Takes a slot for `ip`, or `None` when it already holds `limit` (0: no limit).
     pub fn acquire(&self, ip: IpAddr, limit: usize) -> Option<ConnSlot> {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        let n = open.entry(ip).or_default();
+        let n = open.per_ip.entry(ip).or_default();
         if limit > 0 && *n >= limit {
             return None;
         }
         *n += 1;
+        open.total += 1;
+        open.peak = open.peak.max(open.total);
         Some(ConnSlot { counter: self.clone(), ip })
     }
 
     /// Connections open now from `ip`.
     pub fn open(&self, ip: IpAddr) -> usize {
-        self.open.lock().unwrap_or_else(|e| e.into_inner()).get(&ip).copied().unwrap_or(0)
+        self.open.lock().unwrap_or_else(|e| e.into_inner()).per_ip.get(&ip).copied().unwrap_or(0)
     }
 }
 
@@ -70,12 +103,9 @@ pub struct ConnSlot {
 
 impl Drop for ConnSlot {
     fn drop(&mut self) {
-        let mut open = self.counter.open.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = open.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.ip);
-            }
+        let crowd_gone = self.counter.open.lock().unwrap_or_else(|e| e.into_inner()).close(self.ip);
+        if crowd_gone {
+            release_freed_memory();
         }
     }
 }
@@ -110,7 +140,11 @@ fn release_freed_memory() {
     *last = Some(Instant::now());
     drop(last);
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    tokio::task::spawn_blocking(|| {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    runtime.spawn_blocking(|| {
         // SAFETY: malloc_trim only gives free pages back; it has no preconditions.
         unsafe { libc::malloc_trim(0) };
     });
@@ -268,5 +302,24 @@ mod tests {
         assert_eq!(c.open(a), 1);
         assert!(c.acquire(a, 2).is_some());
         assert!(c.acquire(a, 0).is_some(), "0 is no limit");
+    }
+
+    #[test]
+    fn memory_is_handed_back_once_a_crowd_of_connections_has_mostly_gone() {
+        let c = ConnCounter::default();
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let mut slots: Vec<ConnSlot> = (0..1000).map(|_| c.acquire(ip, 0).unwrap()).collect();
+        let mut open = c.open.lock().unwrap();
+        let trims: Vec<usize> = (0..1000).filter(|_| open.close(ip)).collect();
+        assert_eq!(trims.len(), 1, "one trim when 1,000 connections fall to 250, none after");
+        assert_eq!((open.total, open.peak), (0, 250), "the peak starts again from the trim");
+        drop(open);
+        // The slots' own drops would count them again: forget them (the test closed them above).
+        slots.drain(..).for_each(std::mem::forget);
+        let small: Vec<ConnSlot> = (0..100).map(|_| c.acquire(ip, 0).unwrap()).collect();
+        let mut open = c.open.lock().unwrap();
+        assert!(!(0..100).any(|_| open.close(ip)), "a hundred connections are not a crowd");
+        drop(open);
+        small.into_iter().for_each(std::mem::forget);
     }
 }
