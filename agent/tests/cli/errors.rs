@@ -65,3 +65,20 @@ async fn usage_errors_exit_1_and_help_exits_0() {
         .expect_code(1)
         .stderr_has("https is not supported");
 }
+
+#[test]
+fn a_reader_that_went_away_ends_the_command_quietly_not_with_a_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    // The read end is closed before the command starts: its first write meets a broken pipe.
+    let (read_end, write_end) = nix::unistd::pipe().unwrap();
+    drop(read_end);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nomad-rs"))
+        .arg("version")
+        .stdout(std::process::Stdio::from(write_end))
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.is_empty(), "printed on a broken pipe: {stderr}");
+    assert_eq!(out.status.signal(), Some(nix::libc::SIGPIPE), "ends as a Go CLI does: {:?}", out.status);
+}
