@@ -25,7 +25,7 @@ fn main() -> std::process::ExitCode {
                 }
             },
             Command::Version => {
-                println!("nomad-rs v{} (Nomad API {})", env!("CARGO_PKG_VERSION"), nomad_server::http::API_VERSION);
+                println!("{}", nomad_agent::cli::version_line());
                 0
             }
             // API commands print their own errors and choose their exit code.

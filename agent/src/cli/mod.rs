@@ -190,11 +190,21 @@ pub fn confirm(question: &str) -> Result<Option<bool>, Failure> {
     Ok(Some(matches!(answer.trim().to_lowercase().as_str(), "y" | "yes")))
 }
 
+/// What `version` and `-version` print.
+pub fn version_line() -> String {
+    format!("nomad-rs v{} (Nomad API {})", env!("CARGO_PKG_VERSION"), nomad_server::http::API_VERSION)
+}
+
 /// Parses the command line. Help and `--version` print and exit 0; usage errors print and
 /// exit 1 (clap's own code 2 would read as "placement failed" to scripts).
 pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Cli, u8> {
     match Cli::try_parse_from(normalize_args(args)) {
         Ok(cli) => Ok(cli),
+        // `-version` says what `version` says.
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayVersion => {
+            println!("{}", version_line());
+            Err(exit::OK)
+        }
         Err(e) => {
             let _ = e.print();
             Err(if e.use_stderr() { exit::ERROR } else { exit::OK })

@@ -82,3 +82,15 @@ fn a_reader_that_went_away_ends_the_command_quietly_not_with_a_panic() {
     assert!(stderr.is_empty(), "printed on a broken pipe: {stderr}");
     assert_eq!(out.status.signal(), Some(nix::libc::SIGPIPE), "ends as a Go CLI does: {:?}", out.status);
 }
+
+#[tokio::test]
+async fn version_and_dash_version_print_the_same_line() {
+    let word = nomad(&["version"]).await;
+    word.expect_code(0);
+    assert!(word.stdout.starts_with("nomad-rs v") && word.stdout.contains("(Nomad API "), "{}", word.stdout);
+    for flag in ["-version", "--version"] {
+        let run = nomad(&[flag]).await;
+        run.expect_code(0);
+        assert_eq!(run.stdout, word.stdout, "{flag}");
+    }
+}
