@@ -140,11 +140,13 @@ pub enum ApiError {
 
 impl ApiError {
     /// The server does not have this route (an older nomad-rs, or a route not built yet):
-    /// 405, or 404 with an empty body or a "not supported" message.
+    /// 405, or 404 with an empty body, Go's "404 page not found" or a "not supported" message.
     pub fn is_unsupported_route(&self) -> bool {
         match self {
             ApiError::Status { code: 405, .. } => true,
-            ApiError::Status { code: 404, body } => body.is_empty() || body.contains("not supported"),
+            ApiError::Status { code: 404, body } => {
+                body.is_empty() || body.trim_end() == "404 page not found" || body.contains("not supported")
+            }
             _ => false,
         }
     }
@@ -574,6 +576,7 @@ mod tests {
         assert_eq!(e.to_string(), "Unexpected response code: 404 (job not found)");
         assert!(!e.is_unsupported_route());
         assert!(ApiError::Status { code: 404, body: String::new() }.is_unsupported_route());
+        assert!(ApiError::Status { code: 404, body: "404 page not found\n".into() }.is_unsupported_route(), "Go's http.NotFound");
         assert!(ApiError::Status { code: 404, body: "job action \"plan\" is not supported by nomad-rs yet".into() }.is_unsupported_route());
         assert!(ApiError::Status { code: 405, body: "Invalid method".into() }.is_unsupported_route());
         let c = ApiError::Connect { method: "Get", url: "http://127.0.0.1:4646/v1/jobs".into(), reason: "connection refused".into() };

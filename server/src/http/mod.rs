@@ -89,10 +89,14 @@ pub fn router(state: HttpState) -> Router {
         None => routes,
     };
     routes
-        .fallback(|| async { StatusCode::NOT_FOUND })
+        // Go's http.NotFound, as Nomad answers a path it has no route for: never an empty body.
+        .fallback(|| async { (StatusCode::NOT_FOUND, [(axum::http::header::CONTENT_TYPE, "text/plain; charset=utf-8")], NOT_FOUND_TEXT) })
         .layer(axum::middleware::from_fn(listener::release_after_large_bodies))
         .with_state(state)
 }
+
+/// The body of a 404 for a path no route serves (Go's `http.NotFound`).
+pub const NOT_FOUND_TEXT: &str = "404 page not found\n";
 
 #[cfg(test)]
 mod forward_tests;

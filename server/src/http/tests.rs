@@ -179,11 +179,13 @@ async fn a_body_declared_over_the_limit_is_refused_before_it_is_sent() {
 }
 
 #[tokio::test]
-async fn unknown_paths_are_empty_404s() {
+async fn unknown_paths_are_404s_that_say_so() {
     let ts = TestServer::new();
-    let r = get(&ts, "/v1/nope").await;
-    assert_eq!(r.status, StatusCode::NOT_FOUND);
-    assert!(r.body.is_empty());
+    for path in ["/v1/nope", "/nope", "/v1/agent/nope/deeper"] {
+        let r = get(&ts, path).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{path}");
+        assert_eq!(String::from_utf8_lossy(&r.body), "404 page not found\n", "{path}");
+    }
 }
 
 #[tokio::test]
