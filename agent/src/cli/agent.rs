@@ -221,12 +221,14 @@ pub async fn run(args: AgentArgs) -> Result<()> {
 
 /// Starts the client role with the agent's settings.
 async fn start_client(cfg: &AgentConfig, settings: crate::config::ClientSettings) -> Result<Client> {
+    let exec_policy = cfg.exec_policy(&settings.options).map_err(anyhow::Error::msg)?;
     let mut cc = ClientConfig::new(settings, &cfg.name, &cfg.datacenter, &cfg.region, &cfg.advertise_http);
     cc.dev_mode = cfg.dev;
     let mut options = DriverOptions::new(cfg.plugin_enabled("raw_exec"));
     if let Some(root) = cfg.oci_runtime_root().map_err(anyhow::Error::msg)? {
         options.oci.runtime_root = root;
     }
+    (options.exec.allow_caps, options.exec.user_denylist) = exec_policy;
     let drivers = DriverRegistry::new(&options);
     Client::start(cc, drivers).await.context("starting the client")
 }

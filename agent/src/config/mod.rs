@@ -2,7 +2,7 @@
 
 pub mod file;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -10,6 +10,9 @@ use std::time::Duration;
 use file::FileConfig;
 use nomad_server::heartbeat::HeartbeatConfig;
 use serde_json::Value;
+
+use crate::client::driver::capabilities::{self, CapSet};
+use crate::client::driver::exec::DEFAULT_USER_DENYLIST;
 
 pub use file::ConfigError;
 
@@ -385,6 +388,37 @@ impl AgentConfig {
         }
     }
 
+    /// The exec driver's policy: `plugin "exec" { config { allow_caps = [...] } }` (Nomad's
+    /// default set when absent) and the users tasks may not run as: the client option
+    /// `user.denylist` (`root,Administrator` by default; the old `user.blacklist` too) when
+    /// `user.checked_drivers` (`exec,qemu,java` by default) names exec.
+    pub fn exec_policy(&self, options: &BTreeMap<String, String>) -> Result<(CapSet, BTreeSet<String>), String> {
+        let supported = capabilities::supported();
+        let allow_caps = match self.plugins.get("exec").and_then(|c| c.get("allow_caps")) {
+            None => CapSet::parse(capabilities::NOMAD_DEFAULTS, supported).unwrap_or_default(),
+            Some(Value::Array(items)) => {
+                let names = items
+                    .iter()
+                    .map(|v| v.as_str().ok_or_else(|| format!("plugin \"exec\" config allow_caps: every entry must be a string, got {v}")))
+                    .collect::<Result<Vec<_>, _>>()?;
+                CapSet::parse(&names, supported)
+                    .map_err(|e| format!("plugin \"exec\" config allow_caps: configured with capabilities not supported by system: {e}"))?
+            }
+            Some(v) => return Err(format!("plugin \"exec\" config allow_caps: must be a list of capability names, got {v}")),
+        };
+        let list = |keys: &[&str], default: &str| -> BTreeSet<String> {
+            let raw = keys.iter().find_map(|k| options.get(*k)).map(String::as_str).unwrap_or(default);
+            raw.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect()
+        };
+        let checked = list(&["user.checked_drivers"], "exec,qemu,java");
+        let denylist = if checked.contains("exec") {
+            list(&["user.denylist", "user.blacklist"], &DEFAULT_USER_DENYLIST.join(","))
+        } else {
+            BTreeSet::new()
+        };
+        Ok((allow_caps, denylist))
+    }
+
     /// The configuration as `/v1/agent/self` shows it (Go field names).
     pub fn to_api_json(&self) -> Value {
         serde_json::json!({
@@ -517,6 +551,34 @@ mod tests {
         assert_eq!(c.oci_runtime_root(), Err("plugin \"oci\" config runtime_root: must be an absolute path, got \"runc\"".to_string()));
         let c = resolve("plugin \"oci\" {\n  config {\n    runtime_root = 3\n  }\n}\n", dev).unwrap();
         assert!(c.oci_runtime_root().unwrap_err().ends_with("got 3"));
+    }
+
+    #[test]
+    fn the_exec_policy_has_nomads_defaults_and_reads_allow_caps_and_the_user_options() {
+        let dev = AgentFlags { dev: true, ..Default::default() };
+        let supported = capabilities::supported();
+        let defaults = CapSet::parse(capabilities::NOMAD_DEFAULTS, supported).unwrap();
+        let none = BTreeMap::new();
+        let (caps, denied) = resolve("", dev.clone()).unwrap().exec_policy(&none).unwrap();
+        assert_eq!(caps, defaults);
+        assert_eq!(denied, BTreeSet::from(["root".to_string(), "Administrator".to_string()]));
+
+        let c = resolve("plugin \"exec\" {\n  config {\n    allow_caps = [\"chown\", \"NET_RAW\"]\n  }\n}\n", dev.clone()).unwrap();
+        assert_eq!(c.exec_policy(&none).unwrap().0, CapSet::parse(&["chown", "net_raw"], supported).unwrap());
+        let c = resolve("plugin \"exec\" {\n  config {\n    allow_caps = [\"chown\", \"flying\"]\n  }\n}\n", dev.clone()).unwrap();
+        assert_eq!(
+            c.exec_policy(&none).unwrap_err(),
+            "plugin \"exec\" config allow_caps: configured with capabilities not supported by system: flying"
+        );
+
+        let options = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>();
+        let c = resolve("", dev).unwrap();
+        let (_, denied) = c.exec_policy(&options(&[("user.denylist", "root, ops")])).unwrap();
+        assert_eq!(denied, BTreeSet::from(["root".to_string(), "ops".to_string()]));
+        let (_, denied) = c.exec_policy(&options(&[("user.blacklist", "ops")])).unwrap();
+        assert_eq!(denied, BTreeSet::from(["ops".to_string()]), "the old name still works");
+        let (_, denied) = c.exec_policy(&options(&[("user.checked_drivers", "java")])).unwrap();
+        assert!(denied.is_empty(), "exec is not checked");
     }
 
     #[test]

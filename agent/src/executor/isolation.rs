@@ -40,6 +40,11 @@ pub struct IsolationSpec {
     pub cwd: PathBuf,
     /// User name to switch to after setup (none: stay root).
     pub user: Option<String>,
+    /// The task's capabilities (bit n for capability n). As root, the bounding, permitted and
+    /// effective sets; as another user also the inheritable and ambient sets, so they survive
+    /// `execve` (as Nomad's executor sets them). `None` leaves the executor's own.
+    #[serde(default)]
+    pub capabilities: Option<u64>,
 }
 
 /// A bind mount into the root.
@@ -77,6 +82,15 @@ pub struct Prepared {
     cgroup_procs: Vec<PathBuf>,
     cwd: CString,
     ids: Option<(Uid, Gid)>,
+    capabilities: Option<Capabilities>,
+}
+
+/// The capability sets the child applies, resolved before fork.
+#[derive(Debug, Clone, Copy)]
+struct Capabilities {
+    keep: u64,
+    /// The kernel's last capability number: every one above `keep` up to it leaves the bounding set.
+    last: u32,
 }
 
 /// Why the child's setup failed: the step, for the error message, and the errno.
@@ -134,6 +148,7 @@ pub fn prepare(spec: &IsolationSpec) -> Result<Prepared, String> {
         cgroup_procs: spec.cgroup_procs.clone(),
         cwd: cstring(&spec.cwd)?,
         ids,
+        capabilities: spec.capabilities.map(|keep| Capabilities { keep, last: last_capability() }),
     })
 }
 
@@ -242,13 +257,97 @@ impl Prepared {
         }
         chroot(self.root.as_c_str()).map_err(|e| ("chroot".to_string(), e))?;
         chdir(self.cwd.as_c_str()).map_err(|e| (format!("chdir {}", self.cwd.to_string_lossy()), e))?;
+        if let Some(caps) = self.capabilities {
+            caps.bound().map_err(|e| ("drop capabilities from the bounding set".to_string(), e))?;
+        }
         if let Some((uid, gid)) = self.ids {
+            if self.capabilities.is_some() {
+                // Keep the permitted set across setuid; the ambient set then carries it over exec.
+                prctl(libc::PR_SET_KEEPCAPS, 1).map_err(|e| ("keep capabilities".to_string(), e))?;
+            }
             setgroups(&[gid]).map_err(|e| ("setgroups".to_string(), e))?;
             setgid(gid).map_err(|e| ("setgid".to_string(), e))?;
             setuid(uid).map_err(|e| ("setuid".to_string(), e))?;
+            if let Some(caps) = self.capabilities {
+                caps.grant_unprivileged()?;
+            }
+        } else if let Some(caps) = self.capabilities {
+            capset(caps.keep, caps.keep, 0).map_err(|e| ("set capabilities".to_string(), e))?;
         }
         Ok(())
     }
+}
+
+impl Capabilities {
+    /// Removes from the bounding set every capability not kept: nothing the task runs (setuid
+    /// binaries, file capabilities) can get one back.
+    fn bound(&self) -> Result<(), Errno> {
+        for cap in 0..=self.last.min(63) {
+            if self.keep & (1 << cap) == 0 {
+                prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// After setuid to another user: permitted and inheritable are the kept set, and each one is
+    /// raised in the ambient set, which `execve` turns into the new program's permitted and
+    /// effective sets.
+    fn grant_unprivileged(&self) -> Result<(), StepError> {
+        capset(0, self.keep, self.keep).map_err(|e| ("set capabilities".to_string(), e))?;
+        for cap in 0..=self.last.min(63) {
+            if self.keep & (1 << cap) != 0 {
+                // SAFETY: prctl with integer arguments only.
+                let rc = unsafe {
+                    libc::prctl(
+                        libc::PR_CAP_AMBIENT,
+                        libc::PR_CAP_AMBIENT_RAISE as libc::c_ulong,
+                        cap as libc::c_ulong,
+                        0 as libc::c_ulong,
+                        0 as libc::c_ulong,
+                    )
+                };
+                if rc != 0 {
+                    return Err((format!("raise capability {cap} in the ambient set"), Errno::last()));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The kernel's highest capability number (`/proc/sys/kernel/cap_last_cap`), read before fork.
+fn last_capability() -> u32 {
+    fs::read_to_string("/proc/sys/kernel/cap_last_cap").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(36)
+}
+
+fn prctl(option: libc::c_int, arg: libc::c_ulong) -> Result<(), Errno> {
+    // SAFETY: prctl with integer arguments only.
+    let rc = unsafe { libc::prctl(option, arg, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong) };
+    if rc == 0 { Ok(()) } else { Err(Errno::last()) }
+}
+
+/// capset(2) for this thread, version 3 (64-bit sets in two 32-bit halves).
+fn capset(effective: u64, permitted: u64, inheritable: u64) -> Result<(), Errno> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    let mut header = Header { version: VERSION_3, pid: 0 };
+    let half = |v: u64, i: u32| (v >> (32 * i)) as u32;
+    let data = [0, 1].map(|i| Data { effective: half(effective, i), permitted: half(permitted, i), inheritable: half(inheritable, i) });
+    // SAFETY: the header and two data structs are the layout capset(2) documents for version 3.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) };
+    if rc == 0 { Ok(()) } else { Err(Errno::last()) }
 }
 
 fn io_errno(e: &std::io::Error) -> Errno {
@@ -274,6 +373,7 @@ mod tests {
             cgroup_procs: Vec::new(),
             cwd: PathBuf::from("/"),
             user: None,
+            capabilities: None,
         }
     }
 

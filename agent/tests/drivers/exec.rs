@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::support::{log, options, task, wait_for_output};
+use nomad_agent::client::driver::capabilities::{self, CapSet};
 use nomad_agent::client::driver::{
     CgroupVersion, Driver, DriverError, DriverOptions, DriverRegistry, DriverState, TaskHandle, TaskResources,
 };
@@ -154,6 +155,94 @@ async fn the_task_runs_as_the_configured_user() {
     assert!(exit.successful(), "{exit:?} {}", log(&task, "stderr", 0));
     let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
     assert_eq!(log(&task, "stdout", 0), format!("{}\n{}\n", nobody.uid, nobody.gid));
+}
+
+/// `CapEff` and `CapBnd` of the task's shell, from /proc/self/status.
+fn capability_masks(out: &str) -> (u64, u64) {
+    let field = |name: &str| {
+        let hex = out.lines().find_map(|l| l.strip_prefix(name)).unwrap_or_else(|| panic!("{name} in {out}")).trim();
+        u64::from_str_radix(hex, 16).unwrap()
+    };
+    (field("CapEff:"), field("CapBnd:"))
+}
+
+async fn run_capture(driver: &Arc<dyn Driver>, task: &nomad_agent::client::driver::TaskConfig) -> String {
+    let handle = driver.start(task).await.unwrap();
+    let exit = driver.wait(&handle).await.unwrap();
+    driver.destroy(&handle).await.unwrap();
+    assert!(exit.successful(), "{exit:?} {}", log(task, "stderr", 0));
+    log(task, "stdout", 0)
+}
+
+#[tokio::test]
+async fn a_task_without_a_user_runs_as_nobody_with_nomads_default_capabilities() {
+    require_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let task = task(dir.path(), "default-user", json!({"command": "/bin/sh", "args": ["-c", "id -u; grep ^Cap /proc/self/status"]}));
+    let out = run_capture(&exec_driver(&options(false)), &task).await;
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    assert!(out.starts_with(&format!("{}\n", nobody.uid)), "{out}");
+    let supported = capabilities::supported();
+    let defaults = CapSet::parse(capabilities::NOMAD_DEFAULTS, supported).unwrap();
+    let (effective, bounding) = capability_masks(&out);
+    assert_eq!(bounding, defaults.bits(), "bounding set is Nomad's defaults: {out}");
+    assert_eq!(effective, defaults.bits(), "and the unprivileged task holds them (ambient): {out}");
+    assert_eq!(effective & (1 << 21), 0, "no sys_admin");
+    assert_eq!(effective & (1 << 13), 0, "no net_raw");
+}
+
+#[tokio::test]
+async fn cap_drop_all_with_cap_add_leaves_only_what_was_added() {
+    require_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let config =
+        json!({"command": "/bin/sh", "args": ["-c", "grep ^Cap /proc/self/status"], "cap_drop": ["ALL"], "cap_add": ["cap_chown"]});
+    let task = task(dir.path(), "narrow", config);
+    let (effective, bounding) = capability_masks(&run_capture(&exec_driver(&options(false)), &task).await);
+    assert_eq!((effective, bounding), (1, 1), "only chown (capability 0)");
+}
+
+#[tokio::test]
+async fn root_and_capabilities_beyond_allow_caps_are_refused_before_anything_runs() {
+    require_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let driver = exec_driver(&options(false));
+    let mut as_root = task(dir.path(), "root", json!({"command": "/bin/true"}));
+    as_root.user = Some("root".to_string());
+    for err in [driver.validate_config(&as_root).unwrap_err(), driver.start(&as_root).await.unwrap_err()] {
+        assert_eq!(err.to_string(), "running as user \"root\" is disallowed");
+    }
+    let raw = task(dir.path(), "raw", json!({"command": "/bin/true", "cap_add": ["net_raw", "sys_admin"]}));
+    assert_eq!(
+        driver.validate_config(&raw).unwrap_err().to_string(),
+        "driver does not allow the following capabilities: net_raw, sys_admin"
+    );
+    let typo = task(dir.path(), "typo", json!({"command": "/bin/true", "cap_drop": ["chwon"]}));
+    assert_eq!(
+        driver.validate_config(&typo).unwrap_err().to_string(),
+        "cap_drop configured with capabilities not supported by system: chwon"
+    );
+}
+
+#[tokio::test]
+async fn root_allowed_by_the_operator_gets_nomads_legacy_set_and_allow_caps_widens_what_others_may_add() {
+    require_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let supported = capabilities::supported();
+    let mut options = options(false);
+    options.exec.user_denylist.clear();
+    options.exec.allow_caps = options.exec.allow_caps.union(CapSet::parse(&["net_raw"], supported).unwrap());
+    let driver = exec_driver(&options);
+
+    let mut as_root = task(dir.path(), "root", json!({"command": "/bin/sh", "args": ["-c", "id -u; grep ^Cap /proc/self/status"]}));
+    as_root.user = Some("root".to_string());
+    let out = run_capture(&driver, &as_root).await;
+    assert!(out.starts_with("0\n"), "{out}");
+    assert_eq!(capability_masks(&out).1, CapSet::legacy(supported).bits(), "{out}");
+
+    let raw = task(dir.path(), "raw", json!({"command": "/bin/sh", "args": ["-c", "grep ^Cap /proc/self/status"], "cap_add": ["net_raw"]}));
+    let (effective, _) = capability_masks(&run_capture(&driver, &raw).await);
+    assert_ne!(effective & (1 << 13), 0, "net_raw added");
 }
 
 #[tokio::test]

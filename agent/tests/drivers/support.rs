@@ -39,6 +39,11 @@ pub fn task(root: &Path, name: &str, config: serde_json::Value) -> TaskConfig {
     for dir in [task.log_dir(), task.local_dir(), task.secrets_dir(), task.tmp_dir()] {
         fs::create_dir_all(dir).unwrap();
     }
+    // The modes the alloc_dir and task_dir hooks give them: an exec task runs as nobody.
+    use std::os::unix::fs::PermissionsExt;
+    for (dir, mode) in [(task.shared_dir(), 0o777), (task.task_dir(), 0o777), (task.local_dir(), 0o777), (task.tmp_dir(), 0o1777)] {
+        fs::set_permissions(dir, fs::Permissions::from_mode(mode)).unwrap();
+    }
     task
 }
 

@@ -19,6 +19,9 @@ pub enum DriverError {
         /// What was wrong, naming the key.
         reason: String,
     },
+    /// The client's policy refuses what the task asks for (a denied user or capability).
+    #[error("{0}")]
+    Refused(String),
     /// The task's command does not exist.
     #[error("command {command:?} not found: {detail}")]
     CommandNotFound {

@@ -1,7 +1,9 @@
 //! `exec`: the command in PID, mount, IPC and UTS namespaces, chrooted into its task dir with
-//! read-only host system directories, limited by cgroups, optionally as another user.
+//! read-only host system directories, limited by cgroups, as `nobody` unless the task names a
+//! user (never one of the client's `user.denylist`, `root` by default), with Nomad's default
+//! capabilities (`allow_caps`, `cap_add`, `cap_drop`: see `capabilities`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::PathBuf;
 
@@ -10,6 +12,7 @@ use nix::sys::signal::Signal;
 use nomad_proto::{DriverInfo, Timestamp};
 use serde::Deserialize;
 
+use super::capabilities::{self, CapSet};
 use super::handle::{DESTROY_WAIT, stop_with_escalation};
 use super::launch::{launch, launch_spec};
 use super::{Driver, DriverError, DriverState, TaskCgroup, TaskConfig, TaskHandle, env_with_path};
@@ -36,11 +39,28 @@ pub struct ExecOptions {
     pub cgroup_root: PathBuf,
     /// Parent cgroup of every task's cgroup.
     pub cgroup_parent: String,
+    /// The capabilities a task may have (`plugin "exec" { config { allow_caps = [...] } }`).
+    pub allow_caps: CapSet,
+    /// Users tasks may not run as (the client's `user.denylist`, when `user.checked_drivers`
+    /// names exec).
+    pub user_denylist: BTreeSet<String>,
 }
+
+/// The user an exec task runs as when it names none (Nomad's).
+pub const DEFAULT_USER: &str = "nobody";
+
+/// Nomad's `user.denylist` default.
+pub const DEFAULT_USER_DENYLIST: [&str; 2] = ["root", "Administrator"];
 
 impl Default for ExecOptions {
     fn default() -> Self {
-        ExecOptions { chroot_env: None, cgroup_root: PathBuf::from("/sys/fs/cgroup"), cgroup_parent: "nomad-rs".to_string() }
+        ExecOptions {
+            chroot_env: None,
+            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+            cgroup_parent: "nomad-rs".to_string(),
+            allow_caps: CapSet::parse(capabilities::NOMAD_DEFAULTS, capabilities::supported()).unwrap_or_default(),
+            user_denylist: DEFAULT_USER_DENYLIST.iter().map(|u| u.to_string()).collect(),
+        }
     }
 }
 
@@ -51,6 +71,12 @@ struct ExecConfig {
     command: String,
     #[serde(default)]
     args: Vec<String>,
+    /// Capabilities added to the defaults; each must be in the driver's `allow_caps`.
+    #[serde(default)]
+    cap_add: Vec<String>,
+    /// Capabilities removed from the defaults (`"all"` for every one).
+    #[serde(default)]
+    cap_drop: Vec<String>,
 }
 
 /// The exec driver.
@@ -67,6 +93,20 @@ impl ExecDriver {
 
     fn config(task: &TaskConfig) -> Result<ExecConfig, DriverError> {
         task.parse_driver_config(NAME)
+    }
+
+    /// Who the task runs as, and with which capabilities; refuses a denied user or capability.
+    fn identity(&self, task: &TaskConfig, config: &ExecConfig) -> Result<(String, CapSet), DriverError> {
+        let user = task.user.clone().filter(|u| !u.is_empty()).unwrap_or_else(|| DEFAULT_USER.to_string());
+        if self.options.user_denylist.contains(&user) {
+            return Err(DriverError::Refused(format!("running as user {user:?} is disallowed")));
+        }
+        let supported = capabilities::supported();
+        let caps =
+            capabilities::calculate(self.options.allow_caps, &config.cap_add, &config.cap_drop, supported).map_err(DriverError::Refused)?;
+        // As Nomad does: root keeps the set every root task had before allow_caps existed.
+        let caps = if user == "root" { CapSet::legacy(supported) } else { caps };
+        Ok((user, caps))
     }
 
     /// Host paths to bind read-only, and host symlinks (e.g. merged-/usr `/bin -> usr/bin`) to copy.
@@ -90,7 +130,8 @@ impl ExecDriver {
         Ok((binds, symlinks))
     }
 
-    fn isolation(&self, task: &TaskConfig, cgroup: &TaskCgroup) -> Result<IsolationSpec, DriverError> {
+    fn isolation(&self, task: &TaskConfig, config: &ExecConfig, cgroup: &TaskCgroup) -> Result<IsolationSpec, DriverError> {
+        let (user, caps) = self.identity(task, config)?;
         let (mut binds, symlinks) = self.chroot_entries()?;
         binds.push(BindMount { source: task.shared_dir(), target: PathBuf::from("/alloc"), read_only: false });
         let hostname: String = task.task_name.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(63).collect();
@@ -102,7 +143,8 @@ impl ExecDriver {
             hostname,
             cgroup_procs: cgroup.procs_files(),
             cwd: PathBuf::from("/"),
-            user: task.user.clone(),
+            user: Some(user),
+            capabilities: Some(caps.bits()),
         })
     }
 
@@ -150,14 +192,16 @@ impl Driver for ExecDriver {
     }
 
     fn validate_config(&self, task: &TaskConfig) -> Result<(), DriverError> {
-        Self::config(task).map(drop)
+        let config = Self::config(task)?;
+        self.identity(task, &config).map(drop)
     }
 
     fn start<'a>(&'a self, task: &'a TaskConfig) -> BoxFuture<'a, Result<TaskHandle, DriverError>> {
         Box::pin(async move {
             let config = Self::config(task)?;
-            // Fail on a missing chroot source before creating anything.
+            // Fail on a missing chroot source or a refused user before creating anything.
             self.chroot_entries()?;
+            self.identity(task, &config)?;
             let limits = CgroupLimits {
                 memory_max: task.resources.memory_limit_bytes(),
                 memory_soft: task.resources.memory_reservation_bytes(),
@@ -167,12 +211,13 @@ impl Driver for ExecDriver {
             let cgroup = TaskCgroup::create(&self.options.cgroup_root, &self.options.cgroup_parent, &task.unique_name(), &limits)
                 .map_err(|e| DriverError::Cgroup(format!("create: {e}")))?;
             let started = async {
+                let isolation = self.isolation(task, &config, &cgroup)?;
                 let mode = LaunchMode::Process(ProcessSpec {
                     command: config.command,
                     args: config.args,
                     env: env_with_path(&task.env),
                     cwd: PathBuf::from("/"),
-                    isolation: Some(self.isolation(task, &cgroup)?),
+                    isolation: Some(isolation),
                 });
                 let spec = launch_spec(task, mode, cgroup.oom_counter_files());
                 launch(&self.executor_path, NAME, task, &spec, DriverState::Exec { cgroup: cgroup.clone() }).await

@@ -4,6 +4,7 @@
 //! hands back a serializable [`TaskHandle`]. The agent persists the handle; after a restart,
 //! [`Driver::recover`] reattaches to the same task from it, or reports how it ended meanwhile.
 
+pub mod capabilities;
 mod error;
 pub mod exec;
 mod handle;
