@@ -75,9 +75,9 @@
 //! `advertise` and `tls_server_name`, upstream `config`, resources `iops`,
 //! template `uid gid vault_grace wait error_on_missing_key`.
 //!
-//! Not supported: JSON-syntax and HCL1 job files; template `change_script`
-//! and custom delimiters (refused, since dropping them would change
-//! behaviour); `NOMAD_VAR_*` environment variables (callers pass them in
+//! Not supported: JSON-syntax and HCL1 job files (a syntax error on a line
+//! that only HCL1 accepts says so, see `hints.rs`); template `change_script`
+//! (refused, since dropping it would change behaviour); `NOMAD_VAR_*` environment variables (callers pass them in
 //! [`ParseOptions::variables`]); `optional()` in object types; network
 //! `reserved_ports` blocks; and the functions `try can regex regexall
 //! regex_replace cidr* file* templatefile formatdate timeadd yamldecode
@@ -90,6 +90,7 @@ mod error;
 mod eval;
 mod functions;
 mod group;
+mod hints;
 mod job;
 mod network;
 mod placement;
@@ -101,6 +102,8 @@ mod variables;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_syntax;
 
 use std::collections::BTreeMap;
 
@@ -161,7 +164,7 @@ pub fn parse(src: &str, opts: &ParseOptions) -> Result<Job, JobspecError> {
             "JSON job files are not supported here; submit JSON jobs to the HTTP API",
         )));
     }
-    let body = parse_hcl(file, src)?;
+    let body = parse_hcl(file, src).map_err(|e| hints::explain(e, src))?;
 
     let mut decls = Declarations { variable: Vec::new(), variables: Vec::new(), locals: Vec::new() };
     let mut jobs = Vec::new();
