@@ -11,6 +11,10 @@ use super::error::{JobspecError, Position};
 /// Where Nomad explains what changed from HCL1 to HCL2.
 pub(crate) const HCL2_UPGRADE_GUIDE: &str = "https://developer.hashicorp.com/nomad/docs/job-specification/hcl2#backward-compatibilities";
 
+/// Added to "is a block, not an attribute" when the attribute's value is an object.
+pub(crate) const HCL1_BLOCK_ASSIGNMENT: &str = " (HCL1 read name = { ... } as the block; HCL2 does not, and nomad-rs reads only HCL2 job files, \
+     as Nomad 1.6 does by default)";
+
 /// The sentence added to every HCL1 hint.
 pub(crate) fn hcl1_advice(what: &str) -> String {
     format!(
@@ -26,6 +30,8 @@ pub(crate) fn explain(mut e: JobspecError, src: &str) -> JobspecError {
     let (before, at) = split_at_column(line, position);
     if let Some(explained) = interpolated_label(before, at) {
         e.message = format!("{explained} ({})", e.message);
+    } else if let Some(explained) = shell_expansion(before, at) {
+        e.message = format!("{}; {explained}", e.message);
     } else if let Some(form) = hcl1_form(before, at, &e.message) {
         e.message = format!("{}; {}", e.message, hcl1_advice(form));
     }
@@ -81,10 +87,48 @@ fn template_sequence(text: &str) -> Option<&'static str> {
     None
 }
 
+/// `${NAME:-default}` in a string: a shell's parameter expansion, which HCL2 reads as an
+/// interpolation (HCL1 left `${...}` to Nomad, so such files worked before 1.0).
+fn shell_expansion(before: &str, at: &str) -> Option<String> {
+    let open = before.rfind("${")?;
+    if before[open..].contains('}') || (open > 0 && before[..open].ends_with('$')) {
+        return None;
+    }
+    let name = &before[open + 2..];
+    let is_shell = [":-", ":=", ":+", ":?", "#", "%", "/", "^", ","].iter().any(|op| at.starts_with(op));
+    if !is_shell || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return None;
+    }
+    Some(format!(
+        "HCL2 reads \"${{\" as the start of an interpolation, so a shell's ${{{name}...}} must be written $${{{name}...}} \
+         (HCL1 job files did not need this)"
+    ))
+}
+
 /// Which form only HCL1 accepts is on the line of a syntax error, if one is.
 fn hcl1_form(before: &str, at: &str, message: &str) -> Option<&'static str> {
     let line = format!("{before}{at}");
     let trimmed = line.trim_start();
+    // `"key" = ...` right where the error is, after a `{` on the same line.
+    if let Some(rest) = at.strip_prefix('"')
+        && let Some(end) = rest.find('"')
+        && rest[end + 1..].trim_start().starts_with('=')
+    {
+        return Some("a quoted attribute name, \"key\" = ...");
+    }
+    // `a = 1,`: HCL1 allowed commas between attributes.
+    if at.starts_with(',') && is_attribute(before) {
+        return Some("a comma after an attribute, a = 1,");
+    }
+    // `resources { cpu = 20 memory = 100 }`, `job "x" { datacenters = ["dc1"]`: HCL1 read any
+    // number of items on the line of a block's `{`; in HCL2 a block on one line holds one attribute.
+    if let Some(inner) = open_body_on_line(before) {
+        let next_item = at.is_empty() || at.starts_with(|c: char| c.is_alphabetic() || c == '_' || c == '"');
+        let nested_block = at.starts_with('{') && is_block_header(inner);
+        if (next_item && is_attribute(inner)) || nested_block {
+            return Some("several attributes or blocks on the line of a block's {, a { b = 1 c = 2 }");
+        }
+    }
     // `"team" = "..."` in a block body: HCL2 attribute names are bare identifiers.
     if let Some(rest) = trimmed.strip_prefix('"')
         && let Some(end) = rest.find('"')
@@ -115,6 +159,38 @@ fn hcl1_form(before: &str, at: &str, message: &str) -> Option<&'static str> {
         return Some("a block inside an assigned value; HCL2 needs name = { ... } there");
     }
     None
+}
+
+/// The text after the last `{` of `before` that is not closed on the line (outside strings).
+fn open_body_on_line(before: &str) -> Option<&str> {
+    let mut opens = Vec::new();
+    let mut in_string = false;
+    let mut escaped = false;
+    for (i, c) in before.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if in_string => escaped = true,
+            '"' => in_string = !in_string,
+            '{' if !in_string => opens.push(i),
+            '}' if !in_string => {
+                opens.pop();
+            }
+            _ => {}
+        }
+    }
+    opens.last().map(|&i| &before[i + 1..])
+}
+
+/// `name = value`, complete (the value is not empty).
+fn is_attribute(text: &str) -> bool {
+    let Some((name, value)) = text.split_once('=') else { return false };
+    is_identifier(name.trim()) && !value.trim().is_empty() && !value.starts_with('=')
+}
+
+/// `name` or `name "label" ...`: a block's type and labels.
+fn is_block_header(text: &str) -> bool {
+    let mut words = text.split_whitespace();
+    words.next().is_some_and(is_identifier) && words.all(|w| w.len() >= 2 && w.starts_with('"') && w.ends_with('"'))
 }
 
 /// An HCL2 identifier: a letter or `_`, then letters, digits, `_` and `-`.

@@ -21,7 +21,7 @@ use hcl::{Map, Value};
 use super::duration::parse_go_duration;
 use super::error::{DResult, Diag, ErrorKind, with_suggestion};
 use super::eval::{Evaluator, Scope, as_bool, as_number, as_string, describe, integer_of, start_of};
-use super::hints::hcl1_advice;
+use super::hints::HCL1_BLOCK_ASSIGNMENT;
 
 /// A block to decode: its type, labels, body and the scope its expressions see.
 pub(crate) struct BlockRef<'a> {
@@ -463,9 +463,8 @@ impl<'a> Reader<'a> {
                     let at = a.span().map(|s| s.start);
                     if blocks.contains(&key) {
                         let mut message = format!("\"{key}\" in {} is a block, not an attribute; write {key} {{ ... }}", self.context);
-                        // HCL1 read `key = { ... }` as the block; HCL2 does not.
                         if matches!(a.value, Expression::Object(_)) {
-                            message = format!("{message}; {}", hcl1_advice("a block written as an assignment, key = { ... }"));
+                            message.push_str(HCL1_BLOCK_ASSIGNMENT);
                         }
                         return Err(Diag::new(ErrorKind::Structure, at, message));
                     }

@@ -43,6 +43,31 @@ fn hcl1_only_forms_are_reported_as_hcl1_with_the_syntax_error() {
             5,
             "a decimal without a leading zero",
         ),
+        // A quoted name right after a `{` on the same line.
+        (
+            "job \"j\" {\n  group \"g\" {\n    task \"t\" {\n      env { \"A_B\" = \"1\"\n      }\n    }\n  }\n}\n",
+            4,
+            "a quoted attribute name",
+        ),
+        // Commas between attributes.
+        ("job \"j\" {\n  datacenters = [\"dc1\"],\n}\n", 2, "a comma after an attribute"),
+        // Several attributes, or a nested block, on the line of a block's `{`.
+        (
+            "job \"j\" {\n  group \"g\" {\n    task \"t\" {\n      resources { cpu = 20 memory = 100 }\n    }\n  }\n}\n",
+            4,
+            "several attributes or blocks on the line of a block's {",
+        ),
+        (
+            "job \"j\" {\n  group \"g\" {\n    constraint { attribute = \"${node.class}\" value = \"gpu\" }\n  }\n}\n",
+            3,
+            "several attributes or blocks on the line of a block's {",
+        ),
+        (
+            "job \"j\" {\n  group \"g\" {\n    task \"t\" {\n      resources { network { port \"db\" {} } }\n    }\n  }\n}\n",
+            4,
+            "several attributes or blocks on the line of a block's {",
+        ),
+        ("job \"j\" { datacenters = [\"dc1\"]\n  type = \"batch\"\n}\n", 1, "several attributes or blocks on the line of a block's {"),
         // Block syntax inside an assigned value (docker `mounts` in Nomad 0.12).
         (
             "job \"j\" {\n  group \"g\" {\n    task \"t\" {\n      config {\n        mounts = [\n          {\n            type = \"tmpfs\"\n            tmpfs_options {\n              size = 1\n            }\n          }\n        ]\n      }\n    }\n  }\n}\n",
@@ -68,7 +93,7 @@ fn a_block_written_as_an_hcl1_assignment_is_reported_as_hcl1() {
     let e = error_of(&job_with_task("      config = {\n        command = \"/bin/true\"\n      }"));
     assert_eq!(e.kind, ErrorKind::Structure);
     assert!(e.message.starts_with("\"config\" in task \"t\" is a block, not an attribute; write config { ... }"), "{e}");
-    assert!(e.message.contains("this looks like an HCL1 job file (a block written as an assignment"), "{e}");
+    assert!(e.message.contains("(HCL1 read name = { ... } as the block; HCL2 does not, and nomad-rs reads only HCL2 job files"), "{e}");
     // An attribute that is not an object is just misplaced, not HCL1.
     let e = error_of(&job_with_task("      config = \"x\""));
     assert!(!e.message.contains("HCL1"), "{e}");
@@ -82,6 +107,11 @@ fn other_syntax_errors_are_not_called_hcl1() {
         "job \"j\" {\n  group \"g\" {\n    count = 1\n    count = 2\n  }\n}\n",
         "job \"j\" {\n  meta = { \"a.b\" = \"c\" \n",
         "job \"j\" {\n  meta {\n    x = 1 2\n  }\n}\n",
+        // An incomplete attribute in a one-line block, and a one-line block left open.
+        "job \"j\" {\n  group \"g\" {\n    task \"t\" {\n      resources { cpu = }\n    }\n  }\n}\n",
+        "job \"j\" {\n  group \"g\" { count = }\n}\n",
+        // A comma after something that is not an attribute.
+        "job \"j\" {\n  group \"g\" {},\n}\n",
     ] {
         let e = error_of(src);
         assert_eq!(e.kind, ErrorKind::Syntax, "{e}");
@@ -90,6 +120,23 @@ fn other_syntax_errors_are_not_called_hcl1() {
     // HCL2 does allow quoted keys and dotted names inside an object value.
     let job = parse_named(&job_with_task("      env = {\n        \"a.b\" = \"c\"\n      }")).unwrap();
     assert_eq!(job.task_groups[0].tasks[0].env["a.b"], "c");
+}
+
+/// `${NAME:-default}` in a heredoc is a shell's expansion, a syntax error in HCL2 (HCL1 left it
+/// alone): the message says how to write it.
+#[test]
+fn a_shell_expansion_in_a_string_is_explained() {
+    let e = error_of(&job_with_task(
+        "      template {\n        destination = \"local/run.sh\"\n        data = <<EOH\nSLEEP=${SLEEP_SECS:-300}\nEOH\n      }",
+    ));
+    assert_eq!(e.kind, ErrorKind::Syntax);
+    assert!(e.message.starts_with("syntax error: "), "{e}");
+    assert!(e.message.contains("a shell's ${SLEEP_SECS...} must be written $${SLEEP_SECS...}"), "{e}");
+    // Escaped, it is the shell's text.
+    let t = template_of(
+        "      template {\n        destination = \"local/run.sh\"\n        data = <<EOH\nSLEEP=$${SLEEP_SECS:-300}\nEOH\n      }",
+    );
+    assert_eq!(t.embedded_tmpl, "SLEEP=${SLEEP_SECS:-300}\n");
 }
 
 // Interpolated block labels.
