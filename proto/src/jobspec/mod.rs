@@ -59,7 +59,7 @@
 //!   lifecycle logs template artifact volume_mount csi_plugin vault identity
 //!   dispatch_payload scaling "cpu"|"mem"`.
 //! - `resources` (`cpu cores memory memory_max disk network device`),
-//!   `network` (`mode hostname device cidr ip mbits dns port`), `service`
+//!   `network` (`mode hostname device cidr ip mbits dns port reserved_ports`), `service`
 //!   (`name port tags canary_tags enable_tag_override address_mode address task
 //!   on_update provider meta canary_meta tagged_addresses check check_restart
 //!   connect`), `check` (all of Nomad's keys), `connect` (`native
@@ -77,9 +77,10 @@
 //!
 //! Not supported: JSON-syntax and HCL1 job files (a syntax error on a line
 //! that only HCL1 accepts says so, see `hints.rs`); template `change_script`
-//! (refused, since dropping it would change behaviour); `NOMAD_VAR_*` environment variables (callers pass them in
-//! [`ParseOptions::variables`]); `optional()` in object types; network
-//! `reserved_ports` blocks; and the functions `try can regex regexall
+//! (refused, since dropping it would change behaviour); `NOMAD_VAR_*`
+//! environment variables (callers pass them in [`ParseOptions::variables`]);
+//! `optional()` in object types; network `reserved_ports` blocks beside `port`
+//! blocks (refused: Nomad drops them); and the functions `try can regex regexall
 //! regex_replace cidr* file* templatefile formatdate timeadd yamldecode
 //! yamlencode csvdecode setproduct setintersection setsubtract setunion
 //! transpose convert uuidv5 md5 sha* bcrypt rsadecrypt formatlist log`

@@ -241,3 +241,52 @@ fn quoted_template_data_unescapes_hcl_escapes_only() {
     );
     assert_eq!(t.embedded_tmpl, "{{ key \"a/b\" }}\n${X} ${NOMAD_PORT_http}");
 }
+
+/// Runtime references stay as written, whatever their shape (Nomad's own list of cases): the
+/// client interpolates them, so a changed character is a changed job.
+#[test]
+fn runtime_references_are_kept_as_written() {
+    for value in [
+        "plain",
+        "foo-${BAR}",
+        "foo-${attr.network.dev-us-east1-relay-vpc.external-ip.0}",
+        "${env[\"BLAH\"]}",
+        "${mixed-indexing.0[3][\"FOO\"].5}",
+        "with spaces ${   root.  field[  \"FOO\"].5  }",
+    ] {
+        // Quotes inside `${...}` belong to the expression, so the value is written as is.
+        let src = format!("job \"example\" {{\n  region = \"{value}\"\n}}\n");
+        let job = parse_named(&src).unwrap_or_else(|e| panic!("{value}: {e}"));
+        assert_eq!(job.region, value);
+    }
+    let job = parse_named("job \"example\" {\n  region = meta.mytest\n}\n").unwrap();
+    assert_eq!(job.region, "${meta.mytest}", "an unquoted reference becomes its interpolation");
+}
+
+// Parser gaps found by real job files.
+
+/// `reserved_ports "<label>" { static = N }` is in Nomad 1.6's network schema: a static port.
+/// Beside `port` blocks Nomad drops it without a word, so that is refused.
+#[test]
+fn reserved_ports_blocks_are_static_ports() {
+    let job = parse_named(
+        "job \"j\" {\n  group \"g\" {\n    network {\n      reserved_ports \"http\" {\n        static = 8080\n        to     = 80\n      }\n    }\n    task \"t\" {\n      driver = \"raw_exec\"\n    }\n  }\n}\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let n = &job.task_groups[0].networks[0];
+    assert_eq!(n.reserved_ports.iter().map(|p| (p.label.as_str(), p.value, p.to)).collect::<Vec<_>>(), [("http", 8080, 80)]);
+    assert!(n.dynamic_ports.is_empty());
+
+    let e = error_of(
+        "job \"j\" {\n  group \"g\" {\n    network {\n      port \"a\" {}\n      reserved_ports \"b\" {\n        static = 81\n      }\n    }\n  }\n}\n",
+    );
+    assert_eq!(e.position.map(|p| p.line), Some(5), "{e}");
+    assert!(e.message.contains("reserved_ports \"b\" in network block of group \"g\" cannot be combined with port blocks"), "{e}");
+
+    let e = error_of("job \"j\" {\n  group \"g\" {\n    network {\n      reserved_ports \"b\" {}\n    }\n  }\n}\n");
+    assert!(e.message.contains("needs static"), "{e}");
+    let e = error_of(
+        "job \"j\" {\n  group \"g\" {\n    network {\n      reserved_ports \"b\" {\n        static = 1\n      }\n      reserved_ports \"b\" {\n        static = 2\n      }\n    }\n  }\n}\n",
+    );
+    assert!(e.message.contains("port \"b\" is defined twice"), "{e}");
+}
