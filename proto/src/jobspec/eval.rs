@@ -127,7 +127,14 @@ impl<'s> Evaluator<'s> {
                 Ok(Value::Object(out))
             }
             Expression::StringTemplate(t) => self.eval_template(t, scope, at),
-            Expression::HeredocTemplate(h) => self.eval_template(&h.template, scope, at),
+            Expression::HeredocTemplate(h) => {
+                // `<<-`: HCL2's dedent rule, not hcl-edit's (see heredoc.rs).
+                let flushed = match at.and_then(|start| self.source.get(start..)) {
+                    Some(text) if text.starts_with("<<-") => super::heredoc::flush(&h.template, self.source),
+                    _ => None,
+                };
+                self.eval_template(flushed.as_ref().unwrap_or(&h.template), scope, at)
+            }
             Expression::Parenthesis(p) => self.eval(p.inner(), scope),
             Expression::Variable(name) => match scope.lookup(name.as_str()) {
                 Some(v) => self.copy_of(v, at),

@@ -91,6 +91,7 @@ mod error;
 mod eval;
 mod functions;
 mod group;
+mod heredoc;
 mod hints;
 mod job;
 mod network;

@@ -290,3 +290,26 @@ fn reserved_ports_blocks_are_static_ports() {
     );
     assert!(e.message.contains("port \"b\" is defined twice"), "{e}");
 }
+
+/// `<<-` dedents as HCL2 does: lines of only whitespace neither count nor lose theirs, lines
+/// inside directive bodies are dedented too, and CRLF line endings stay.
+#[test]
+fn indented_heredocs_dedent_as_hcl2_does() {
+    let data = |body: &str| {
+        template_of(&format!("      template {{\n        destination = \"local/x\"\n        data = <<-EOT\n{body}        EOT\n      }}"))
+            .embedded_tmpl
+    };
+    // A line of two spaces among lines of four: the four go, the two stay.
+    assert_eq!(data("    a\n  \n    b\n"), "a\n  \nb\n");
+    // Directive bodies are lines like the others.
+    assert_eq!(data("    %{ if true }\n    a\n    %{ endif }\n    b\n"), "\na\n\nb\n");
+    assert_eq!(data("    %{ for x in [1, 2] }\n      ${x}\n    %{ endfor }\n"), "\n  1\n\n  2\n\n");
+    // A line that starts with an interpolation has no indentation to lose, so none is lost.
+    assert_eq!(data("    a\n${NOMAD_TASK_DIR}\n"), "    a\n${NOMAD_TASK_DIR}\n");
+    // Escapes are unescaped after dedenting.
+    assert_eq!(data("    $${X}\n      %%{ y }\n"), "${X}\n  %{ y }\n");
+    // CRLF: the line endings are kept.
+    let src = job_with_task("      template {\n        destination = \"local/x\"\n        data = <<-EOT\n    a\n      b\n    EOT\n      }");
+    let job = parse_named(&src.replace('\n', "\r\n")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(job.task_groups[0].tasks[0].templates[0].embedded_tmpl, "a\r\n  b\r\n");
+}
