@@ -672,8 +672,18 @@ impl Walk {
             self.within(named("service", &s.name), |w| w.service(s));
         }
         self.decide(Feature::Vault, vault.as_ref().is_some_and(|v| !v.is_null()));
-        for Template { source_path: _, dest_path: _, embedded_tmpl: _, change_mode: _, change_signal: _, splay: _, perms: _, envvars: _ } in
-            templates
+        for Template {
+            source_path: _,
+            dest_path: _,
+            embedded_tmpl: _,
+            change_mode: _,
+            change_signal: _,
+            splay: _,
+            perms: _,
+            envvars: _,
+            left_delim: _,
+            right_delim: _,
+        } in templates
         {}
         self.decide(Feature::Template, !templates.is_empty());
         self.placement(constraints, affinities, &[]);

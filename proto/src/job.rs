@@ -746,6 +746,10 @@ pub struct Template {
     pub perms: String,
     /// Export as environment.
     pub envvars: bool,
+    /// The delimiter that opens an action (`{{` unless the job file sets `left_delimiter`).
+    pub left_delim: String,
+    /// The delimiter that closes an action (`}}` unless the job file sets `right_delimiter`).
+    pub right_delim: String,
 }
 
 /// An artifact fetched into the task dir.

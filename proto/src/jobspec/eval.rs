@@ -127,7 +127,14 @@ impl<'s> Evaluator<'s> {
                 Ok(Value::Object(out))
             }
             Expression::StringTemplate(t) => self.eval_template(t, scope, at),
-            Expression::HeredocTemplate(h) => self.eval_template(&h.template, scope, at),
+            Expression::HeredocTemplate(h) => {
+                // `<<-`: HCL2's dedent rule, not hcl-edit's (see heredoc.rs).
+                let flushed = match at.and_then(|start| self.source.get(start..)) {
+                    Some(text) if text.starts_with("<<-") => super::heredoc::flush(&h.template, self.source),
+                    _ => None,
+                };
+                self.eval_template(flushed.as_ref().unwrap_or(&h.template), scope, at)
+            }
             Expression::Parenthesis(p) => self.eval(p.inner(), scope),
             Expression::Variable(name) => match scope.lookup(name.as_str()) {
                 Some(v) => self.copy_of(v, at),
@@ -264,7 +271,19 @@ impl<'s> Evaluator<'s> {
         if !self.keep_unknown_as_literal {
             return Err(Diag::new(ErrorKind::Expression, start_of(expr), format!("variables are not allowed here (found \"{root}\")")));
         }
-        let text = expr.span().and_then(|s| self.source.get(s)).map_or_else(|| root.to_string(), str::to_string);
+        let Some(span) = expr.span() else { return Ok(Value::String(format!("${{{root}}}"))) };
+        let text = self.source.get(span.clone()).unwrap_or(root);
+        // Nomad copies the whole `${ ... }` around the reference when only spaces separate them,
+        // so `${ NOMAD_ALLOC_DIR }` reaches the client as written, spaces included.
+        let before = self.source.get(..span.start).unwrap_or_default();
+        let after = self.source.get(span.end..).unwrap_or_default();
+        let open = before.trim_end_matches(' ');
+        let close = after.trim_start_matches(' ');
+        if open.ends_with("${") && close.starts_with('}') {
+            let lead = &before[open.len()..];
+            let trail = &after[..after.len() - close.len()];
+            return Ok(Value::String(format!("${{{lead}{text}{trail}}}")));
+        }
         Ok(Value::String(format!("${{{text}}}")))
     }
 

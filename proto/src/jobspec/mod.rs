@@ -59,7 +59,7 @@
 //!   lifecycle logs template artifact volume_mount csi_plugin vault identity
 //!   dispatch_payload scaling "cpu"|"mem"`.
 //! - `resources` (`cpu cores memory memory_max disk network device`),
-//!   `network` (`mode hostname device cidr ip mbits dns port`), `service`
+//!   `network` (`mode hostname device cidr ip mbits dns port reserved_ports`), `service`
 //!   (`name port tags canary_tags enable_tag_override address_mode address task
 //!   on_update provider meta canary_meta tagged_addresses check check_restart
 //!   connect`), `check` (all of Nomad's keys), `connect` (`native
@@ -75,11 +75,12 @@
 //! `advertise` and `tls_server_name`, upstream `config`, resources `iops`,
 //! template `uid gid vault_grace wait error_on_missing_key`.
 //!
-//! Not supported: JSON-syntax and HCL1 job files; template `change_script`
-//! and custom delimiters (refused, since dropping them would change
-//! behaviour); `NOMAD_VAR_*` environment variables (callers pass them in
-//! [`ParseOptions::variables`]); `optional()` in object types; network
-//! `reserved_ports` blocks; and the functions `try can regex regexall
+//! Not supported: JSON-syntax and HCL1 job files (a syntax error on a line
+//! that only HCL1 accepts says so, see `hints.rs`); template `change_script`
+//! (refused, since dropping it would change behaviour); `NOMAD_VAR_*`
+//! environment variables (callers pass them in [`ParseOptions::variables`]);
+//! `optional()` in object types; network `reserved_ports` blocks beside `port`
+//! blocks (refused: Nomad drops them); and the functions `try can regex regexall
 //! regex_replace cidr* file* templatefile formatdate timeadd yamldecode
 //! yamlencode csvdecode setproduct setintersection setsubtract setunion
 //! transpose convert uuidv5 md5 sha* bcrypt rsadecrypt formatlist log`
@@ -90,6 +91,8 @@ mod error;
 mod eval;
 mod functions;
 mod group;
+mod heredoc;
+mod hints;
 mod job;
 mod network;
 mod placement;
@@ -101,6 +104,8 @@ mod variables;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_syntax;
 
 use std::collections::BTreeMap;
 
@@ -161,7 +166,7 @@ pub fn parse(src: &str, opts: &ParseOptions) -> Result<Job, JobspecError> {
             "JSON job files are not supported here; submit JSON jobs to the HTTP API",
         )));
     }
-    let body = parse_hcl(file, src)?;
+    let body = parse_hcl(file, src).map_err(|e| hints::explain(e, src))?;
 
     let mut decls = Declarations { variable: Vec::new(), variables: Vec::new(), locals: Vec::new() };
     let mut jobs = Vec::new();

@@ -1,4 +1,5 @@
-//! `network { mode hostname dns {} port "<label>" { static to host_network } }`.
+//! `network { mode hostname dns {} port "<label>" { static to host_network } }`, and
+//! `reserved_ports "<label>" { static ... }`, the older spelling of a static port.
 
 use crate::resources::{DnsConfig, NetworkResource, Port};
 
@@ -25,17 +26,40 @@ pub(crate) fn network(r: &Reader<'_>) -> DResult<NetworkResource> {
         d.finish()?;
         n.dns = Some(config);
     }
-    for port in r.blocks("port", 1)? {
-        let label = port.label().to_string();
+    let ports = r.blocks("port", 1)?;
+    let reserved = r.blocks("reserved_ports", 1)?;
+    // Nomad 1.6 replaces the reserved_ports blocks with the static `port` blocks whenever a
+    // network has `port` blocks, dropping them without a word; refused rather than dropped.
+    if let (Some(first), false) = (reserved.first(), ports.is_empty()) {
+        return Err(Diag::new(
+            ErrorKind::Structure,
+            first.offset,
+            format!(
+                "reserved_ports \"{}\" in {} cannot be combined with port blocks (Nomad drops it); write it as port \"{}\" {{ static = ... }}",
+                first.label(),
+                r.context(),
+                first.label()
+            ),
+        ));
+    }
+    for (kind, block) in ports.iter().map(|b| ("port", b)).chain(reserved.iter().map(|b| ("reserved_ports", b))) {
+        let label = block.label().to_string();
         if n.reserved_ports.iter().chain(&n.dynamic_ports).any(|p| p.label == label) {
-            return Err(Diag::new(ErrorKind::Structure, port.offset, format!("port \"{label}\" is defined twice in {}", r.context())));
+            return Err(Diag::new(ErrorKind::Structure, block.offset, format!("port \"{label}\" is defined twice in {}", r.context())));
         }
-        let p = r.child(&port)?;
+        let p = r.child(block)?;
         let mut decoded = Port { label, ..Port::default() };
         p.set_int("static", &mut decoded.value)?;
         p.set_int("to", &mut decoded.to)?;
         p.set_string("host_network", &mut decoded.host_network)?;
         p.finish()?;
+        if kind == "reserved_ports" && decoded.value <= 0 {
+            return Err(Diag::new(
+                ErrorKind::InvalidValue,
+                block.offset,
+                format!("reserved_ports \"{}\" in {} needs static, the host port to reserve", decoded.label, r.context()),
+            ));
+        }
         if decoded.value > 0 {
             n.reserved_ports.push(decoded);
         } else {

@@ -21,6 +21,7 @@ use hcl::{Map, Value};
 use super::duration::parse_go_duration;
 use super::error::{DResult, Diag, ErrorKind, with_suggestion};
 use super::eval::{Evaluator, Scope, as_bool, as_number, as_string, describe, integer_of, start_of};
+use super::hints::HCL1_BLOCK_ASSIGNMENT;
 
 /// A block to decode: its type, labels, body and the scope its expressions see.
 pub(crate) struct BlockRef<'a> {
@@ -461,11 +462,11 @@ impl<'a> Reader<'a> {
                     let key = a.key.as_str();
                     let at = a.span().map(|s| s.start);
                     if blocks.contains(&key) {
-                        return Err(Diag::new(
-                            ErrorKind::Structure,
-                            at,
-                            format!("\"{key}\" in {} is a block, not an attribute; write {key} {{ ... }}", self.context),
-                        ));
+                        let mut message = format!("\"{key}\" in {} is a block, not an attribute; write {key} {{ ... }}", self.context);
+                        if matches!(a.value, Expression::Object(_)) {
+                            message.push_str(HCL1_BLOCK_ASSIGNMENT);
+                        }
+                        return Err(Diag::new(ErrorKind::Structure, at, message));
                     }
                     let message = format!("unknown attribute \"{key}\" in {}", self.context);
                     return Err(Diag::new(ErrorKind::UnknownKey, at, with_suggestion(message, key, all_names())));

@@ -163,10 +163,19 @@ pub(crate) fn log_config(r: &Reader<'_>) -> DResult<LogConfig> {
     Ok(logs)
 }
 
-/// Decodes `template` with the defaults Nomad's parser fills (restart on
-/// change, mode 0644, 5 s splay).
+/// Decodes `template` with the defaults Nomad fills (restart on change, mode
+/// 0644, 5 s splay, `{{ }}` delimiters). `data` is kept as HCL2 evaluates it:
+/// `$${`/`%%{` unescaped, runtime `${...}` left literal, everything else
+/// (Go template actions in any delimiters) byte for byte.
 fn template(r: &Reader<'_>) -> DResult<Template> {
-    let mut t = Template { change_mode: "restart".to_string(), perms: "0644".to_string(), splay: 5 * NS_PER_SEC, ..Template::default() };
+    let mut t = Template {
+        change_mode: "restart".to_string(),
+        perms: "0644".to_string(),
+        splay: 5 * NS_PER_SEC,
+        left_delim: "{{".to_string(),
+        right_delim: "}}".to_string(),
+        ..Template::default()
+    };
     r.set_string("source", &mut t.source_path)?;
     r.set_string("destination", &mut t.dest_path)?;
     r.set_string("data", &mut t.embedded_tmpl)?;
@@ -186,15 +195,9 @@ fn template(r: &Reader<'_>) -> DResult<Template> {
         let _ = (wr.duration("min")?, wr.duration("max")?);
         wr.finish()?;
     }
-    // Ignoring these would change what is rendered or how changes are
-    // handled, so they are refused rather than dropped.
-    for (name, default) in [("left_delimiter", "{{"), ("right_delimiter", "}}")] {
-        if let Some((v, at)) = r.value(name)?
-            && super::eval::as_string(&v).as_deref() != Some(default)
-        {
-            return Err(r.invalid(name, at, "custom template delimiters are not supported by nomad-rs"));
-        }
-    }
+    r.set_string("left_delimiter", &mut t.left_delim)?;
+    r.set_string("right_delimiter", &mut t.right_delim)?;
+    // Ignoring it would change how changes are handled, so it is refused rather than dropped.
     if let Some(b) = r.block("change_script")? {
         return Err(Diag::new(ErrorKind::InvalidValue, b.offset, format!("change_script in {} is not supported by nomad-rs", r.context())));
     }
