@@ -1,5 +1,6 @@
-//! `nomad-rs job ...`: run, status, stop, plan, inspect, validate.
+//! `nomad-rs job ...`: run, status, stop, plan, inspect, validate, init.
 
+pub mod init;
 pub mod inspect;
 pub mod plan;
 pub mod run;
@@ -43,6 +44,8 @@ pub enum JobCommand {
     Inspect(inspect::InspectArgs),
     /// Check a job file without submitting it.
     Validate(validate::ValidateArgs),
+    /// Write an example job file to start from.
+    Init(init::InitArgs),
 }
 
 /// Runs a job command.
@@ -54,6 +57,7 @@ pub async fn run(a: JobArgs) -> CmdResult {
         JobCommand::Plan(p) => plan::run(&a.api, p).await,
         JobCommand::Inspect(i) => inspect::run(&a.api, i).await,
         JobCommand::Validate(v) => validate::run(v),
+        JobCommand::Init(i) => init::run(i),
     }
 }
 
