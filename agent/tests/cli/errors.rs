@@ -128,7 +128,7 @@ async fn a_nomad_command_nomad_rs_lacks_says_so_and_exits_1() {
 async fn help_and_usage_spell_flags_with_one_dash_as_nomad_does() {
     let run = nomad(&["job", "run", "-help"]).await;
     run.expect_code(0);
-    for flag in ["-detach", "-check-index", "-var-file", "-address", "-h, -help"] {
+    for flag in ["-detach", "-check-index", "-var-file", "-address", "-output", "-json", "-h, -help"] {
         assert!(run.stdout.contains(&format!(" {flag}")), "{flag} in:\n{}", run.stdout);
     }
     assert!(!run.stdout.contains("--"), "a double-dash flag in:\n{}", run.stdout);
