@@ -174,6 +174,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
             router = router.merge(crate::http_forward::router(Arc::new(c.clone()), me));
         }
     }
+    router = router.merge(nomad_server::http::health::router(agent_health(server.as_ref(), client.as_ref())));
     let locator = server.as_ref().map(|s| Arc::new(StateLocator(s.store().clone())) as Arc<dyn AllocLocator>);
     router =
         router.merge(crate::client::http::router(ClientHttp { client: client.clone(), locator, own_addr: cfg.advertise_http.clone() }));
@@ -217,6 +218,21 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         None => Ok(()),
         Some(message) => Err(anyhow::anyhow!("{message}")),
     }
+}
+
+/// `/v1/agent/health` for the roles this agent runs, judged as Nomad does: a server is healthy
+/// when it knows a leader, a client when it knows servers.
+fn agent_health(server: Option<&Server>, client: Option<&Client>) -> nomad_server::http::health::AgentHealth {
+    use nomad_server::http::health::{AgentHealth, HealthCheck};
+    let server = server.map(|s| {
+        let consensus = s.consensus();
+        Arc::new(move || consensus.leader_rpc_addr().map(|_| ()).ok_or_else(|| "no leader".to_string())) as HealthCheck
+    });
+    let client = client.map(|c| {
+        let c = c.clone();
+        Arc::new(move || if c.servers().is_empty() { Err("no known servers".to_string()) } else { Ok(()) }) as HealthCheck
+    });
+    AgentHealth { server, client }
 }
 
 /// Starts the client role with the agent's settings.
