@@ -11,7 +11,8 @@ pub fn init(level: &str) {
         .ok()
         .and_then(|d| EnvFilter::try_new(d).ok())
         .unwrap_or_else(|| EnvFilter::new(format!("{},openraft=warn,h2=warn,tower=warn,hyper=warn", level.to_lowercase())));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colors()).with_target(false).try_init();
+    let _ =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colors()).with_target(false).try_init();
 }
 
 /// Whether log lines may carry ANSI colors: stderr is a terminal and `NO_COLOR` is not set.

@@ -64,6 +64,24 @@ pub struct AgentArgs {
     /// RPC port (overrides `ports { rpc }`).
     #[arg(long = "rpc-port", value_name = "PORT")]
     pub rpc_port: Option<u16>,
+    /// The servers' cluster key, base64 (`server { encrypt }`; `nomad-rs operator keygen` makes one).
+    #[arg(long, value_name = "KEY")]
+    pub encrypt: Option<String>,
+    /// The client's state directory (`client { state_dir }`).
+    #[arg(long = "state-dir", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// The directory allocations live in (`client { alloc_dir }`).
+    #[arg(long = "alloc-dir", value_name = "DIR")]
+    pub alloc_dir: Option<PathBuf>,
+    /// The node's class (`client { node_class }`).
+    #[arg(long = "node-class", value_name = "CLASS")]
+    pub node_class: Option<String>,
+    /// The node's pool (`client { node_pool }`).
+    #[arg(long = "node-pool", value_name = "POOL")]
+    pub node_pool: Option<String>,
+    /// Node metadata, `key=value` (repeatable; added to `client { meta }`).
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub meta: Vec<String>,
 }
 
 impl AgentArgs {
@@ -84,6 +102,12 @@ impl AgentArgs {
             log_level: self.log_level.clone(),
             http_port: self.http_port,
             rpc_port: self.rpc_port,
+            encrypt: self.encrypt.clone(),
+            state_dir: self.state_dir.clone(),
+            alloc_dir: self.alloc_dir.clone(),
+            node_class: self.node_class.clone(),
+            node_pool: self.node_pool.clone(),
+            meta: self.meta.clone(),
         }
     }
 }

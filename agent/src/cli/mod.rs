@@ -219,6 +219,14 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Cli, u8> {
                 eprintln!("{}", nomad_commands::not_implemented_message(&name));
                 return Err(exit::ERROR);
             }
+            if e.kind() == clap::error::ErrorKind::UnknownArgument
+                && words.iter().skip(1).find(|w| !w.starts_with('-')).is_some_and(|w| w == "agent")
+                && let Some(clap::error::ContextValue::String(arg)) = e.get(clap::error::ContextKind::InvalidArg)
+                && let Some(message) = nomad_commands::unsupported_agent_flag(arg)
+            {
+                eprintln!("{message}");
+                return Err(exit::ERROR);
+            }
             let text = single_dash_flags(&e.render().to_string());
             if !e.use_stderr() {
                 print!("{text}");

@@ -227,6 +227,79 @@ pub const NOMAD_COMMANDS: &[&str] = &[
     "volume status",
 ];
 
+/// Every flag of Nomad 1.6.1's `nomad agent` (its `command/agent/command.go`).
+pub const NOMAD_AGENT_FLAGS: &[&str] = &[
+    "acl-enabled",
+    "acl-replication-token",
+    "alloc-dir",
+    "bind",
+    "bootstrap-expect",
+    "client",
+    "config",
+    "consul-address",
+    "consul-allow-unauthenticated",
+    "consul-auth",
+    "consul-auto-advertise",
+    "consul-ca-file",
+    "consul-cert-file",
+    "consul-checks-use-advertise",
+    "consul-client-auto-join",
+    "consul-client-http-check-name",
+    "consul-client-service-name",
+    "consul-key-file",
+    "consul-server-auto-join",
+    "consul-server-http-check-name",
+    "consul-server-rpc-check-name",
+    "consul-server-serf-check-name",
+    "consul-server-service-name",
+    "consul-ssl",
+    "consul-token",
+    "consul-verify-ssl",
+    "data-dir",
+    "dc",
+    "dev",
+    "dev-connect",
+    "encrypt",
+    "join",
+    "log-json",
+    "log-level",
+    "meta",
+    "network-interface",
+    "network-speed",
+    "node",
+    "node-class",
+    "node-pool",
+    "plugin-dir",
+    "raft-protocol",
+    "region",
+    "rejoin",
+    "retry-interval",
+    "retry-join",
+    "retry-max",
+    "server",
+    "servers",
+    "state-dir",
+    "vault-address",
+    "vault-allow-unauthenticated",
+    "vault-ca-file",
+    "vault-ca-path",
+    "vault-cert-file",
+    "vault-create-from-role",
+    "vault-enabled",
+    "vault-key-file",
+    "vault-namespace",
+    "vault-tls-server-name",
+    "vault-tls-skip-verify",
+    "vault-token",
+];
+
+/// What `nomad-rs agent` says for a flag of Nomad's agent it does not take: `None` when `arg`
+/// (`--vault-address=x`, as clap reports it) is not one of Nomad's.
+pub fn unsupported_agent_flag(arg: &str) -> Option<String> {
+    let name = arg.trim_start_matches('-').split('=').next().unwrap_or_default();
+    NOMAD_AGENT_FLAGS.contains(&name).then(|| format!("\"nomad-rs agent\" does not support -{name} yet"))
+}
+
 /// Nomad's old top-level spellings and the command they stand for.
 pub const NOMAD_ALIASES: &[(&str, &str)] = &[
     ("alloc-status", "alloc status"),
@@ -353,6 +426,27 @@ mod tests {
         for ours in ["job run", "job init", "alloc logs", "operator raft list-peers", "version", "agent"] {
             assert!(implemented(&ours.split(' ').collect::<Vec<_>>()), "{ours}");
         }
+    }
+
+    /// Each of Nomad's agent flags is either taken by `nomad-rs agent` or named as not supported.
+    #[test]
+    fn every_nomad_agent_flag_is_taken_or_refused_by_name() {
+        let agent = Cli::command().find_subcommand("agent").cloned().unwrap();
+        let ours: Vec<&str> = agent.get_arguments().flat_map(|a| a.get_long_and_visible_aliases().unwrap_or_default()).collect();
+        let mut refused = Vec::new();
+        for flag in NOMAD_AGENT_FLAGS {
+            if ours.contains(flag) {
+                assert_eq!(unsupported_agent_flag(&format!("--{flag}")), Some(format!("\"nomad-rs agent\" does not support -{flag} yet")));
+                continue;
+            }
+            refused.push(*flag);
+            let line = vec!["nomad-rs".to_string(), "agent".into(), "-dev".into(), format!("-{flag}=x")];
+            assert!(matches!(super::super::parse(line.iter().map(std::ffi::OsString::from)), Err(1)), "{flag}");
+        }
+        for taken in ["bind", "config", "dev", "encrypt", "meta", "node-class", "state-dir", "retry-join"] {
+            assert!(!refused.contains(&taken), "{taken}");
+        }
+        assert_eq!(unsupported_agent_flag("--bogus"), None);
     }
 
     #[test]

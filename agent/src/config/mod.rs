@@ -46,6 +46,18 @@ pub struct AgentFlags {
     pub http_port: Option<u16>,
     /// `-rpc-port` (nomad-rs extra).
     pub rpc_port: Option<u16>,
+    /// `-encrypt`: the servers' cluster key (`server { encrypt }`).
+    pub encrypt: Option<String>,
+    /// `-state-dir` (`client { state_dir }`).
+    pub state_dir: Option<PathBuf>,
+    /// `-alloc-dir` (`client { alloc_dir }`).
+    pub alloc_dir: Option<PathBuf>,
+    /// `-node-class` (`client { node_class }`).
+    pub node_class: Option<String>,
+    /// `-node-pool` (`client { node_pool }`).
+    pub node_pool: Option<String>,
+    /// `-meta key=value` (repeatable), added to `client { meta }`.
+    pub meta: Vec<String>,
 }
 
 /// Server role settings.
@@ -305,7 +317,7 @@ impl AgentConfig {
                 heartbeat,
                 num_schedulers: sb.num_schedulers.unwrap_or(0),
                 event_buffer_size: sb.event_buffer_size.unwrap_or(100),
-                encrypt: sb.encrypt.filter(|k| !k.trim().is_empty()),
+                encrypt: flags.encrypt.clone().or(sb.encrypt).filter(|k| !k.trim().is_empty()),
                 job_max_count,
             })
         } else {
@@ -325,17 +337,27 @@ impl AgentConfig {
             if servers.is_empty() {
                 return Err(invalid("client.servers", "a client needs servers to talk to (client { servers = [...] } or -servers)".into()));
             }
+            let mut meta = cb.meta.clone().unwrap_or_default();
+            for pair in &flags.meta {
+                // Nomad's -meta: `key=value`, the flag winning over the file.
+                match pair.split_once('=') {
+                    Some((k, v)) if !k.trim().is_empty() => {
+                        meta.insert(k.trim().to_string(), v.to_string());
+                    }
+                    _ => return Err(invalid("-meta", format!("{pair:?} is not key=value"))),
+                }
+            }
             let (min_port, max_port) = (cb.min_dynamic_port.unwrap_or(20000), cb.max_dynamic_port.unwrap_or(32000));
             if !(1..=65535).contains(&min_port) || !(1..=65535).contains(&max_port) || min_port > max_port {
                 return Err(invalid("client.min_dynamic_port", format!("dynamic port range {min_port}-{max_port} is not valid")));
             }
             Some(ClientSettings {
                 servers,
-                state_dir: cb.state_dir.map(PathBuf::from).unwrap_or_else(|| data_dir.join("client")),
-                alloc_dir: cb.alloc_dir.map(PathBuf::from).unwrap_or_else(|| data_dir.join("alloc")),
-                node_class: cb.node_class.unwrap_or_default(),
-                node_pool: cb.node_pool.unwrap_or_else(|| "default".into()),
-                meta: cb.meta.unwrap_or_default(),
+                state_dir: flags.state_dir.clone().or(cb.state_dir.map(PathBuf::from)).unwrap_or_else(|| data_dir.join("client")),
+                alloc_dir: flags.alloc_dir.clone().or(cb.alloc_dir.map(PathBuf::from)).unwrap_or_else(|| data_dir.join("alloc")),
+                node_class: flags.node_class.clone().or(cb.node_class).unwrap_or_default(),
+                node_pool: flags.node_pool.clone().or(cb.node_pool).unwrap_or_else(|| "default".into()),
+                meta,
                 options: cb.options.unwrap_or_default(),
                 reserved: cb.reserved.unwrap_or_default(),
                 host_volumes: cb.host_volume.unwrap_or_default(),
@@ -502,6 +524,30 @@ mod tests {
         assert_eq!(c.http_port, 0, "-http-port wins over the file");
         let e = resolve("addresses {\n  http = \"eth0\"\n}\n", dev).unwrap_err().to_string();
         assert!(e.contains("addresses.http") && e.contains("\"eth0\" is not an IP address"), "{e}");
+    }
+
+    #[test]
+    fn nomads_client_and_server_flags_override_the_file() {
+        let file = "client {\n  node_class = \"file\"\n  meta {\n    rack = \"r1\"\n    zone = \"z1\"\n  }\n}\nserver {\n  encrypt = \"ZmlsZQ==\"\n}\n";
+        let flags = AgentFlags {
+            dev: true,
+            encrypt: Some("ZmxhZw==".into()),
+            state_dir: Some("/s".into()),
+            alloc_dir: Some("/a".into()),
+            node_class: Some("gpu".into()),
+            node_pool: Some("batch".into()),
+            meta: vec!["rack=r9".into(), "owner=ops=1".into()],
+            ..Default::default()
+        };
+        let c = resolve(file, flags.clone()).unwrap();
+        assert_eq!(c.server.as_ref().unwrap().encrypt.as_deref(), Some("ZmxhZw=="));
+        let client = c.client.as_ref().unwrap();
+        assert_eq!((client.state_dir.as_path(), client.alloc_dir.as_path()), (std::path::Path::new("/s"), std::path::Path::new("/a")));
+        assert_eq!((client.node_class.as_str(), client.node_pool.as_str()), ("gpu", "batch"));
+        let meta: Vec<(&str, &str)> = client.meta.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(meta, vec![("owner", "ops=1"), ("rack", "r9"), ("zone", "z1")]);
+        let e = resolve("", AgentFlags { meta: vec!["novalue".into()], ..flags }).unwrap_err().to_string();
+        assert!(e.contains("-meta: \"novalue\" is not key=value"), "{e}");
     }
 
     #[test]

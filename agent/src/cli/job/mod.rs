@@ -161,7 +161,11 @@ fn load_json(name: &str, source: String, args: &JobFileArgs) -> Result<LoadedJob
     }
     let bad = |e: &dyn std::fmt::Display| Failure::new(format!("Error parsing job file: {name}: Failed to parse JSON job: {e}"));
     if source.len() > nomad_proto::jobspec::MAX_JOBSPEC_BYTES {
-        return Err(bad(&format!("the file is {} bytes; a job file may be at most {}", source.len(), nomad_proto::jobspec::MAX_JOBSPEC_BYTES)));
+        return Err(bad(&format!(
+            "the file is {} bytes; a job file may be at most {}",
+            source.len(),
+            nomad_proto::jobspec::MAX_JOBSPEC_BYTES
+        )));
     }
     nomad_proto::lenient::check_depth(source.as_bytes(), nomad_proto::lenient::MAX_REQUEST_DEPTH).map_err(|e| bad(&e))?;
     let value: serde_json::Value = serde_json::from_str(&source).map_err(|e| bad(&e))?;
