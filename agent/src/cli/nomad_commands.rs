@@ -440,7 +440,7 @@ mod tests {
                 continue;
             }
             refused.push(*flag);
-            let line = vec!["nomad-rs".to_string(), "agent".into(), "-dev".into(), format!("-{flag}=x")];
+            let line = ["nomad-rs".to_string(), "agent".into(), "-dev".into(), format!("-{flag}=x")];
             assert!(matches!(super::super::parse(line.iter().map(std::ffi::OsString::from)), Err(1)), "{flag}");
         }
         for taken in ["bind", "config", "dev", "encrypt", "meta", "node-class", "state-dir", "retry-join"] {

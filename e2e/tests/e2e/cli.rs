@@ -289,7 +289,8 @@ fn a_dev_agent_moved_by_bind_and_a_ports_block_answers_there_healthy_and_logs_wi
         .spawn()
         .unwrap();
     let mut agent = KillOnDrop(child);
-    let logs = || format!("{}\n{}", std::fs::read_to_string(&stdout).unwrap_or_default(), std::fs::read_to_string(&stderr).unwrap_or_default());
+    let logs =
+        || format!("{}\n{}", std::fs::read_to_string(&stdout).unwrap_or_default(), std::fs::read_to_string(&stderr).unwrap_or_default());
 
     let http = HttpClient::new(&format!("127.0.0.1:{http_port}"));
     let health = wait_for("the dev agent to be healthy on its configured port", SETTLE, || {
