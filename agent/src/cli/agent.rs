@@ -64,6 +64,24 @@ pub struct AgentArgs {
     /// RPC port (overrides `ports { rpc }`).
     #[arg(long = "rpc-port", value_name = "PORT")]
     pub rpc_port: Option<u16>,
+    /// The servers' cluster key, base64 (`server { encrypt }`; `nomad-rs operator keygen` makes one).
+    #[arg(long, value_name = "KEY")]
+    pub encrypt: Option<String>,
+    /// The client's state directory (`client { state_dir }`).
+    #[arg(long = "state-dir", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// The directory allocations live in (`client { alloc_dir }`).
+    #[arg(long = "alloc-dir", value_name = "DIR")]
+    pub alloc_dir: Option<PathBuf>,
+    /// The node's class (`client { node_class }`).
+    #[arg(long = "node-class", value_name = "CLASS")]
+    pub node_class: Option<String>,
+    /// The node's pool (`client { node_pool }`).
+    #[arg(long = "node-pool", value_name = "POOL")]
+    pub node_pool: Option<String>,
+    /// Node metadata, `key=value` (repeatable; added to `client { meta }`).
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub meta: Vec<String>,
 }
 
 impl AgentArgs {
@@ -84,6 +102,12 @@ impl AgentArgs {
             log_level: self.log_level.clone(),
             http_port: self.http_port,
             rpc_port: self.rpc_port,
+            encrypt: self.encrypt.clone(),
+            state_dir: self.state_dir.clone(),
+            alloc_dir: self.alloc_dir.clone(),
+            node_class: self.node_class.clone(),
+            node_pool: self.node_pool.clone(),
+            meta: self.meta.clone(),
         }
     }
 }
@@ -174,6 +198,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
             router = router.merge(crate::http_forward::router(Arc::new(c.clone()), me));
         }
     }
+    router = router.merge(nomad_server::http::health::router(agent_health(server.as_ref(), client.as_ref())));
     let locator = server.as_ref().map(|s| Arc::new(StateLocator(s.store().clone())) as Arc<dyn AllocLocator>);
     router =
         router.merge(crate::client::http::router(ClientHttp { client: client.clone(), locator, own_addr: cfg.advertise_http.clone() }));
@@ -217,6 +242,21 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         None => Ok(()),
         Some(message) => Err(anyhow::anyhow!("{message}")),
     }
+}
+
+/// `/v1/agent/health` for the roles this agent runs, judged as Nomad does: a server is healthy
+/// when it knows a leader, a client when it knows servers.
+fn agent_health(server: Option<&Server>, client: Option<&Client>) -> nomad_server::http::health::AgentHealth {
+    use nomad_server::http::health::{AgentHealth, HealthCheck};
+    let server = server.map(|s| {
+        let consensus = s.consensus();
+        Arc::new(move || consensus.leader_rpc_addr().map(|_| ()).ok_or_else(|| "no leader".to_string())) as HealthCheck
+    });
+    let client = client.map(|c| {
+        let c = c.clone();
+        Arc::new(move || if c.servers().is_empty() { Err("no known servers".to_string()) } else { Ok(()) }) as HealthCheck
+    });
+    AgentHealth { server, client }
 }
 
 /// Starts the client role with the agent's settings.

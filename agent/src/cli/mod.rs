@@ -19,6 +19,7 @@ pub mod format;
 pub mod job;
 pub mod monitor;
 pub mod node;
+pub mod nomad_commands;
 pub mod operator;
 pub mod prefix;
 pub mod server;
@@ -82,6 +83,8 @@ pub mod exit {
     pub const PLAN_ERROR: u8 = 255;
     /// Monitoring interrupted with Ctrl-C (the work carries on).
     pub const INTERRUPTED: u8 = 130;
+    /// A top-level command that neither nomad-rs nor Nomad has (Nomad's CLI library's code).
+    pub const UNKNOWN_COMMAND: u8 = 127;
 }
 
 /// A command that did not succeed: the message for stderr and the exit code.
@@ -195,10 +198,13 @@ pub fn version_line() -> String {
     format!("nomad-rs v{} (Nomad API {})", env!("CARGO_PKG_VERSION"), nomad_server::http::API_VERSION)
 }
 
-/// Parses the command line. Help and `--version` print and exit 0; usage errors print and
-/// exit 1 (clap's own code 2 would read as "placement failed" to scripts).
+/// Parses the command line. Help and `-version` print and exit 0. A Nomad command nomad-rs does
+/// not have yet says so and exits 1; other usage errors print and exit 1 (clap's own code 2 would
+/// read as "placement failed" to scripts), except an unknown top-level command, which exits 127 as
+/// Nomad's CLI does. Help and usage spell flags as Nomad does (`-detach`).
 pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Cli, u8> {
-    match Cli::try_parse_from(normalize_args(args)) {
+    let args = normalize_args(args);
+    match Cli::try_parse_from(&args) {
         Ok(cli) => Ok(cli),
         // `-version` says what `version` says.
         Err(e) if e.kind() == clap::error::ErrorKind::DisplayVersion => {
@@ -206,10 +212,53 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Cli, u8> {
             Err(exit::OK)
         }
         Err(e) => {
-            let _ = e.print();
-            Err(if e.use_stderr() { exit::ERROR } else { exit::OK })
+            let words: Vec<String> = args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+            if e.use_stderr()
+                && let Some(name) = nomad_commands::unimplemented_in(&words)
+            {
+                eprintln!("{}", nomad_commands::not_implemented_message(&name));
+                return Err(exit::ERROR);
+            }
+            if e.kind() == clap::error::ErrorKind::UnknownArgument
+                && words.iter().skip(1).find(|w| !w.starts_with('-')).is_some_and(|w| w == "agent")
+                && let Some(clap::error::ContextValue::String(arg)) = e.get(clap::error::ContextKind::InvalidArg)
+                && let Some(message) = nomad_commands::unsupported_agent_flag(arg)
+            {
+                eprintln!("{message}");
+                return Err(exit::ERROR);
+            }
+            let text = single_dash_flags(&e.render().to_string());
+            if !e.use_stderr() {
+                print!("{text}");
+                return Err(exit::OK);
+            }
+            eprint!("{text}");
+            let top_level_unknown = e.kind() == clap::error::ErrorKind::InvalidSubcommand
+                && words.iter().skip(1).find(|w| !w.starts_with('-')).is_some_and(|w| !nomad_commands::implemented(&[w.as_str()]));
+            Err(if top_level_unknown { exit::UNKNOWN_COMMAND } else { exit::ERROR })
         }
     }
+}
+
+/// Clap's help and usage text with long flags in Nomad's single-dash spelling (`--detach` ->
+/// `-detach`), which is also what [`normalize_args`] accepts. A lone `--` stays.
+pub fn single_dash_flags(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let starts_flag = bytes[i] == b'-'
+            && bytes.get(i + 1) == Some(&b'-')
+            && bytes.get(i + 2).is_some_and(u8::is_ascii_alphabetic)
+            && (i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'-'));
+        if starts_flag {
+            i += 1;
+        }
+        let ch = text[i..].chars().next().unwrap_or_default();
+        out.push(ch);
+        i += ch.len_utf8();
+    }
+    out
 }
 
 /// Rewrites `-flag` and `-flag=value` to `--flag`/`--flag=value`. Single

@@ -49,6 +49,18 @@ pub struct AgentFlags {
     pub http_port: Option<u16>,
     /// `-rpc-port` (nomad-rs extra).
     pub rpc_port: Option<u16>,
+    /// `-encrypt`: the servers' cluster key (`server { encrypt }`).
+    pub encrypt: Option<String>,
+    /// `-state-dir` (`client { state_dir }`).
+    pub state_dir: Option<PathBuf>,
+    /// `-alloc-dir` (`client { alloc_dir }`).
+    pub alloc_dir: Option<PathBuf>,
+    /// `-node-class` (`client { node_class }`).
+    pub node_class: Option<String>,
+    /// `-node-pool` (`client { node_pool }`).
+    pub node_pool: Option<String>,
+    /// `-meta key=value` (repeatable), added to `client { meta }`.
+    pub meta: Vec<String>,
 }
 
 /// Server role settings.
@@ -112,10 +124,10 @@ pub struct AgentConfig {
     pub datacenter: String,
     /// Data dir (a temp dir in dev mode).
     pub data_dir: PathBuf,
-    /// Bind address of the HTTP listener.
+    /// Bind address of the HTTP listener: `addresses { http }`, else `bind_addr` (`-bind`).
     pub bind_addr: IpAddr,
-    /// Bind address of the RPC listener: `bind_addr`, except in dev mode, where it is always
-    /// 127.0.0.1 (a dev server's Raft and node RPCs are for this host only).
+    /// Bind address of the RPC listener: `addresses { rpc }`, else `bind_addr`, except in dev
+    /// mode, where it is 127.0.0.1 (a dev server's Raft and node RPCs are for this host only).
     pub rpc_bind_addr: IpAddr,
     /// HTTP port.
     pub http_port: u16,
@@ -244,13 +256,21 @@ impl AgentConfig {
         let ports = f.ports.unwrap_or_default();
         let http_port = flags.http_port.or(ports.http).unwrap_or(DEFAULT_HTTP_PORT);
         let rpc_port = flags.rpc_port.or(ports.rpc).unwrap_or(DEFAULT_RPC_PORT);
-        let advertise_host =
-            if bind_addr.is_unspecified() { local_ip().unwrap_or_else(|| "127.0.0.1".into()) } else { bind_addr.to_string() };
-        let rpc_bind_addr = if dev { IpAddr::from([127, 0, 0, 1]) } else { bind_addr };
+        // `addresses {}` binds one listener elsewhere than `bind_addr` (Nomad's per-listener addresses).
+        let addresses = f.addresses.unwrap_or_default();
+        let listener_addr = |key: &str, given: Option<String>| -> Result<Option<IpAddr>, ConfigError> {
+            given.map(|a| a.parse().map_err(|_| invalid(key, format!("{a:?} is not an IP address")))).transpose()
+        };
+        let http_bind_addr = listener_addr("addresses.http", addresses.http)?.unwrap_or(bind_addr);
+        // A dev server's Raft and node RPCs are for this host only, unless told otherwise.
+        let rpc_bind_addr =
+            listener_addr("addresses.rpc", addresses.rpc)?.unwrap_or(if dev { IpAddr::from([127, 0, 0, 1]) } else { bind_addr });
+        let advertise_host = |addr: IpAddr| {
+            if addr.is_unspecified() { local_ip().unwrap_or_else(|| "127.0.0.1".into()) } else { addr.to_string() }
+        };
         let advertise = f.advertise.unwrap_or_default();
-        let advertise_http = advertise.http.unwrap_or_else(|| format!("{advertise_host}:{http_port}"));
-        let advertise_rpc =
-            advertise.rpc.unwrap_or_else(|| if dev { format!("127.0.0.1:{rpc_port}") } else { format!("{advertise_host}:{rpc_port}") });
+        let advertise_http = advertise.http.unwrap_or_else(|| format!("{}:{http_port}", advertise_host(http_bind_addr)));
+        let advertise_rpc = advertise.rpc.unwrap_or_else(|| format!("{}:{rpc_port}", advertise_host(rpc_bind_addr)));
         let log_level = flags.log_level.clone().or(f.log_level).unwrap_or_else(|| if dev { "DEBUG".into() } else { "INFO".into() });
         if !["TRACE", "DEBUG", "INFO", "WARN", "ERROR", "OFF"].contains(&log_level.to_uppercase().as_str()) {
             return Err(invalid("log_level", format!("{log_level:?} is not one of TRACE, DEBUG, INFO, WARN, ERROR, OFF")));
@@ -300,7 +320,7 @@ impl AgentConfig {
                 heartbeat,
                 num_schedulers: sb.num_schedulers.unwrap_or(0),
                 event_buffer_size: sb.event_buffer_size.unwrap_or(100),
-                encrypt: sb.encrypt.filter(|k| !k.trim().is_empty()),
+                encrypt: flags.encrypt.clone().or(sb.encrypt).filter(|k| !k.trim().is_empty()),
                 job_max_count,
             })
         } else {
@@ -320,17 +340,27 @@ impl AgentConfig {
             if servers.is_empty() {
                 return Err(invalid("client.servers", "a client needs servers to talk to (client { servers = [...] } or -servers)".into()));
             }
+            let mut meta = cb.meta.clone().unwrap_or_default();
+            for pair in &flags.meta {
+                // Nomad's -meta: `key=value`, the flag winning over the file.
+                match pair.split_once('=') {
+                    Some((k, v)) if !k.trim().is_empty() => {
+                        meta.insert(k.trim().to_string(), v.to_string());
+                    }
+                    _ => return Err(invalid("-meta", format!("{pair:?} is not key=value"))),
+                }
+            }
             let (min_port, max_port) = (cb.min_dynamic_port.unwrap_or(20000), cb.max_dynamic_port.unwrap_or(32000));
             if !(1..=65535).contains(&min_port) || !(1..=65535).contains(&max_port) || min_port > max_port {
                 return Err(invalid("client.min_dynamic_port", format!("dynamic port range {min_port}-{max_port} is not valid")));
             }
             Some(ClientSettings {
                 servers,
-                state_dir: cb.state_dir.map(PathBuf::from).unwrap_or_else(|| data_dir.join("client")),
-                alloc_dir: cb.alloc_dir.map(PathBuf::from).unwrap_or_else(|| data_dir.join("alloc")),
-                node_class: cb.node_class.unwrap_or_default(),
-                node_pool: cb.node_pool.unwrap_or_else(|| "default".into()),
-                meta: cb.meta.unwrap_or_default(),
+                state_dir: flags.state_dir.clone().or(cb.state_dir.map(PathBuf::from)).unwrap_or_else(|| data_dir.join("client")),
+                alloc_dir: flags.alloc_dir.clone().or(cb.alloc_dir.map(PathBuf::from)).unwrap_or_else(|| data_dir.join("alloc")),
+                node_class: flags.node_class.clone().or(cb.node_class).unwrap_or_default(),
+                node_pool: flags.node_pool.clone().or(cb.node_pool).unwrap_or_else(|| "default".into()),
+                meta,
                 options: cb.options.unwrap_or_default(),
                 reserved: cb.reserved.unwrap_or_default(),
                 host_volumes: cb.host_volume.unwrap_or_default(),
@@ -357,7 +387,7 @@ impl AgentConfig {
             region,
             datacenter,
             data_dir,
-            bind_addr,
+            bind_addr: http_bind_addr,
             rpc_bind_addr,
             http_port,
             rpc_port,
@@ -512,6 +542,46 @@ mod tests {
         assert_eq!(c.client.as_ref().unwrap().servers, vec!["127.0.0.1:4647"], "its own client reaches it there");
         let server = resolve("data_dir = \"/a\"\nbind_addr = \"0.0.0.0\"\n", AgentFlags { server: true, ..Default::default() }).unwrap();
         assert!(server.rpc_bind_addr.is_unspecified(), "a real server binds RPC where told");
+    }
+
+    #[test]
+    fn addresses_and_ports_move_each_listener_and_flags_win() {
+        let dev = AgentFlags { dev: true, bind: Some("127.0.0.1".into()), ..Default::default() };
+        let c = resolve("ports {\n  http = 5646\n  rpc = 5647\n}\n", dev.clone()).unwrap();
+        assert_eq!((c.bind_addr.to_string(), c.http_port, c.rpc_port), ("127.0.0.1".to_string(), 5646, 5647));
+        assert_eq!((c.advertise_http.as_str(), c.advertise_rpc.as_str()), ("127.0.0.1:5646", "127.0.0.1:5647"));
+        assert_eq!(c.client.as_ref().unwrap().servers, vec!["127.0.0.1:5647"], "its own client follows the RPC port");
+        let c = resolve("addresses {\n  http = \"127.0.0.2\"\n  rpc = \"127.0.0.3\"\n}\n", dev.clone()).unwrap();
+        assert_eq!((c.bind_addr.to_string(), c.rpc_bind_addr.to_string()), ("127.0.0.2".to_string(), "127.0.0.3".to_string()));
+        assert_eq!((c.advertise_http.as_str(), c.advertise_rpc.as_str()), ("127.0.0.2:4646", "127.0.0.3:4647"));
+        let c = resolve("ports {\n  http = 5646\n}\n", AgentFlags { http_port: Some(0), ..dev.clone() }).unwrap();
+        assert_eq!(c.http_port, 0, "-http-port wins over the file");
+        let e = resolve("addresses {\n  http = \"eth0\"\n}\n", dev).unwrap_err().to_string();
+        assert!(e.contains("addresses.http") && e.contains("\"eth0\" is not an IP address"), "{e}");
+    }
+
+    #[test]
+    fn nomads_client_and_server_flags_override_the_file() {
+        let file = "client {\n  node_class = \"file\"\n  meta {\n    rack = \"r1\"\n    zone = \"z1\"\n  }\n}\nserver {\n  encrypt = \"ZmlsZQ==\"\n}\n";
+        let flags = AgentFlags {
+            dev: true,
+            encrypt: Some("ZmxhZw==".into()),
+            state_dir: Some("/s".into()),
+            alloc_dir: Some("/a".into()),
+            node_class: Some("gpu".into()),
+            node_pool: Some("batch".into()),
+            meta: vec!["rack=r9".into(), "owner=ops=1".into()],
+            ..Default::default()
+        };
+        let c = resolve(file, flags.clone()).unwrap();
+        assert_eq!(c.server.as_ref().unwrap().encrypt.as_deref(), Some("ZmxhZw=="));
+        let client = c.client.as_ref().unwrap();
+        assert_eq!((client.state_dir.as_path(), client.alloc_dir.as_path()), (std::path::Path::new("/s"), std::path::Path::new("/a")));
+        assert_eq!((client.node_class.as_str(), client.node_pool.as_str()), ("gpu", "batch"));
+        let meta: Vec<(&str, &str)> = client.meta.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(meta, vec![("owner", "ops=1"), ("rack", "r9"), ("zone", "z1")]);
+        let e = resolve("", AgentFlags { meta: vec!["novalue".into()], ..flags }).unwrap_err().to_string();
+        assert!(e.contains("-meta: \"novalue\" is not key=value"), "{e}");
     }
 
     #[test]

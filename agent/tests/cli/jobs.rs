@@ -170,3 +170,70 @@ async fn ctrl_c_stops_monitoring_but_leaves_the_job_submitted() {
     let job = api.server.store.snapshot().job("default", "hello").cloned().expect("still registered");
     assert!(!job.stop, "an interrupted monitor does not stop the job");
 }
+
+/// The job as the user gave it: what a server keeps, minus what it sets itself.
+fn user_fields(job: &nomad_proto::Job) -> serde_json::Value {
+    let mut v = serde_json::to_value(job).unwrap();
+    for server_set in
+        ["CreateIndex", "ModifyIndex", "JobModifyIndex", "SubmitTime", "Status", "StatusDescription", "Stable", "Version", "Stop"]
+    {
+        v.as_object_mut().unwrap().remove(server_set);
+    }
+    v
+}
+
+#[tokio::test]
+async fn a_json_job_from_job_inspect_or_job_run_output_runs_again_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Api::start().await;
+    first.nomad(&["job", "run", "-detach", &example("hello.nomad.hcl")]).await.expect_code(0);
+    let original = user_fields(first.server.store.snapshot().job("default", "hello").unwrap());
+
+    // `job inspect` output, as it is: read as JSON by content, or with -json.
+    let inspected = first.nomad(&["job", "inspect", "hello"]).await;
+    inspected.expect_code(0);
+    let inspect_file = dir.path().join("inspect.json");
+    std::fs::write(&inspect_file, &inspected.stdout).unwrap();
+    for flags in [&[][..], &["-json"]] {
+        let second = Api::start().await;
+        let mut args = vec!["job", "run", "-detach"];
+        args.extend_from_slice(flags);
+        args.push(inspect_file.to_str().unwrap());
+        second.nomad(&args).await.expect_code(0).stdout_has("Job registration successful");
+        let job = second.server.store.snapshot().job("default", "hello").cloned().expect("registered from JSON");
+        assert_eq!(user_fields(&job), original, "{flags:?}");
+    }
+
+    // The job object alone, without the `Job` key.
+    let bare: serde_json::Value = serde_json::from_str(&inspected.stdout).unwrap();
+    let bare_file = dir.path().join("bare.json");
+    std::fs::write(&bare_file, serde_json::to_string(&bare["Job"]).unwrap()).unwrap();
+    crate::support::nomad(&["job", "validate", bare_file.to_str().unwrap()]).await.expect_code(0);
+    let third = Api::start().await;
+    third.nomad(&["job", "run", "-detach", "-json", bare_file.to_str().unwrap()]).await.expect_code(0);
+    assert_eq!(user_fields(third.server.store.snapshot().job("default", "hello").unwrap()), original);
+
+    // `job run -output` prints the JSON without submitting (no server is asked), Nomad's shape.
+    let dead = format!("http://127.0.0.1:{}", crate::support::closed_port());
+    let output = crate::support::nomad(&["job", "run", "-output", "-address", &dead, &example("hello.nomad.hcl")]).await;
+    output.expect_code(0);
+    assert!(output.stdout.starts_with("{\n    \"Job\": {\n        \""), "indented four spaces: {}", output.stdout);
+    let printed: serde_json::Value = serde_json::from_str(&output.stdout).unwrap();
+    assert_eq!(printed["Job"]["ID"], "hello");
+    let output_file = dir.path().join("output.json");
+    std::fs::write(&output_file, &output.stdout).unwrap();
+    let fourth = Api::start().await;
+    fourth.nomad(&["job", "run", "-detach", "-json", output_file.to_str().unwrap()]).await.expect_code(0);
+    assert_eq!(user_fields(fourth.server.store.snapshot().job("default", "hello").unwrap()), original);
+
+    // Variables belong to HCL2 files.
+    crate::support::nomad(&["job", "run", "-json", "-var", "a=1", output_file.to_str().unwrap()])
+        .await
+        .expect_code(1)
+        .stderr_has("cannot use variables with JSON files.");
+    std::fs::write(dir.path().join("broken.json"), "{\"Job\": [1]}").unwrap();
+    crate::support::nomad(&["job", "validate", dir.path().join("broken.json").to_str().unwrap()])
+        .await
+        .expect_code(1)
+        .stderr_has("Failed to parse JSON job: Job: expected a JSON object");
+}

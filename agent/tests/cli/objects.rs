@@ -53,7 +53,7 @@ async fn node_eligibility_and_drain_toggle_through_the_cli() {
         .expect_code(0)
         .stdout_has("Node \"4e0d0001-aaaa-bbbb-cccc-000000000001\" scheduling eligibility set: ineligible for scheduling");
     api.nomad(&["node", "status", "4e0d"]).await.expect_code(0).stdout_has("Eligibility   = ineligible");
-    api.nomad(&["node", "eligibility", "4e0d"]).await.expect_code(1).stderr_has("--enable");
+    api.nomad(&["node", "eligibility", "4e0d"]).await.expect_code(1).stderr_has("<-enable|-disable>");
     api.nomad(&["node", "drain", "-enable", "-yes", "-detach", "4e0d"])
         .await
         .expect_code(0)

@@ -258,3 +258,92 @@ fn a_dev_agent_stopped_with_ctrl_c_leaves_no_task_cgroup_or_container_behind() {
         .count();
     assert_eq!(tasks, 0, "a process of the web alloc outlived the dev agent");
 }
+
+/// A process killed (and waited for) when the test ends, however it ends.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_dev_agent_moved_by_bind_and_a_ports_block_answers_there_healthy_and_logs_without_colors() {
+    let dir = tempfile::tempdir().unwrap();
+    let ports = nomad_e2e::cluster::reserve_ports(2).unwrap();
+    let (http_port, rpc_port) = (ports[0], ports[1]);
+    let config = dir.path().join("ports.hcl");
+    std::fs::write(&config, format!("ports {{\n  http = {http_port}\n  rpc  = {rpc_port}\n}}\n")).unwrap();
+    let stderr = dir.path().join("agent.stderr.log");
+    let stdout = dir.path().join("agent.stdout.log");
+    // Nomad's flags only: -bind and a config file's ports {}; stderr goes to a file, not a terminal.
+    let child = Command::new(nomad_e2e::binary())
+        .args(["agent", "-dev", "-bind", "127.0.0.1", "-data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("-config")
+        .arg(&config)
+        .stdout(std::fs::File::create(&stdout).unwrap())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    let mut agent = KillOnDrop(child);
+    let logs =
+        || format!("{}\n{}", std::fs::read_to_string(&stdout).unwrap_or_default(), std::fs::read_to_string(&stderr).unwrap_or_default());
+
+    let http = HttpClient::new(&format!("127.0.0.1:{http_port}"));
+    let health = wait_for("the dev agent to be healthy on its configured port", SETTLE, || {
+        let reply = http.get("/v1/agent/health").ok()?;
+        (reply.status == 200).then(|| reply.json().ok()).flatten()
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    assert_eq!(health, serde_json::json!({"client": {"ok": true, "message": "ok"}, "server": {"ok": true, "message": "ok"}}));
+    let me = http.get_json("/v1/agent/self").unwrap();
+    assert_eq!(me["config"]["Ports"]["RPC"], rpc_port, "{me}");
+    let root = http.request("GET", "/", None).unwrap();
+    assert_eq!((root.status, root.header("location")), (307, Some("/ui/")));
+    let ui = http.get("/ui/").unwrap();
+    assert!(ui.status == 200 && ui.text().contains("no web UI"), "{} {}", ui.status, ui.text());
+
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent.0.id() as i32), Signal::SIGINT).unwrap();
+    let status = wait_for("the dev agent to stop", SETTLE, || agent.0.try_wait().ok().flatten()).unwrap();
+    assert!(status.success(), "{status}\n{}", logs());
+    let log = std::fs::read_to_string(&stderr).unwrap();
+    assert!(log.contains("INFO"), "the agent logged to stderr: {log}");
+    assert!(!log.contains("\x1b["), "color escapes in a log file:\n{log}");
+}
+
+fn demo(env: &[(&str, &str)]) -> Run {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/demo");
+    let mut cmd = Command::new(script);
+    cmd.env("NOMAD_RS_BIN", nomad_e2e::binary()).env_remove("DEMO_HTTP_PORT").env_remove("DEMO_RPC_PORT").env_remove("KEEP_RUNNING");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run scripts/demo");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+#[test]
+fn the_demo_runs_its_own_agent_beside_another_and_fails_when_it_cannot_bind() {
+    let dir = tempfile::tempdir().unwrap();
+    let other = crate::single_server(&dir.path().join("other"));
+    // The caller's NOMAD_ADDR points at another agent: the demo talks to its own.
+    let run = demo(&[("NOMAD_ADDR", &format!("http://{}", other.http_addr))]).expect(0, "scripts/demo beside another agent");
+    assert!(run.stdout.contains("hello from"), "the demo showed its task's log:\n{}", run.stdout);
+    let jobs = other.http().get_json("/v1/jobs").unwrap();
+    assert_eq!(jobs, serde_json::json!([]), "the other agent was not used");
+
+    // Its port taken: the demo fails, saying why, instead of talking to whoever holds the port.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let run = demo(&[("DEMO_HTTP_PORT", &port)]);
+    assert_eq!(run.code, 1, "--- stdout\n{}\n--- stderr\n{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains("demo: the dev agent exited before it listened"), "{}", run.stderr);
+    assert!(run.stderr.contains("binding the HTTP listener"), "the agent's own error is shown: {}", run.stderr);
+}

@@ -3,8 +3,9 @@
 //! One file per resource. Handlers parse the query options, run a blocking
 //! query against state snapshots or call an endpoint, and answer in Nomad's
 //! shapes: JSON with `X-Nomad-Index`/`X-Nomad-KnownLeader`/`X-Nomad-LastContact`,
-//! plain-text errors with Nomad's status codes, 405 `Invalid method`, and an
-//! empty 404 for unknown paths.
+//! plain-text errors with Nomad's status codes, 405 `Invalid method`, and Go's
+//! `404 page not found` for unknown paths. `health.rs` holds the agent-wide routes
+//! (`/v1/agent/health`, `/`, `/ui/`) the agent merges beside the server's and client's.
 
 mod agent;
 mod allocs;
@@ -12,6 +13,7 @@ mod evals;
 mod events;
 pub mod filter;
 pub mod forward;
+pub mod health;
 mod jobs;
 pub mod listener;
 mod namespaces;

@@ -1,5 +1,6 @@
-//! `nomad-rs job ...`: run, status, stop, plan, inspect, validate.
+//! `nomad-rs job ...`: run, status, stop, plan, inspect, validate, init.
 
+pub mod init;
 pub mod inspect;
 pub mod plan;
 pub mod run;
@@ -43,6 +44,8 @@ pub enum JobCommand {
     Inspect(inspect::InspectArgs),
     /// Check a job file without submitting it.
     Validate(validate::ValidateArgs),
+    /// Write an example job file to start from.
+    Init(init::InitArgs),
 }
 
 /// Runs a job command.
@@ -54,6 +57,7 @@ pub async fn run(a: JobArgs) -> CmdResult {
         JobCommand::Plan(p) => plan::run(&a.api, p).await,
         JobCommand::Inspect(i) => inspect::run(&a.api, i).await,
         JobCommand::Validate(v) => validate::run(v),
+        JobCommand::Init(i) => init::run(i),
     }
 }
 
@@ -66,6 +70,10 @@ pub struct JobFileArgs {
     /// A file of HCL2 variable values (repeatable).
     #[arg(long = "var-file", value_name = "PATH")]
     pub var_files: Vec<String>,
+    /// Read the job file as JSON: `{"Job": {...}}` as `job inspect` and `job run -output` print
+    /// it, or the job object alone. A file whose first character is `{` is read as JSON anyway.
+    #[arg(long)]
+    pub json: bool,
     /// The job file, or `-` for stdin.
     #[arg(value_name = "FILE")]
     pub file: String,
@@ -82,6 +90,8 @@ pub struct LoadedJob {
     pub variable_flags: BTreeMap<String, String>,
     /// The variable files' contents, concatenated.
     pub variables: String,
+    /// How the file was written: `hcl2` or `json` (the submission's `Format`).
+    pub format: &'static str,
 }
 
 /// Parses `-var` values; `NOMAD_VAR_<name>` environment variables come first and flags win.
@@ -116,6 +126,9 @@ pub fn load(args: &JobFileArgs) -> Result<LoadedJob, Failure> {
         let s = std::fs::read_to_string(&args.file).map_err(|e| Failure::new(format!("Error reading job file {}: {e}", args.file)))?;
         (args.file.clone(), s)
     };
+    if args.json || looks_like_json(&source) {
+        return load_json(&name, source, args);
+    }
     let mut var_files = Vec::new();
     for f in &args.var_files {
         let text = std::fs::read_to_string(f).map_err(|e| Failure::new(format!("Error reading variable file {f}: {e}")))?;
@@ -130,7 +143,44 @@ pub fn load(args: &JobFileArgs) -> Result<LoadedJob, Failure> {
         source,
         variable_flags: flag_vars,
         variables: var_files.into_iter().map(|(_, t)| t).collect::<Vec<_>>().join("\n"),
+        format: "hcl2",
     })
+}
+
+/// Whether a job file is JSON: an HCL2 file cannot start with `{`.
+fn looks_like_json(source: &str) -> bool {
+    source.trim_start().starts_with('{')
+}
+
+/// Reads a JSON job file as Nomad's `-json` does: the value of a top-level `Job` key when there
+/// is one (`job inspect`, `job run -output`), else the whole object, decoded with the API's
+/// manners (keys in any case, unknown keys ignored).
+fn load_json(name: &str, source: String, args: &JobFileArgs) -> Result<LoadedJob, Failure> {
+    if !args.vars.is_empty() || !args.var_files.is_empty() {
+        return Err(Failure::new("Error parsing job file: cannot use variables with JSON files."));
+    }
+    let bad = |e: &dyn std::fmt::Display| Failure::new(format!("Error parsing job file: {name}: Failed to parse JSON job: {e}"));
+    if source.len() > nomad_proto::jobspec::MAX_JOBSPEC_BYTES {
+        return Err(bad(&format!(
+            "the file is {} bytes; a job file may be at most {}",
+            source.len(),
+            nomad_proto::jobspec::MAX_JOBSPEC_BYTES
+        )));
+    }
+    nomad_proto::lenient::check_depth(source.as_bytes(), nomad_proto::lenient::MAX_REQUEST_DEPTH).map_err(|e| bad(&e))?;
+    let value: serde_json::Value = serde_json::from_str(&source).map_err(|e| bad(&e))?;
+    let serde_json::Value::Object(mut top) = value else {
+        return Err(bad(&"the file is not a JSON object"));
+    };
+    // Go's decoder matches the `Job` key in any case.
+    let nested = top.keys().find(|k| k.eq_ignore_ascii_case("job")).cloned();
+    let job_value = match nested.and_then(|k| top.remove(&k)) {
+        Some(v @ serde_json::Value::Object(_)) => v,
+        Some(_) => return Err(bad(&"Job: expected a JSON object")),
+        None => serde_json::Value::Object(top),
+    };
+    let job: Job = nomad_proto::lenient::from_value(job_value).map_err(|e| bad(&e))?;
+    Ok(LoadedJob { job, source, variable_flags: BTreeMap::new(), variables: String::new(), format: "json" })
 }
 
 #[cfg(test)]

@@ -25,6 +25,9 @@ pub struct RunArgs {
     /// Show full IDs.
     #[arg(long)]
     pub verbose: bool,
+    /// Print the job as JSON the HTTP API takes (`{"Job": ...}`) instead of submitting it.
+    #[arg(long)]
+    pub output: bool,
     /// Stop monitoring after this long (the job keeps running).
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_timeout)]
     pub timeout: Duration,
@@ -85,7 +88,7 @@ pub async fn register(ctx: &Ctx, loaded: &LoadedJob, check_index: Option<u64>) -
         job_modify_index: check_index.unwrap_or(0),
         submission: json!({
             "Source": loaded.source,
-            "Format": "hcl2",
+            "Format": loaded.format,
             "VariableFlags": loaded.variable_flags,
             "Variables": loaded.variables,
         }),
@@ -100,9 +103,22 @@ pub async fn register(ctx: &Ctx, loaded: &LoadedJob, check_index: Option<u64>) -
     Ok(resp.value)
 }
 
+/// `job run -output`: the job as the register request carries it, `{"Job": ...}` indented four
+/// spaces as Nomad prints it; `job run -json` reads it back.
+pub fn output_json(job: &nomad_proto::Job) -> Result<String, Failure> {
+    let mut buf = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut buf, serde_json::ser::PrettyFormatter::with_indent(b"    "));
+    json!({ "Job": job }).serialize(&mut ser).map_err(|e| Failure::new(format!("Error converting job: {e}")))?;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
 /// Runs `job run`.
 pub async fn run(api: &ApiFlags, args: RunArgs) -> CmdResult {
     let loaded = load(&args.file)?;
+    if args.output {
+        println!("{}", output_json(&loaded.job)?);
+        return Ok(exit::OK);
+    }
     let ctx = Ctx::new(api)?;
     let resp = register(&ctx, &loaded, args.check_index).await?;
     if !resp.warnings.is_empty() {
