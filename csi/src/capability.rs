@@ -23,12 +23,19 @@ pub fn access_mode(nomad: &str) -> Option<Mode> {
 
 /// The capability for Nomad's attachment mode, access mode and mount options (file systems
 /// only), or the error Nomad gives for a name it does not know.
-pub fn volume_capability(attachment_mode: &str, nomad_access_mode: &str, fs_type: &str, mount_flags: &[String]) -> Result<VolumeCapability, String> {
+pub fn volume_capability(
+    attachment_mode: &str,
+    nomad_access_mode: &str,
+    fs_type: &str,
+    mount_flags: &[String],
+) -> Result<VolumeCapability, String> {
     let access_type = match attachment_mode {
         ATTACHMENT_BLOCK_DEVICE => AccessType::Block(BlockVolume {}),
-        ATTACHMENT_FILE_SYSTEM => {
-            AccessType::Mount(MountVolume { fs_type: fs_type.to_string(), mount_flags: mount_flags.to_vec(), volume_mount_group: String::new() })
-        }
+        ATTACHMENT_FILE_SYSTEM => AccessType::Mount(MountVolume {
+            fs_type: fs_type.to_string(),
+            mount_flags: mount_flags.to_vec(),
+            volume_mount_group: String::new(),
+        }),
         other => return Err(format!("unknown volume attachment mode: {other}")),
     };
     let mode = access_mode(nomad_access_mode).ok_or_else(|| format!("unknown volume access mode: {nomad_access_mode}"))?;
@@ -39,7 +46,11 @@ pub fn volume_capability(attachment_mode: &str, nomad_access_mode: &str, fs_type
 pub fn is_writer(mode: Mode) -> bool {
     matches!(
         mode,
-        Mode::SingleNodeWriter | Mode::MultiNodeSingleWriter | Mode::MultiNodeMultiWriter | Mode::SingleNodeSingleWriter | Mode::SingleNodeMultiWriter
+        Mode::SingleNodeWriter
+            | Mode::MultiNodeSingleWriter
+            | Mode::MultiNodeMultiWriter
+            | Mode::SingleNodeSingleWriter
+            | Mode::SingleNodeMultiWriter
     )
 }
 
@@ -129,7 +140,7 @@ mod tests {
         );
         let block = volume_capability(ATTACHMENT_BLOCK_DEVICE, "single-node-writer", "", &[]).unwrap();
         assert!(check_confirmed(&want, std::slice::from_ref(&block)).unwrap_err().contains("'block-device' access type was not requested"));
-        assert!(check_confirmed(&block, &[want.clone()]).unwrap_err().contains("'file-system' access type was not requested"));
-        assert_eq!(check_confirmed(&block, &[block.clone()]), Ok(()), "block against block: nothing to contradict");
+        assert!(check_confirmed(&block, std::slice::from_ref(&want)).unwrap_err().contains("'file-system' access type was not requested"));
+        assert_eq!(check_confirmed(&block, std::slice::from_ref(&block)), Ok(()), "block against block: nothing to contradict");
     }
 }

@@ -224,7 +224,10 @@ pub trait CsiPluginClient: Send + Sync {
     /// `ControllerGetCapabilities`, once.
     fn controller_capabilities(&self) -> BoxFuture<'_, Result<ControllerCapabilities, CsiError>>;
     /// `ControllerPublishVolume`, with retries; the publish context for the node calls.
-    fn controller_publish_volume(&self, request: v1::ControllerPublishVolumeRequest) -> BoxFuture<'_, Result<HashMap<String, String>, CsiError>>;
+    fn controller_publish_volume(
+        &self,
+        request: v1::ControllerPublishVolumeRequest,
+    ) -> BoxFuture<'_, Result<HashMap<String, String>, CsiError>>;
     /// `ControllerUnpublishVolume`, with retries; `NOT_FOUND` is ignorable.
     fn controller_unpublish_volume(&self, request: v1::ControllerUnpublishVolumeRequest) -> BoxFuture<'_, Result<(), CsiError>>;
     /// `CreateVolume`, with retries: the volume as created (or as it already was).
@@ -345,8 +348,17 @@ impl GrpcPluginClient {
             let failure = if !self.socket.exists() {
                 Failure::NoSocket
             } else {
+                let started = tokio::time::Instant::now();
                 match tokio::time::timeout(per_try, attempt(self.channel.clone(), per_try)).await {
                     Ok(Ok(response)) => return Ok(response.into_inner()),
+                    // The deadline travels in the grpc-timeout header, and tonic's server and
+                    // client end a call that outlives it with CANCELLED (Go: DEADLINE_EXCEEDED).
+                    Ok(Err(status))
+                        if status.code() == Code::DeadlineExceeded
+                            || (status.code() == Code::Cancelled && started.elapsed() >= per_try) =>
+                    {
+                        Failure::Timeout
+                    }
                     Ok(Err(status)) => Failure::Status(status),
                     Err(_) => Failure::Timeout,
                 }
@@ -381,7 +393,9 @@ impl GrpcPluginClient {
 
     fn error(&self, method: &'static str, per_try: Duration, failure: Failure, attempts: u32, explain: Explain<'_>) -> CsiError {
         match failure {
-            Failure::NoSocket => CsiError::Unreachable { method, reason: format!("CSI plugin socket {} does not exist", self.socket.display()) },
+            Failure::NoSocket => {
+                CsiError::Unreachable { method, reason: format!("CSI plugin socket {} does not exist", self.socket.display()) }
+            }
             Failure::Timeout => CsiError::Timeout { method, after: per_try, attempts },
             Failure::Status(status) => {
                 let code = status.code();
@@ -488,12 +502,14 @@ impl CsiPluginClient for GrpcPluginClient {
             let (id, path) = (req.volume_id.clone(), req.staging_target_path.clone());
             let explain = move |code| match code {
                 Code::NotFound => Some((false, format!("volume {id:?} could not be found"))),
-                Code::AlreadyExists => {
-                    Some((false, format!("volume {id:?} is already staged to {path:?} but with incompatible capabilities for this request")))
-                }
-                Code::FailedPrecondition => {
-                    Some((false, format!("volume {id:?} is already published on another node and does not have MULTI_NODE volume capability")))
-                }
+                Code::AlreadyExists => Some((
+                    false,
+                    format!("volume {id:?} is already staged to {path:?} but with incompatible capabilities for this request"),
+                )),
+                Code::FailedPrecondition => Some((
+                    false,
+                    format!("volume {id:?} is already published on another node and does not have MULTI_NODE volume capability"),
+                )),
                 Code::Internal => Some((false, INTERNAL_NODE.to_string())),
                 _ => None,
             };
@@ -542,9 +558,10 @@ impl CsiPluginClient for GrpcPluginClient {
                         "volume {id:?} is already published at target path {path:?} but with capabilities or a read_only setting incompatible with this request"
                     ),
                 )),
-                Code::FailedPrecondition => {
-                    Some((false, format!("volume {id:?} is already published on another node and does not have MULTI_NODE volume capability")))
-                }
+                Code::FailedPrecondition => Some((
+                    false,
+                    format!("volume {id:?} is already published on another node and does not have MULTI_NODE volume capability"),
+                )),
                 Code::Internal => Some((false, INTERNAL_NODE.to_string())),
                 _ => None,
             };
@@ -582,14 +599,19 @@ impl CsiPluginClient for GrpcPluginClient {
         Box::pin(async move {
             let response = self
                 .once("ControllerGetCapabilities", self.timeouts.fingerprint, |channel, timeout| async move {
-                    ControllerClient::new(channel).controller_get_capabilities(request(v1::ControllerGetCapabilitiesRequest {}, timeout)).await
+                    ControllerClient::new(channel)
+                        .controller_get_capabilities(request(v1::ControllerGetCapabilitiesRequest {}, timeout))
+                        .await
                 })
                 .await?;
             Ok(ControllerCapabilities::from(&response))
         })
     }
 
-    fn controller_publish_volume(&self, req: v1::ControllerPublishVolumeRequest) -> BoxFuture<'_, Result<HashMap<String, String>, CsiError>> {
+    fn controller_publish_volume(
+        &self,
+        req: v1::ControllerPublishVolumeRequest,
+    ) -> BoxFuture<'_, Result<HashMap<String, String>, CsiError>> {
         Box::pin(async move {
             let method = "ControllerPublishVolume";
             require(method, !req.volume_id.is_empty(), "volume ID")?;
@@ -604,10 +626,13 @@ impl CsiPluginClient for GrpcPluginClient {
                         "volume {id:?} is already published at node {node:?} but with capabilities or a read_only setting incompatible with this request"
                     ),
                 )),
-                Code::ResourceExhausted => Some((false, format!("node {node:?} has reached the maximum allowable number of attached volumes"))),
-                Code::FailedPrecondition => {
-                    Some((false, format!("volume {id:?} is already published on another node and does not have MULTI_NODE volume capability")))
+                Code::ResourceExhausted => {
+                    Some((false, format!("node {node:?} has reached the maximum allowable number of attached volumes")))
                 }
+                Code::FailedPrecondition => Some((
+                    false,
+                    format!("volume {id:?} is already published on another node and does not have MULTI_NODE volume capability"),
+                )),
                 Code::Internal => Some((false, INTERNAL_CONTROLLER.to_string())),
                 _ => None,
             };

@@ -29,6 +29,9 @@ pub enum EndpointError {
         /// Its length in bytes.
         len: usize,
     },
+    /// A channel was asked for outside a tokio runtime (it runs a background task).
+    #[error("a CSI channel needs a tokio runtime to run in")]
+    NoRuntime,
     /// Binding the listener failed.
     #[error("listening on CSI socket {}: {source}", path.display())]
     Listen {
@@ -56,9 +59,11 @@ fn check_length(path: &Path) -> Result<(), EndpointError> {
 }
 
 /// A gRPC channel to the plugin listening at `socket`. It dials when first used and again
-/// after the connection drops (a restarted plugin), so creating it never fails or waits.
+/// after the connection drops (a restarted plugin), so creating it never waits. It must be
+/// created inside a tokio runtime.
 pub fn channel(socket: &Path) -> Result<Channel, EndpointError> {
     check_length(socket)?;
+    tokio::runtime::Handle::try_current().map_err(|_| EndpointError::NoRuntime)?;
     let socket = socket.to_path_buf();
     // The URI is never dialled; its authority is what Nomad sends too ("localhost").
     let endpoint = Endpoint::from_static("http://localhost").connect_timeout(DIAL_TIMEOUT);
@@ -98,6 +103,11 @@ mod tests {
         let long = format!("unix:///{}", "a".repeat(MAX_SOCKET_PATH));
         let err = socket_path(&long).unwrap_err().to_string();
         assert!(err.contains("108 bytes, longer than the 107"), "{err}");
+    }
+
+    #[test]
+    fn a_channel_outside_a_runtime_is_an_error_not_a_panic() {
+        assert!(matches!(channel(Path::new("/run/csi.sock")), Err(EndpointError::NoRuntime)));
     }
 
     #[tokio::test]

@@ -76,7 +76,7 @@ impl Faults {
         match failures_left.get_mut(method) {
             Some(left) if *left > 0 => {
                 *left -= 1;
-                tracing::warn!(method, left = *left, "injected failure");
+                // Logged by the caller with the method, like every failure.
                 Err(Status::unavailable(format!("injected failure of {method} (--fail-times), {} more to come", *left)))
             }
             _ => Ok(()),

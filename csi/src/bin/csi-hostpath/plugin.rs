@@ -123,7 +123,8 @@ fn usage(capability: Option<&v1::VolumeCapability>) -> Result<Usage, Status> {
     // fs_type is not checked: bind mounts of a directory have no file system type of their own.
     let mut flags = MsFlags::empty();
     for name in &mount.mount_flags {
-        flags |= mounts::flag(name).ok_or_else(|| Status::invalid_argument(format!("mount flag {name:?} is not supported by bind mounts")))?;
+        flags |=
+            mounts::flag(name).ok_or_else(|| Status::invalid_argument(format!("mount flag {name:?} is not supported by bind mounts")))?;
     }
     Ok(Usage { reader_only: matches!(mode, Mode::SingleNodeReaderOnly | Mode::MultiNodeReaderOnly), flags })
 }
@@ -172,10 +173,12 @@ impl Plugin {
 
     fn get_plugin_capabilities(&self, _: v1::GetPluginCapabilitiesRequest) -> Result<v1::GetPluginCapabilitiesResponse, Status> {
         use v1::plugin_capability::{Service, Type, VolumeExpansion, service, volume_expansion};
-        let mut capabilities =
-            vec![v1::PluginCapability { r#type: Some(Type::VolumeExpansion(VolumeExpansion { r#type: volume_expansion::Type::Online as i32 })) }];
+        let mut capabilities = vec![v1::PluginCapability {
+            r#type: Some(Type::VolumeExpansion(VolumeExpansion { r#type: volume_expansion::Type::Online as i32 })),
+        }];
         if self.config.controller {
-            capabilities.push(v1::PluginCapability { r#type: Some(Type::Service(Service { r#type: service::Type::ControllerService as i32 })) });
+            capabilities
+                .push(v1::PluginCapability { r#type: Some(Type::Service(Service { r#type: service::Type::ControllerService as i32 })) });
         }
         Ok(v1::GetPluginCapabilitiesResponse { capabilities })
     }
@@ -286,7 +289,10 @@ impl Plugin {
             }
             let on_node = state.published.iter().filter(|p| p.node_id == req.node_id).count();
             if max > 0 && on_node as i64 >= max {
-                return Err(Status::resource_exhausted(format!("node {:?} has {on_node} volumes published, the most it takes", req.node_id)));
+                return Err(Status::resource_exhausted(format!(
+                    "node {:?} has {on_node} volumes published, the most it takes",
+                    req.node_id
+                )));
             }
             state.published.push(Publication { volume_id: req.volume_id.clone(), node_id: req.node_id.clone(), readonly: req.readonly });
             Ok(())
@@ -294,7 +300,10 @@ impl Plugin {
         Ok(v1::ControllerPublishVolumeResponse { publish_context: HashMap::new() })
     }
 
-    fn controller_unpublish_volume(&self, req: v1::ControllerUnpublishVolumeRequest) -> Result<v1::ControllerUnpublishVolumeResponse, Status> {
+    fn controller_unpublish_volume(
+        &self,
+        req: v1::ControllerUnpublishVolumeRequest,
+    ) -> Result<v1::ControllerUnpublishVolumeResponse, Status> {
         check_string("volume_id", &req.volume_id)?;
         // A volume or node that does not exist is unpublished already.
         self.state.update(|state| {
@@ -304,7 +313,10 @@ impl Plugin {
         Ok(v1::ControllerUnpublishVolumeResponse {})
     }
 
-    fn validate_volume_capabilities(&self, req: v1::ValidateVolumeCapabilitiesRequest) -> Result<v1::ValidateVolumeCapabilitiesResponse, Status> {
+    fn validate_volume_capabilities(
+        &self,
+        req: v1::ValidateVolumeCapabilitiesRequest,
+    ) -> Result<v1::ValidateVolumeCapabilitiesResponse, Status> {
         check_string("volume_id", &req.volume_id)?;
         required("volume_capabilities", !req.volume_capabilities.is_empty())?;
         let state = self.state.snapshot().map_err(|e| internal("reading the state", e))?;
@@ -329,12 +341,13 @@ impl Plugin {
             return Err(Status::invalid_argument("max_entries cannot be negative"));
         }
         let state = self.state.snapshot().map_err(|e| internal("reading the state", e))?;
-        let start = match req.starting_token.as_str() {
-            "" => 0,
-            token => token.parse::<usize>().ok().filter(|start| *start <= state.volumes.len()).ok_or_else(|| {
-                Status::aborted(format!("starting_token {token:?} is not one this plugin gave (or the volumes changed)"))
-            })?,
-        };
+        let start =
+            match req.starting_token.as_str() {
+                "" => 0,
+                token => token.parse::<usize>().ok().filter(|start| *start <= state.volumes.len()).ok_or_else(|| {
+                    Status::aborted(format!("starting_token {token:?} is not one this plugin gave (or the volumes changed)"))
+                })?,
+            };
         let take = if req.max_entries == 0 { usize::MAX } else { req.max_entries as usize };
         let entries: Vec<_> = state
             .volumes
@@ -367,10 +380,22 @@ impl Plugin {
         })
     }
 
-    fn controller_get_capabilities(&self, _: v1::ControllerGetCapabilitiesRequest) -> Result<v1::ControllerGetCapabilitiesResponse, Status> {
+    fn controller_get_capabilities(
+        &self,
+        _: v1::ControllerGetCapabilitiesRequest,
+    ) -> Result<v1::ControllerGetCapabilitiesResponse, Status> {
         use v1::controller_service_capability::{Rpc, Type, rpc::Type as R};
-        let rpcs = [R::CreateDeleteVolume, R::PublishUnpublishVolume, R::ListVolumes, R::GetCapacity, R::PublishReadonly, R::ExpandVolume, R::ListVolumesPublishedNodes];
-        let capabilities = rpcs.into_iter().map(|r| v1::ControllerServiceCapability { r#type: Some(Type::Rpc(Rpc { r#type: r as i32 })) }).collect();
+        let rpcs = [
+            R::CreateDeleteVolume,
+            R::PublishUnpublishVolume,
+            R::ListVolumes,
+            R::GetCapacity,
+            R::PublishReadonly,
+            R::ExpandVolume,
+            R::ListVolumesPublishedNodes,
+        ];
+        let capabilities =
+            rpcs.into_iter().map(|r| v1::ControllerServiceCapability { r#type: Some(Type::Rpc(Rpc { r#type: r as i32 })) }).collect();
         Ok(v1::ControllerGetCapabilitiesResponse { capabilities })
     }
 
@@ -382,7 +407,10 @@ impl Plugin {
         }
         let (capacity, _, _) = capacity_of(req.capacity_range.as_ref(), self.config.max_volume_size)?;
         let capacity_bytes = self.state.update(|state| {
-            let volume = state.volumes.get_mut(&req.volume_id).ok_or_else(|| Status::not_found(format!("volume {:?} does not exist", req.volume_id)))?;
+            let volume = state
+                .volumes
+                .get_mut(&req.volume_id)
+                .ok_or_else(|| Status::not_found(format!("volume {:?} does not exist", req.volume_id)))?;
             // Volumes never shrink.
             volume.capacity_bytes = volume.capacity_bytes.max(capacity);
             Ok::<_, Status>(volume.capacity_bytes)
@@ -405,12 +433,16 @@ impl Plugin {
             return if mounted.root.ends_with(&format!("/{}", req.volume_id)) && mounted.read_only == read_only {
                 Ok(v1::NodeStageVolumeResponse {})
             } else {
-                Err(Status::already_exists(format!("{} already holds another mount (or this volume with another access mode)", staging.display())))
+                Err(Status::already_exists(format!(
+                    "{} already holds another mount (or this volume with another access mode)",
+                    staging.display()
+                )))
             };
         }
         std::fs::create_dir_all(&staging).map_err(|e| internal(&format!("creating {}", staging.display()), e))?;
         let flags = usage.flags | if read_only { MsFlags::MS_RDONLY } else { MsFlags::empty() };
-        mounts::bind(&volume_dir, &staging, flags).map_err(|e| internal(&format!("bind-mounting the volume at {}", staging.display()), e))?;
+        mounts::bind(&volume_dir, &staging, flags)
+            .map_err(|e| internal(&format!("bind-mounting the volume at {}", staging.display()), e))?;
         Ok(v1::NodeStageVolumeResponse {})
     }
 
@@ -431,7 +463,9 @@ impl Plugin {
         check_map("publish_context", &req.publish_context)?;
         let source = if self.config.staging {
             if req.staging_target_path.is_empty() {
-                return Err(Status::failed_precondition("staging_target_path is required: this plugin stages volumes (NodeStageVolume first)"));
+                return Err(Status::failed_precondition(
+                    "staging_target_path is required: this plugin stages volumes (NodeStageVolume first)",
+                ));
             }
             let staging = check_path("staging_target_path", &req.staging_target_path)?;
             let staged = mounts::mounted_at(&staging).map_err(|e| internal("reading the mount table", e))?;
@@ -513,7 +547,8 @@ impl Plugin {
         if self.config.staging {
             rpcs.insert(0, R::StageUnstageVolume);
         }
-        let capabilities = rpcs.into_iter().map(|r| v1::NodeServiceCapability { r#type: Some(Type::Rpc(Rpc { r#type: r as i32 })) }).collect();
+        let capabilities =
+            rpcs.into_iter().map(|r| v1::NodeServiceCapability { r#type: Some(Type::Rpc(Rpc { r#type: r as i32 })) }).collect();
         Ok(v1::NodeGetCapabilitiesResponse { capabilities })
     }
 
@@ -552,7 +587,12 @@ pub struct Service(pub Arc<Plugin>);
 
 impl Service {
     /// Injected faults first, then the RPC on the blocking pool; every failure is logged.
-    async fn run<Req, Resp>(&self, method: &'static str, request: Request<Req>, rpc: fn(&Plugin, Req) -> Result<Resp, Status>) -> Result<Response<Resp>, Status>
+    async fn run<Req, Resp>(
+        &self,
+        method: &'static str,
+        request: Request<Req>,
+        rpc: fn(&Plugin, Req) -> Result<Resp, Status>,
+    ) -> Result<Response<Resp>, Status>
     where
         Req: Send + 'static,
         Resp: Send + 'static,
@@ -582,7 +622,10 @@ impl v1::identity_server::Identity for Service {
     async fn get_plugin_info(&self, r: Request<v1::GetPluginInfoRequest>) -> Result<Response<v1::GetPluginInfoResponse>, Status> {
         self.run("GetPluginInfo", r, Plugin::get_plugin_info).await
     }
-    async fn get_plugin_capabilities(&self, r: Request<v1::GetPluginCapabilitiesRequest>) -> Result<Response<v1::GetPluginCapabilitiesResponse>, Status> {
+    async fn get_plugin_capabilities(
+        &self,
+        r: Request<v1::GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<v1::GetPluginCapabilitiesResponse>, Status> {
         self.run("GetPluginCapabilities", r, Plugin::get_plugin_capabilities).await
     }
     async fn probe(&self, r: Request<v1::ProbeRequest>) -> Result<Response<v1::ProbeResponse>, Status> {
@@ -643,7 +686,10 @@ impl v1::controller_server::Controller for Service {
     ) -> Result<Response<v1::ControllerExpandVolumeResponse>, Status> {
         self.run("ControllerExpandVolume", r, Plugin::controller_expand_volume).await
     }
-    async fn controller_get_volume(&self, _: Request<v1::ControllerGetVolumeRequest>) -> Result<Response<v1::ControllerGetVolumeResponse>, Status> {
+    async fn controller_get_volume(
+        &self,
+        _: Request<v1::ControllerGetVolumeRequest>,
+    ) -> Result<Response<v1::ControllerGetVolumeResponse>, Status> {
         unimplemented("ControllerGetVolume")
     }
 }
@@ -653,22 +699,37 @@ impl v1::node_server::Node for Service {
     async fn node_stage_volume(&self, r: Request<v1::NodeStageVolumeRequest>) -> Result<Response<v1::NodeStageVolumeResponse>, Status> {
         self.run("NodeStageVolume", r, Plugin::node_stage_volume).await
     }
-    async fn node_unstage_volume(&self, r: Request<v1::NodeUnstageVolumeRequest>) -> Result<Response<v1::NodeUnstageVolumeResponse>, Status> {
+    async fn node_unstage_volume(
+        &self,
+        r: Request<v1::NodeUnstageVolumeRequest>,
+    ) -> Result<Response<v1::NodeUnstageVolumeResponse>, Status> {
         self.run("NodeUnstageVolume", r, Plugin::node_unstage_volume).await
     }
-    async fn node_publish_volume(&self, r: Request<v1::NodePublishVolumeRequest>) -> Result<Response<v1::NodePublishVolumeResponse>, Status> {
+    async fn node_publish_volume(
+        &self,
+        r: Request<v1::NodePublishVolumeRequest>,
+    ) -> Result<Response<v1::NodePublishVolumeResponse>, Status> {
         self.run("NodePublishVolume", r, Plugin::node_publish_volume).await
     }
-    async fn node_unpublish_volume(&self, r: Request<v1::NodeUnpublishVolumeRequest>) -> Result<Response<v1::NodeUnpublishVolumeResponse>, Status> {
+    async fn node_unpublish_volume(
+        &self,
+        r: Request<v1::NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<v1::NodeUnpublishVolumeResponse>, Status> {
         self.run("NodeUnpublishVolume", r, Plugin::node_unpublish_volume).await
     }
-    async fn node_get_volume_stats(&self, r: Request<v1::NodeGetVolumeStatsRequest>) -> Result<Response<v1::NodeGetVolumeStatsResponse>, Status> {
+    async fn node_get_volume_stats(
+        &self,
+        r: Request<v1::NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<v1::NodeGetVolumeStatsResponse>, Status> {
         self.run("NodeGetVolumeStats", r, Plugin::node_get_volume_stats).await
     }
     async fn node_expand_volume(&self, r: Request<v1::NodeExpandVolumeRequest>) -> Result<Response<v1::NodeExpandVolumeResponse>, Status> {
         self.run("NodeExpandVolume", r, Plugin::node_expand_volume).await
     }
-    async fn node_get_capabilities(&self, r: Request<v1::NodeGetCapabilitiesRequest>) -> Result<Response<v1::NodeGetCapabilitiesResponse>, Status> {
+    async fn node_get_capabilities(
+        &self,
+        r: Request<v1::NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<v1::NodeGetCapabilitiesResponse>, Status> {
         self.run("NodeGetCapabilities", r, Plugin::node_get_capabilities).await
     }
     async fn node_get_info(&self, r: Request<v1::NodeGetInfoRequest>) -> Result<Response<v1::NodeGetInfoResponse>, Status> {
@@ -717,7 +778,9 @@ mod tests {
         let err = |c: Option<&v1::VolumeCapability>| usage(c).err().map(|s| s.message().to_string()).unwrap_or_default();
         assert_eq!(err(None), "volume_capability is required");
         assert!(err(Some(&cap(mount(&[]), Mode::Unknown))).contains("access_mode is required"));
-        assert!(err(Some(&cap(Some(AccessType::Block(BlockVolume {})), Mode::SingleNodeWriter))).contains("block volumes are not supported"));
+        assert!(
+            err(Some(&cap(Some(AccessType::Block(BlockVolume {})), Mode::SingleNodeWriter))).contains("block volumes are not supported")
+        );
         assert!(err(Some(&cap(None, Mode::SingleNodeWriter))).contains("access_type is required"));
         assert!(err(Some(&cap(mount(&["discard"]), Mode::SingleNodeWriter))).contains("\"discard\" is not supported"));
     }
