@@ -8,7 +8,9 @@
 //!   capabilities, node info and capabilities), 2 min for each try of a volume call;
 //! - volume calls (stage, publish, unpublish, unstage, and the controller calls) are tried up to 3
 //!   times, with 100 ms then 200 ms between tries, when the plugin answers `UNAVAILABLE` or
-//!   `RESOURCE_EXHAUSTED`, when a try runs out of time, or when its socket is not there (yet);
+//!   `RESOURCE_EXHAUSTED`, when a try runs out of time, when the connection is lost mid-call
+//!   (tonic says `CANCELLED`, reported here as `UNAVAILABLE` as Go does), or when the socket is
+//!   not there (yet);
 //!   every other code is final. `Probe` and the fingerprint calls are tried once: their callers
 //!   loop ([`wait_until_ready`] is the supervisor's first loop);
 //! - requests are checked for the fields the specification requires before anything is sent;
@@ -358,6 +360,12 @@ impl GrpcPluginClient {
                             || (status.code() == Code::Cancelled && started.elapsed() >= per_try) =>
                     {
                         Failure::Timeout
+                    }
+                    // Nothing here cancels a call before its deadline: a CANCELLED now is
+                    // hyper giving up on a connection the plugin dropped (it died or
+                    // restarted), which Go reports as UNAVAILABLE and retries.
+                    Ok(Err(status)) if status.code() == Code::Cancelled => {
+                        Failure::Status(Status::unavailable(format!("the connection to the plugin was lost: {}", status.message())))
                     }
                     Ok(Err(status)) => Failure::Status(status),
                     Err(_) => Failure::Timeout,
