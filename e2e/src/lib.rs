@@ -216,6 +216,19 @@ impl Drop for Agent {
         }
         let _ = self.kill9();
         kill_executors_under(&self.dir);
+        unmount_under(&self.dir);
+    }
+}
+
+/// Detaches every mount under `dir` (a killed client leaves its tasks' `secrets/` tmpfs
+/// mounted by design, for the agent that restarts), deepest first, so the temp dir can go.
+fn unmount_under(dir: &Path) {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") else { return };
+    let mut points: Vec<&str> =
+        mounts.lines().filter_map(|l| l.split_whitespace().nth(1)).filter(|m| Path::new(m).starts_with(dir)).collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for point in points {
+        let _ = nix::mount::umount2(point, nix::mount::MntFlags::MNT_DETACH);
     }
 }
 
