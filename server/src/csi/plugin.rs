@@ -16,7 +16,7 @@ use nomad_proto::csi::{CsiInfo, CsiPlugin};
 #[derive(Debug, Clone, PartialEq)]
 pub enum PluginWrite {
     /// Insert or replace.
-    Upsert(CsiPlugin),
+    Upsert(Box<CsiPlugin>),
     /// Remove (no instance left).
     Delete(String),
 }
@@ -123,7 +123,7 @@ fn finish(changed: std::collections::BTreeMap<String, CsiPlugin>, index: u64) ->
                 PluginWrite::Delete(id)
             } else {
                 p.modify_index = index;
-                PluginWrite::Upsert(p)
+                PluginWrite::Upsert(Box::new(p))
             }
         })
         .collect()
@@ -153,7 +153,7 @@ mod tests {
         for w in writes {
             match w {
                 PluginWrite::Upsert(p) => {
-                    plugins.insert(p.id.clone(), Arc::new(p));
+                    plugins.insert(p.id.clone(), Arc::new(*p));
                 }
                 PluginWrite::Delete(id) => {
                     plugins.remove(&id);

@@ -35,7 +35,7 @@ impl State {
             .filter(|a| namespace.is_none_or(|ns| a.namespace == ns))
             .map(|a| a.stub(AllocStubFields::default()))
             .collect();
-        allocs.sort_by(|a, b| b.modify_index.cmp(&a.modify_index));
+        allocs.sort_by_key(|a| std::cmp::Reverse(a.modify_index));
         p.allocations = allocs;
         p
     }
@@ -47,7 +47,7 @@ impl Txn<'_> {
             let id = match w {
                 PluginWrite::Upsert(p) => {
                     let id = p.id.clone();
-                    self.state.csi_plugins.insert(id.clone(), Arc::new(p));
+                    self.state.csi_plugins.insert(id.clone(), Arc::new(*p));
                     id
                 }
                 PluginWrite::Delete(id) => {
