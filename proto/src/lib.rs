@@ -12,6 +12,7 @@ pub mod admission;
 pub mod alloc;
 pub mod canonicalize;
 pub mod cron;
+pub mod csi;
 pub mod eval;
 pub mod job;
 pub mod jobspec;

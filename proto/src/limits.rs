@@ -19,6 +19,7 @@
 //! | meta entries, key bytes, value bytes, total bytes per map | [`MAX_META_ENTRIES`], [`MAX_META_KEY_BYTES`], [`MAX_META_VALUE_BYTES`], [`MAX_META_TOTAL_BYTES`] |
 //! | encoded job (JSON, canonicalized) | [`MAX_JOB_ENCODED_BYTES`] |
 //! | node attributes, drivers, host volumes, links | [`MAX_NODE_ATTRIBUTES`], [`MAX_NODE_DRIVERS`], [`MAX_VOLUMES`], [`MAX_META_ENTRIES`] |
+//! | CSI volumes per register request; a volume's strings, lists and maps | [`MAX_CSI_VOLUMES_PER_REQUEST`], [`MAX_CSI_VOLUME_STRING_BYTES`], [`MAX_CSI_VOLUME_LIST`], [`MAX_META_ENTRIES`] |
 //!
 //! Resource values (CPU, memory, disk) are bounded by [`MAX_RESOURCE_VALUE`] in validation.
 
@@ -331,6 +332,63 @@ impl Node {
         }
         if let Some(r) = &self.reserved_resources {
             count(owner, "reserved CPU cores", r.cpu.reserved_cpu_cores.len(), usize::from(u16::MAX) + 1)?;
+        }
+        Ok(())
+    }
+}
+
+/// Volumes in one register request.
+pub const MAX_CSI_VOLUMES_PER_REQUEST: usize = 100;
+/// Capabilities, topologies (required and preferred each) and mount flags of one CSI volume.
+pub const MAX_CSI_VOLUME_LIST: usize = 100;
+/// Bytes of one CSI volume's ID, name, external, plugin, clone or snapshot ID, or mount flag.
+pub const MAX_CSI_VOLUME_STRING_BYTES: usize = 1024;
+
+impl crate::csi::CsiVolume {
+    /// Checks a volume being registered: its strings, lists and maps (`Parameters`, `Context`,
+    /// `Secrets`, topology segments) before any work in proportion to them.
+    pub fn check_limits(&self) -> Result<(), LimitError> {
+        let owner = || format!("volume {:?}", short(&self.id));
+        let strings = [
+            ("ID", &self.id),
+            ("Name", &self.name),
+            ("ExternalID", &self.external_id),
+            ("Namespace", &self.namespace),
+            ("PluginID", &self.plugin_id),
+            ("CloneID", &self.clone_id),
+            ("SnapshotID", &self.snapshot_id),
+        ];
+        for (what, v) in strings {
+            if v.len() > MAX_CSI_VOLUME_STRING_BYTES {
+                return Err(LimitError::TooLong { owner: owner(), what: what.into(), size: v.len(), max: MAX_CSI_VOLUME_STRING_BYTES });
+            }
+        }
+        check_meta(owner, "parameters", &self.parameters, MAX_META_ENTRIES)?;
+        check_meta(owner, "context", &self.context, MAX_META_ENTRIES)?;
+        check_meta(owner, "secrets", &self.secrets, MAX_META_ENTRIES)?;
+        count(owner, "capabilities", self.requested_capabilities.len(), MAX_CSI_VOLUME_LIST)?;
+        count(owner, "topologies", self.topologies.len(), MAX_CSI_VOLUME_LIST)?;
+        let mut segments: Vec<&crate::csi::CsiTopology> = self.topologies.iter().collect();
+        if let Some(r) = &self.requested_topologies {
+            count(owner, "required topologies", r.required.len(), MAX_CSI_VOLUME_LIST)?;
+            count(owner, "preferred topologies", r.preferred.len(), MAX_CSI_VOLUME_LIST)?;
+            segments.extend(r.required.iter().chain(&r.preferred));
+        }
+        for t in segments {
+            check_meta(owner, "topology segments", &t.segments, MAX_META_ENTRIES)?;
+        }
+        if let Some(m) = &self.mount_options {
+            count(owner, "mount flags", m.mount_flags.len(), MAX_CSI_VOLUME_LIST)?;
+            for f in m.mount_flags.iter().chain(std::iter::once(&m.fs_type)) {
+                if f.len() > MAX_CSI_VOLUME_STRING_BYTES {
+                    return Err(LimitError::TooLong {
+                        owner: owner(),
+                        what: "mount option".into(),
+                        size: f.len(),
+                        max: MAX_CSI_VOLUME_STRING_BYTES,
+                    });
+                }
+            }
         }
         Ok(())
     }

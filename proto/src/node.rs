@@ -145,10 +145,10 @@ pub struct Node {
     pub drivers: BTreeMap<String, DriverInfo>,
     /// CSI controller plugins on the node.
     #[serde(rename = "CSIControllerPlugins")]
-    pub csi_controller_plugins: BTreeMap<String, serde_json::Value>,
+    pub csi_controller_plugins: BTreeMap<String, crate::csi::CsiInfo>,
     /// CSI node plugins on the node.
     #[serde(rename = "CSINodePlugins")]
-    pub csi_node_plugins: BTreeMap<String, serde_json::Value>,
+    pub csi_node_plugins: BTreeMap<String, crate::csi::CsiInfo>,
     /// Host volumes.
     pub host_volumes: BTreeMap<String, HostVolume>,
     /// Host networks.

@@ -148,7 +148,7 @@ mod tests {
     use crate::rpc::{AllocsGetResponse, NodeRegisterRequest};
 
     fn register_with_plugins(depth: usize) -> String {
-        format!(r#"{{"Node":{{"ID":"n","CSINodePlugins":{{"p":{}1{}}}}}}}"#, "[".repeat(depth), "]".repeat(depth))
+        format!(r#"{{"Node":{{"ID":"n","HostNetworks":{{"p":{}1{}}}}}}}"#, "[".repeat(depth), "]".repeat(depth))
     }
 
     #[test]

@@ -25,6 +25,9 @@ pub enum EndpointError {
     /// Anything else (HTTP 500).
     #[error("{0}")]
     Internal(String),
+    /// A Nomad feature nomad-rs does not have yet (HTTP 501): refused, never half done.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl From<ValidationErrors> for EndpointError {
@@ -52,6 +55,7 @@ impl From<EndpointError> for tonic::Status {
             EndpointError::Invalid(m) => tonic::Status::failed_precondition(m),
             EndpointError::NoLeader => tonic::Status::unavailable("No cluster leader"),
             EndpointError::Internal(m) => tonic::Status::internal(m),
+            EndpointError::Unsupported(m) => tonic::Status::unimplemented(m),
         }
     }
 }
@@ -64,6 +68,7 @@ impl From<tonic::Status> for EndpointError {
             tonic::Code::NotFound => EndpointError::NotFound(m),
             tonic::Code::PermissionDenied => EndpointError::PermissionDenied(m),
             tonic::Code::FailedPrecondition => EndpointError::Invalid(m),
+            tonic::Code::Unimplemented => EndpointError::Unsupported(m),
             tonic::Code::Unavailable if m == "No cluster leader" => EndpointError::NoLeader,
             _ => EndpointError::Internal(m),
         }

@@ -6,6 +6,7 @@
 //! [`Consensus`]. Endpoints never mutate state themselves.
 
 mod alloc;
+mod csi;
 mod drain;
 mod eligibility;
 mod error;

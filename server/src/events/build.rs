@@ -21,8 +21,14 @@ fn event_type(cmd: &Command) -> Option<&'static str> {
         Command::PlanApply(_) | Command::PlanApplyBatch(_) => "PlanResult",
         Command::ServiceRegistrationUpsert { .. } => "ServiceRegistration",
         Command::ServiceRegistrationDeleteByAlloc { .. } | Command::ServiceRegistrationDeleteById { .. } => "ServiceDeregistration",
-        // Garbage collection and namespace changes emit nothing, as in Nomad.
-        Command::EvalDelete { .. } | Command::NamespaceUpsert { .. } | Command::NamespaceDelete { .. } => return None,
+        // Garbage collection and namespace changes emit nothing, as in Nomad. Nomad 1.6 has no
+        // CSI topics either (`CSIVolume`/`CSIPlugin` events came later).
+        Command::EvalDelete { .. }
+        | Command::NamespaceUpsert { .. }
+        | Command::NamespaceDelete { .. }
+        | Command::CsiVolumeRegister { .. }
+        | Command::CsiVolumeDeregister { .. }
+        | Command::CsiVolumeClaim { .. } => return None,
     })
 }
 

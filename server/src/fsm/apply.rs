@@ -173,6 +173,9 @@ fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnError> {
                 apply_plan(txn, plan.clone(), &mut jobs)?;
             }
         }
+        Command::CsiVolumeRegister { volumes } => txn.upsert_csi_volumes(volumes)?,
+        Command::CsiVolumeDeregister { namespace, volume_ids, force } => txn.deregister_csi_volumes(namespace, volume_ids, *force)?,
+        Command::CsiVolumeClaim { namespace, volume_id, claim } => txn.claim_csi_volume(namespace, volume_id, claim)?,
         Command::NodeDrainComplete { nodes, now } => {
             for n in nodes {
                 txn.complete_node_drain(&n.node_id, n.event.clone(), *now);

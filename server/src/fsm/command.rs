@@ -164,6 +164,31 @@ pub enum Command {
         /// Server time.
         now: Timestamp,
     },
+    /// Register or update CSI volumes (`CSIVolume.Register`), validated and merged with the
+    /// stored ones by the endpoint; the namespace, identity and in-use checks are the FSM's.
+    CsiVolumeRegister {
+        /// Volumes, each with its namespace.
+        volumes: Vec<nomad_proto::csi::CsiVolume>,
+    },
+    /// Remove CSI volumes (`CSIVolume.Deregister`).
+    CsiVolumeDeregister {
+        /// Namespace.
+        namespace: String,
+        /// Volume IDs.
+        volume_ids: Vec<String>,
+        /// Remove a claimed volume whose claiming allocs are all terminal.
+        force: bool,
+    },
+    /// Take a claim on a CSI volume, or checkpoint its release (`CSIVolume.Claim`, and every
+    /// step of `CSIVolume.Unpublish`).
+    CsiVolumeClaim {
+        /// Namespace.
+        namespace: String,
+        /// Volume.
+        volume_id: String,
+        /// The claim, with its state.
+        claim: nomad_proto::csi::CsiVolumeClaim,
+    },
 }
 
 /// One node whose drain is done.

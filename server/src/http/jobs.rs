@@ -258,7 +258,7 @@ pub async fn job_specific(State(s): State<HttpState>, method: Method, uri: Uri, 
 /// layer splits into job ID and action: `/v1/job/a%2Fb` and `/v1/job/a/b` both name job
 /// `a/b` (periodic and dispatched children have slashes in their IDs), and `%2F` before an
 /// action name is a separator as well. `+` stays a plus sign in a path.
-fn decode_path(raw: &str) -> Result<String, HttpError> {
+pub(super) fn decode_path(raw: &str) -> Result<String, HttpError> {
     if !raw.contains('%') {
         return Ok(raw.to_string());
     }

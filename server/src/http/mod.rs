@@ -9,6 +9,7 @@
 
 mod agent;
 mod allocs;
+mod csi;
 mod evals;
 mod events;
 pub mod filter;
@@ -85,7 +86,11 @@ pub fn router(state: HttpState) -> Router {
         .route("/v1/operator/raft/peer", any(operator::raft_peer))
         .route("/v1/event/stream", any(events::stream))
         .route("/v1/services", any(services::services))
-        .route("/v1/service/{*rest}", any(services::service_specific));
+        .route("/v1/service/{*rest}", any(services::service_specific))
+        .route("/v1/volumes", any(csi::volumes))
+        .route("/v1/volume/csi/{*rest}", any(csi::volume_specific))
+        .route("/v1/plugins", any(csi::plugins))
+        .route("/v1/plugin/csi/{*rest}", any(csi::plugin_specific));
     let routes = match state.forwarder.clone() {
         Some(forwarder) => routes.route_layer(axum::middleware::from_fn_with_state(forwarder, forward::to_leader)),
         None => routes,
@@ -100,6 +105,8 @@ pub fn router(state: HttpState) -> Router {
 /// The body of a 404 for a path no route serves (Go's `http.NotFound`).
 pub const NOT_FOUND_TEXT: &str = "404 page not found\n";
 
+#[cfg(test)]
+mod csi_tests;
 #[cfg(test)]
 mod forward_tests;
 #[cfg(test)]

@@ -51,6 +51,7 @@ impl From<EndpointError> for HttpError {
             EndpointError::NotFound(_) => StatusCode::NOT_FOUND,
             EndpointError::PermissionDenied(_) => StatusCode::FORBIDDEN,
             EndpointError::Invalid(_) | EndpointError::NoLeader | EndpointError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            EndpointError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
         };
         HttpError { code, message: e.to_string() }
     }

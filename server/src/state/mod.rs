@@ -16,6 +16,8 @@
 
 mod allocs;
 mod changes;
+mod csi_plugins;
+mod csi_volumes;
 mod evals;
 mod jobs;
 mod namespaces;
@@ -34,6 +36,7 @@ use nomad_proto::{Allocation, Evaluation, Job, JobSummary, Namespace, Namespaced
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+pub use csi_volumes::CsiVolumeView;
 pub use jobs::job_status;
 pub use waiters::Watch;
 
@@ -60,15 +63,28 @@ pub enum Table {
     Namespaces,
     /// Nomad-native service registrations.
     Services,
+    /// CSI volumes.
+    CsiVolumes,
+    /// CSI plugins.
+    CsiPlugins,
 }
 
 /// Number of tables.
-const TABLES: usize = 7;
+const TABLES: usize = 9;
 
 impl Table {
     /// Every table.
-    pub const ALL: [Table; TABLES] =
-        [Table::Jobs, Table::JobSummary, Table::Nodes, Table::Allocs, Table::Evals, Table::Namespaces, Table::Services];
+    pub const ALL: [Table; TABLES] = [
+        Table::Jobs,
+        Table::JobSummary,
+        Table::Nodes,
+        Table::Allocs,
+        Table::Evals,
+        Table::Namespaces,
+        Table::Services,
+        Table::CsiVolumes,
+        Table::CsiPlugins,
+    ];
 
     fn slot(self) -> usize {
         self as usize
@@ -97,6 +113,8 @@ pub struct State {
     alloc_removed: OrdMap<String, u64>,
     namespaces: OrdMap<String, Arc<Namespace>>,
     services: OrdMap<String, Arc<nomad_proto::ServiceRegistration>>,
+    csi_volumes: OrdMap<NamespacedId, Arc<nomad_proto::csi::CsiVolume>>,
+    csi_plugins: OrdMap<String, Arc<nomad_proto::csi::CsiPlugin>>,
 }
 
 impl State {
@@ -366,5 +384,7 @@ impl StateStore {
     }
 }
 
+#[cfg(test)]
+mod csi_tests;
 #[cfg(test)]
 mod tests;

@@ -71,6 +71,7 @@ impl Txn<'_> {
         self.touch(Table::Nodes);
         self.touch_key(Watch::Node(node.id.clone()));
         self.record(super::Change::Node(node.clone()));
+        self.upsert_csi_plugins_for_node(&node);
         node
     }
 
@@ -207,6 +208,7 @@ impl Txn<'_> {
         };
         self.touch(Table::Nodes);
         self.touch_key(Watch::Node(node.id.clone()));
+        self.delete_node_csi_plugins(&node.id);
         self.record(super::Change::NodeDeleted(node));
         Ok(())
     }

@@ -17,7 +17,13 @@ use super::State;
 struct Persisted {
     version: u32,
     index: u64,
-    table_index: [u64; super::TABLES],
+    /// Per-table indexes in [`super::Table`] order; snapshots from before a table existed have
+    /// fewer (the new tables start at 0).
+    table_index: Vec<u64>,
+    #[serde(default)]
+    csi_volumes: Vec<Arc<nomad_proto::csi::CsiVolume>>,
+    #[serde(default)]
+    csi_plugins: Vec<Arc<nomad_proto::csi::CsiPlugin>>,
     #[serde(default)]
     services: Vec<Arc<nomad_proto::ServiceRegistration>>,
     namespaces: Vec<Arc<Namespace>>,
@@ -63,7 +69,7 @@ impl State {
         let p = Persisted {
             version: FORMAT_VERSION,
             index: self.index,
-            table_index: self.table_index,
+            table_index: self.table_index.to_vec(),
             namespaces: self.namespaces.values().cloned().collect(),
             jobs: self.jobs.values().cloned().collect(),
             job_summaries: self.job_summaries.values().cloned().collect(),
@@ -73,6 +79,8 @@ impl State {
             allocs,
             alloc_removed: self.alloc_removed.iter().map(|(k, v)| (k.clone(), *v)).collect(),
             services: self.services.values().cloned().collect(),
+            csi_volumes: self.csi_volumes.values().cloned().collect(),
+            csi_plugins: self.csi_plugins.values().cloned().collect(),
         };
         serde_json::to_vec(&p).map_err(|e| format!("encoding state snapshot: {e}"))
     }
@@ -83,7 +91,18 @@ impl State {
         if p.version != FORMAT_VERSION {
             return Err(format!("decoding state snapshot: unsupported format version {}", p.version));
         }
-        let mut s = State { index: p.index, table_index: p.table_index, ..State::default() };
+        if p.table_index.len() > super::TABLES {
+            return Err(format!("decoding state snapshot: {} table indexes, this version knows {}", p.table_index.len(), super::TABLES));
+        }
+        let mut table_index = [0; super::TABLES];
+        table_index[..p.table_index.len()].copy_from_slice(&p.table_index);
+        let mut s = State { index: p.index, table_index, ..State::default() };
+        for v in p.csi_volumes {
+            s.csi_volumes.insert(NamespacedId::new(&v.namespace, &v.id), v);
+        }
+        for pl in p.csi_plugins {
+            s.csi_plugins.insert(pl.id.clone(), pl);
+        }
         for ns in p.namespaces {
             s.namespaces.insert(ns.name.clone(), ns);
         }

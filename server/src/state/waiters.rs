@@ -40,6 +40,10 @@ pub enum Watch {
     Eval(String),
     /// The registrations of one service name, in any namespace.
     Service(String),
+    /// One CSI volume (`namespace/id`, as [`Watch::job_key`] makes it).
+    CsiVolume(String),
+    /// One CSI plugin.
+    CsiPlugin(String),
 }
 
 impl Watch {
