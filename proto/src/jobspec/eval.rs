@@ -172,6 +172,7 @@ impl<'s> Evaluator<'s> {
                         }
                     }
                 }
+                self.charge(functions::work_of(name, &args), at)?;
                 let result =
                     functions::call(name, args, &self.files).map_err(|m| Diag::new(ErrorKind::Expression, at, format!("{name}(): {m}")))?;
                 self.charge(size_of(&result), at)?;

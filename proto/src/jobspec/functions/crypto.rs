@@ -10,10 +10,10 @@ use rsa::pkcs1::DecodeRsaPrivateKey;
 use super::{arity, string_arg, strings, whole};
 
 /// bcrypt's cost when none is given (Go's `bcrypt.DefaultCost`).
-const DEFAULT_BCRYPT_COST: i64 = 10;
+pub(super) const DEFAULT_BCRYPT_COST: i64 = 10;
 /// Highest bcrypt cost nomad-rs runs: each step doubles the work, and cost 15 already takes
 /// seconds; Go allows 31 (days), which would stall a parse.
-const MAX_BCRYPT_COST: i64 = 15;
+pub(super) const MAX_BCRYPT_COST: i64 = 15;
 
 pub(super) fn call(name: &str, args: &[Value]) -> Result<Value, String> {
     match name {

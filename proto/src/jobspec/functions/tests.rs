@@ -730,6 +730,14 @@ fn bcrypt() {
 }
 
 #[test]
+fn bcrypt_in_a_loop_runs_out_of_budget_instead_of_stalling() {
+    // 1024 hashes at cost 15 would take about an hour; the budget stops it after one.
+    let started = std::time::Instant::now();
+    fails(r#"[for i in range(1024) : bcrypt("x", 15)]"#, "too expensive");
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+}
+
+#[test]
 fn rsadecrypt() {
     let key = include_str!("testdata/rsa-test-key.pem");
     let ciphertext = include_str!("testdata/rsa-hello.b64").trim();
