@@ -330,7 +330,7 @@ fn float_text(mode: char, precision: Option<usize>, f: f64) -> String {
                     // Go's shortest %g switches to the exponent form from 1e+06 on.
                     let short = format!("{f:e}");
                     let exp: i32 = short.split('e').nth(1).and_then(|e| e.parse().ok()).unwrap_or(0);
-                    if f != 0.0 && (exp < -4 || exp >= 6) { go_exponent(&short) } else { format!("{f}") }
+                    if f != 0.0 && !(-4..6).contains(&exp) { go_exponent(&short) } else { format!("{f}") }
                 }
                 Some(p) => {
                     let p = p.max(1);
