@@ -66,17 +66,25 @@ pub(crate) struct Evaluator<'s> {
     /// files and `-var` values have no runtime, so there they are errors.
     keep_unknown_as_literal: bool,
     budget: Rc<Cell<u64>>,
+    /// What the filesystem functions may read (nothing unless the caller allows it).
+    files: Rc<functions::FileAccess>,
 }
 
 impl<'s> Evaluator<'s> {
     /// An evaluator for a job file: unknown variables stay as runtime interpolations.
     pub fn for_job_file(source: &'s str) -> Evaluator<'s> {
-        Evaluator { source, keep_unknown_as_literal: true, budget: Rc::new(Cell::new(EVALUATION_BUDGET)) }
+        Evaluator { source, keep_unknown_as_literal: true, budget: Rc::new(Cell::new(EVALUATION_BUDGET)), files: Rc::default() }
+    }
+
+    /// This evaluator with the filesystem functions allowed as `files` says.
+    pub fn with_file_access(mut self, files: functions::FileAccess) -> Evaluator<'s> {
+        self.files = Rc::new(files);
+        self
     }
 
     /// An evaluator for constant values (variable files, `-var`, defaults): no variables at all.
     pub fn for_constants(source: &'s str) -> Evaluator<'s> {
-        Evaluator { source, keep_unknown_as_literal: false, budget: Rc::new(Cell::new(EVALUATION_BUDGET)) }
+        Evaluator { source, keep_unknown_as_literal: false, budget: Rc::new(Cell::new(EVALUATION_BUDGET)), files: Rc::default() }
     }
 
     /// The text the expressions come from.
@@ -152,6 +160,9 @@ impl<'s> Evaluator<'s> {
                 if call.name.is_namespaced() {
                     return Err(Diag::new(ErrorKind::Expression, at, format!("namespaced function {name}() is not supported")));
                 }
+                if matches!(name, "can" | "try" | "convert") {
+                    return self.eval_special_call(name, call, scope, at);
+                }
                 let mut args = Vec::with_capacity(call.args.len());
                 for arg in call.args.iter() {
                     args.push(self.eval(arg, scope)?);
@@ -168,7 +179,9 @@ impl<'s> Evaluator<'s> {
                         }
                     }
                 }
-                let result = functions::call(name, args).map_err(|m| Diag::new(ErrorKind::Expression, at, format!("{name}(): {m}")))?;
+                self.charge(functions::work_of(name, &args), at)?;
+                let result =
+                    functions::call(name, args, &self.files).map_err(|m| Diag::new(ErrorKind::Expression, at, format!("{name}(): {m}")))?;
                 self.charge(size_of(&result), at)?;
                 Ok(result)
             }
@@ -250,6 +263,55 @@ impl<'s> Evaluator<'s> {
                     }
                 }
                 Ok(if f.key_expr.is_some() { Value::Object(object) } else { Value::Array(list) })
+            }
+        }
+    }
+
+    /// `can`, `try` and `convert`, which take expressions: `can` and `try` catch the errors of
+    /// evaluating them (but not running out of budget, which stays fatal), and `convert` reads
+    /// its second argument as a type.
+    fn eval_special_call(&self, name: &str, call: &hcl::edit::expr::FuncCall, scope: &Scope, at: Option<usize>) -> DResult<Value> {
+        let fail = |m: String| Diag::new(ErrorKind::Expression, at, format!("{name}(): {m}"));
+        if call.args.expand_final() {
+            return Err(fail("its arguments cannot be expanded with ...".to_string()));
+        }
+        let args: Vec<&Expression> = call.args.iter().collect();
+        match name {
+            "can" => {
+                if args.len() != 1 {
+                    return Err(fail(format!("expected 1 argument, got {}", args.len())));
+                }
+                match self.eval(args[0], scope) {
+                    Ok(_) => Ok(Value::Bool(true)),
+                    Err(e) if self.budget.get() == 0 => Err(e),
+                    Err(_) => Ok(Value::Bool(false)),
+                }
+            }
+            "try" => {
+                if args.is_empty() {
+                    return Err(fail("at least one argument is required".to_string()));
+                }
+                let mut problems = Vec::new();
+                for arg in args {
+                    match self.eval(arg, scope) {
+                        Ok(v) => return Ok(v),
+                        Err(e) if self.budget.get() == 0 => return Err(e),
+                        Err(e) => problems.push(e.message),
+                    }
+                }
+                Err(fail(format!(
+                    "no expression succeeded:\n{}\nAt least one expression must produce a successful result",
+                    problems.iter().map(|p| format!("- {p}")).collect::<Vec<_>>().join("\n")
+                )))
+            }
+            _ => {
+                if args.len() != 2 {
+                    return Err(fail(format!("expected 2 arguments (a value and a type), got {}", args.len())));
+                }
+                let value = self.eval(args[0], scope)?;
+                let result = functions::convert(value, args[1]).map_err(fail)?;
+                self.charge(size_of(&result), at)?;
+                Ok(result)
             }
         }
     }

@@ -80,11 +80,9 @@
 //! (refused, since dropping it would change behaviour); `NOMAD_VAR_*`
 //! environment variables (callers pass them in [`ParseOptions::variables`]);
 //! `optional()` in object types; network `reserved_ports` blocks beside `port`
-//! blocks (refused: Nomad drops them); and the functions `try can regex regexall
-//! regex_replace cidr* file* templatefile formatdate timeadd yamldecode
-//! yamlencode csvdecode setproduct setintersection setsubtract setunion
-//! transpose convert uuidv5 md5 sha* bcrypt rsadecrypt formatlist log`
-//! (everything else in Nomad's list is implemented in `functions.rs`).
+//! blocks (refused: Nomad drops them). The functions are exactly Nomad 1.6's
+//! list (`functions/`); the filesystem ones run only with
+//! [`ParseOptions::allow_fs`].
 
 mod duration;
 mod error;
@@ -108,6 +106,7 @@ mod tests;
 mod tests_syntax;
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use hcl::edit::Span;
 use hcl::edit::structure::{Body, Structure};
@@ -129,6 +128,13 @@ pub struct ParseOptions {
     pub var_files: Vec<(String, String)>,
     /// The job file's name, used in error messages (`<jobspec>` when empty).
     pub filename: String,
+    /// Whether the filesystem functions (`file`, `fileset`, `abspath`, ...) may run: Nomad's
+    /// `AllowFS`, on for the CLI, off for the HTTP parse endpoint. When off they fail with
+    /// "filesystem function disabled".
+    pub allow_fs: bool,
+    /// The directory relative paths in `file()`, `fileexists()` and `fileset()` start from: the
+    /// job file's directory (Nomad's `BaseDir`). `None` is the working directory.
+    pub base_dir: Option<PathBuf>,
 }
 
 /// Top-level blocks a job file may contain.
@@ -218,7 +224,8 @@ pub fn parse(src: &str, opts: &ParseOptions) -> Result<Job, JobspecError> {
         }
     };
 
-    let eval = Evaluator::for_job_file(src);
+    let eval =
+        Evaluator::for_job_file(src).with_file_access(functions::FileAccess { allowed: opts.allow_fs, base_dir: opts.base_dir.clone() });
     let scope = variables::resolve(&eval, &decls, opts, file)?;
     job::decode(&eval, job_block, &scope).map_err(locate)
 }

@@ -78,7 +78,7 @@ impl VarType {
 
     /// Parses a type expression: `string`, `number`, `bool`, `any`, `list(T)`,
     /// `set(T)`, `map(T)`, `object({k = T})`, `tuple([T, ...])`.
-    fn parse(expr: &Expression) -> Result<VarType, String> {
+    pub(crate) fn parse(expr: &Expression) -> Result<VarType, String> {
         match expr {
             Expression::Variable(v) => match v.as_str() {
                 "string" => Ok(VarType::String),
@@ -134,11 +134,11 @@ impl VarType {
                 let Value::Array(items) = value else { return Err(mismatch(&value)) };
                 let mut out: Vec<Value> = Vec::with_capacity(items.len());
                 for (i, item) in items.into_iter().enumerate() {
-                    let item = elem.convert(item).map_err(|e| format!("element {i}: {e}"))?;
-                    if matches!(self, VarType::Set(_)) && out.contains(&item) {
-                        continue;
-                    }
-                    out.push(item);
+                    out.push(elem.convert(item).map_err(|e| format!("element {i}: {e}"))?);
+                }
+                // A set has no duplicates and cty's order (strings sorted, ...).
+                if matches!(self, VarType::Set(_)) {
+                    out = super::functions::set_of(out);
                 }
                 Ok(Value::Array(out))
             }

@@ -124,7 +124,8 @@ pub async fn jobs_parse(State(_s): State<HttpState>, method: Method, uri: Uri, b
         if req.hcl_v1 {
             return Err(HttpError::bad_request("HCLv1 job files are not supported by nomad-rs; use HCL2"));
         }
-        let mut opts = nomad_proto::jobspec::ParseOptions { filename: "input.hcl".into(), ..Default::default() };
+        // Nomad's parse endpoint never lets a job file read the server's filesystem (AllowFS: false).
+        let mut opts = nomad_proto::jobspec::ParseOptions { filename: "input.hcl".into(), allow_fs: false, ..Default::default() };
         if !req.variables.trim().is_empty() {
             opts.var_files.push(("variables.hcl".into(), req.variables.clone()));
         }

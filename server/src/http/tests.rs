@@ -392,6 +392,21 @@ async fn jobs_parse_uses_the_hcl2_parser() {
     assert_eq!(call(&ts, Method::GET, "/v1/jobs/parse", "").await.status, StatusCode::METHOD_NOT_ALLOWED);
 }
 
+#[tokio::test]
+async fn jobs_parse_never_lets_a_job_file_read_the_servers_files() {
+    // As Nomad's parse endpoint (AllowFS: false): file() and the other filesystem functions refuse.
+    let ts = TestServer::new();
+    let hcl = "job \"x\" {\n  meta { m = file(\"/etc/hostname\") }\n  group \"g\" {\n    task \"t\" {\n      driver = \"raw_exec\"\n    }\n  }\n}\n";
+    let r = call(&ts, Method::POST, "/v1/jobs/parse", json!({"JobHCL": hcl}).to_string()).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert!(r.text().contains("file(): filesystem function disabled"), "{}", r.text());
+    // Functions that touch no files still run.
+    let ok = hcl.replace("file(\"/etc/hostname\")", "upper(\"x\")");
+    let r = call(&ts, Method::POST, "/v1/jobs/parse", json!({"JobHCL": ok}).to_string()).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()["Meta"]["m"], "X");
+}
+
 mod event_stream {
     use http_body_util::BodyExt;
 

@@ -136,7 +136,14 @@ pub fn load(args: &JobFileArgs) -> Result<LoadedJob, Failure> {
     }
     let flag_vars = collect_vars(&args.vars, std::iter::empty())?;
     let variables = collect_vars(&args.vars, std::env::vars())?;
-    let opts = ParseOptions { variables, var_files: var_files.clone(), filename: name };
+    // As Nomad's CLI: the filesystem functions are allowed and read relative to the job file's
+    // directory (the working directory for stdin or a bare file name).
+    let base_dir = if args.file == "-" {
+        None
+    } else {
+        std::path::Path::new(&args.file).parent().filter(|p| !p.as_os_str().is_empty()).map(std::path::Path::to_path_buf)
+    };
+    let opts = ParseOptions { variables, var_files: var_files.clone(), filename: name, allow_fs: true, base_dir };
     let job = parse(&source, &opts).map_err(|e| Failure::new(format!("Error parsing job file: {e}")))?;
     Ok(LoadedJob {
         job,
@@ -209,5 +216,22 @@ mod tests {
         let e = load(&args).unwrap_err();
         assert!(e.message.starts_with(&format!("Error parsing job file: {}:3:5:", path.display())), "{}", e.message);
         assert_eq!(e.code, 1);
+    }
+
+    #[test]
+    fn file_reads_relative_to_the_job_file() {
+        // The working directory is elsewhere: only the job file's directory has greeting.txt.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("greeting.txt"), "hello from the job dir").unwrap();
+        let path = dir.path().join("job.nomad.hcl");
+        std::fs::write(
+            &path,
+            "job \"x\" {\n  meta { greeting = file(\"greeting.txt\") }\n  group \"g\" {\n    task \"t\" {\n      driver = \"raw_exec\"\n    }\n  }\n}\n",
+        )
+        .unwrap();
+        assert!(!std::path::Path::new("greeting.txt").exists());
+        let args = JobFileArgs { file: path.display().to_string(), ..JobFileArgs::default() };
+        let loaded = load(&args).unwrap_or_else(|e| panic!("{}", e.message));
+        assert_eq!(loaded.job.meta.get("greeting").map(String::as_str), Some("hello from the job dir"));
     }
 }
