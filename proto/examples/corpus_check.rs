@@ -79,7 +79,7 @@ fn main() -> ExitCode {
     for path in &files {
         let shown = path.strip_prefix(root).unwrap_or(path).display();
         let verdict = match std::fs::read_to_string(path) {
-            Ok(text) => check(&shown.to_string(), &text),
+            Ok(text) => check(&shown.to_string(), path.parent(), &text),
             Err(e) => Verdict::ParseError(format!("unreadable: {e}")),
         };
         totals[verdict.index()] += 1;
@@ -111,11 +111,12 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     Ok(())
 }
 
-fn check(name: &str, text: &str) -> Verdict {
+/// As `nomad-rs job run` reads a job file: the filesystem functions on, relative to its directory.
+fn check(name: &str, dir: Option<&Path>, text: &str) -> Verdict {
     if !has_job_block(text) {
         return Verdict::NotAJob;
     }
-    let opts = ParseOptions { filename: name.to_string(), ..ParseOptions::default() };
+    let opts = ParseOptions { filename: name.to_string(), allow_fs: true, base_dir: dir.map(Path::to_path_buf), ..ParseOptions::default() };
     let mut job = match parse(text, &opts) {
         Ok(job) => job,
         Err(e) if e.kind == ErrorKind::Variable && e.message.starts_with("unset variable") => return Verdict::NeedsVars(e.to_string()),
