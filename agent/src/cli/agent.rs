@@ -262,6 +262,10 @@ fn agent_health(server: Option<&Server>, client: Option<&Client>) -> nomad_serve
 /// Starts the client role with the agent's settings.
 async fn start_client(cfg: &AgentConfig, settings: crate::config::ClientSettings) -> Result<Client> {
     let exec_policy = cfg.exec_policy(&settings.options).map_err(anyhow::Error::msg)?;
+    // A network_interface that names nothing is a configuration error, not a node without a network.
+    if let Some(name) = &settings.network_interface {
+        crate::client::fingerprint::network::interface_address(name).map_err(anyhow::Error::msg)?;
+    }
     let mut cc = ClientConfig::new(settings, &cfg.name, &cfg.datacenter, &cfg.region, &cfg.advertise_http);
     cc.dev_mode = cfg.dev;
     let mut options = DriverOptions::new(cfg.plugin_enabled("raw_exec"));

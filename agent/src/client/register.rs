@@ -34,6 +34,7 @@ pub fn node(config: &ClientConfig, identity: &NodeIdentity, drivers: &BTreeMap<S
         alloc_dir: config.settings.alloc_dir.clone(),
         advertise_ip: advertise_ip(&config.http_addr),
         http_addr: config.http_addr.clone(),
+        network_interface: config.settings.network_interface.clone(),
     };
     let fp = fingerprint_host(&ctx);
     let spec = NodeSpec {

@@ -111,6 +111,9 @@ pub struct ClientSettings {
     pub cpu_total_compute: Option<i64>,
     /// Memory override, MiB.
     pub memory_total_mb: Option<i64>,
+    /// The host interface whose address allocs get (`network_interface`; the default route's
+    /// when unset).
+    pub network_interface: Option<String>,
 }
 
 /// The resolved configuration an agent runs with.
@@ -367,6 +370,7 @@ impl AgentConfig {
                 dynamic_ports: (min_port, max_port),
                 cpu_total_compute: cb.cpu_total_compute,
                 memory_total_mb: cb.memory_total_mb,
+                network_interface: cb.network_interface.filter(|i| !i.is_empty()),
             })
         } else {
             None
@@ -621,6 +625,14 @@ mod tests {
         assert_eq!(c.oci_runtime_root(), Err("plugin \"oci\" config runtime_root: must be an absolute path, got \"runc\"".to_string()));
         let c = resolve("plugin \"oci\" {\n  config {\n    runtime_root = 3\n  }\n}\n", dev).unwrap();
         assert!(c.oci_runtime_root().unwrap_err().ends_with("got 3"));
+    }
+
+    #[test]
+    fn network_interface_reaches_the_client_settings() {
+        let dev = AgentFlags { dev: true, ..Default::default() };
+        let c = resolve("client {\n  network_interface = \"lo\"\n}\n", dev.clone()).unwrap();
+        assert_eq!(c.client.unwrap().network_interface.as_deref(), Some("lo"));
+        assert_eq!(resolve("", dev).unwrap().client.unwrap().network_interface, None);
     }
 
     #[test]

@@ -315,6 +315,7 @@ pub fn client_config(root: &Path, servers: Vec<String>) -> ClientConfig {
         dynamic_ports: (20000, 32000),
         cpu_total_compute: None,
         memory_total_mb: None,
+        network_interface: None,
     };
     let mut c = ClientConfig::new(settings, "test-node", "dc1", "global", "127.0.0.1:4646");
     c.dev_mode = true;

@@ -87,7 +87,7 @@ mod tests {
     #[test]
     fn the_host_fingerprint_is_consistent() {
         let mut out = Fingerprint::default();
-        let ctx = FingerprintContext { alloc_dir: "/".into(), advertise_ip: None, http_addr: String::new() };
+        let ctx = FingerprintContext { alloc_dir: "/".into(), advertise_ip: None, http_addr: String::new(), network_interface: None };
         Cpu.fingerprint(&ctx, &mut out).unwrap();
         let total: i64 = out.attributes["cpu.totalcompute"].parse().unwrap();
         assert_eq!(total, out.cpu_mhz * i64::from(out.cpu_cores));

@@ -40,7 +40,7 @@ mod tests {
     #[test]
     fn this_host_is_linux() {
         let mut out = Fingerprint::default();
-        let ctx = FingerprintContext { alloc_dir: "/".into(), advertise_ip: None, http_addr: String::new() };
+        let ctx = FingerprintContext { alloc_dir: "/".into(), advertise_ip: None, http_addr: String::new(), network_interface: None };
         Kernel.fingerprint(&ctx, &mut out).unwrap();
         assert_eq!(out.attributes["kernel.name"], "linux");
         assert!(!out.attributes["kernel.version"].is_empty());

@@ -11,7 +11,7 @@ mod drivers;
 mod host;
 mod kernel;
 mod memory;
-mod network;
+pub(crate) mod network;
 mod nomad;
 mod os;
 mod resources;
@@ -36,6 +36,8 @@ pub struct FingerprintContext {
     pub advertise_ip: Option<String>,
     /// The agent's advertised HTTP address (`nomad.advertise.address`).
     pub http_addr: String,
+    /// The configured `network_interface`: its address is the node's.
+    pub network_interface: Option<String>,
 }
 
 /// What the fingerprinters found.

@@ -15,14 +15,14 @@ pub struct HostAddress {
     pub ip: String,
 }
 
-/// Names of the interfaces carrying `ip`, from `getifaddrs(3)`.
-fn interface_of(ip: IpAddr) -> Option<String> {
+/// Every (interface name, address) pair of the host, from `getifaddrs(3)`.
+fn interface_addresses() -> Vec<(String, IpAddr)> {
     let mut addrs: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs allocates a list we walk read-only and free with freeifaddrs.
     if unsafe { libc::getifaddrs(&mut addrs) } != 0 {
-        return None;
+        return Vec::new();
     }
-    let mut found = None;
+    let mut found = Vec::new();
     let mut cur = addrs;
     while !cur.is_null() {
         // SAFETY: `cur` is a node of the list getifaddrs returned.
@@ -45,16 +45,39 @@ fn interface_of(ip: IpAddr) -> Option<String> {
                 _ => None,
             }
         };
-        if addr == Some(ip) {
+        if let Some(addr) = addr {
             // SAFETY: ifa_name is a NUL-terminated string owned by the list.
             let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
-            found = Some(name.to_string_lossy().into_owned());
-            break;
+            found.push((name.to_string_lossy().into_owned(), addr));
         }
     }
     // SAFETY: frees the list allocated above, once.
     unsafe { libc::freeifaddrs(addrs) };
     found
+}
+
+/// The name of the interface carrying `ip`.
+fn interface_of(ip: IpAddr) -> Option<String> {
+    interface_addresses().into_iter().find(|(_, a)| *a == ip).map(|(name, _)| name)
+}
+
+/// The address of the interface `name` (its first IPv4 one, else its first global IPv6 one),
+/// or why there is none, in Nomad's words.
+pub(crate) fn interface_address(name: &str) -> Result<IpAddr, String> {
+    let all = interface_addresses();
+    let mine: Vec<IpAddr> = all.iter().filter(|(n, _)| n == name).map(|(_, a)| *a).collect();
+    let fail = |why: &str| format!("Error while detecting network interface {name} during fingerprinting: {why}");
+    if mine.is_empty() {
+        let mut names: Vec<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        return Err(fail(&format!("no interface {name:?} with an address on this host (it has: {})", names.join(", "))));
+    }
+    mine.iter()
+        .find(|a| a.is_ipv4())
+        .or_else(|| mine.iter().find(|a| matches!(a, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) != 0xfe80)))
+        .copied()
+        .ok_or_else(|| fail("it has only link-local addresses"))
 }
 
 /// The address to use: the advertised one when it is concrete, else the default route's.
@@ -72,7 +95,10 @@ impl Fingerprinter for Network {
     }
 
     fn fingerprint(&self, ctx: &FingerprintContext, out: &mut Fingerprint) -> Result<(), String> {
-        let ip = pick_ip(ctx.advertise_ip.as_deref());
+        let ip = match &ctx.network_interface {
+            Some(name) => interface_address(name)?,
+            None => pick_ip(ctx.advertise_ip.as_deref()),
+        };
         let device = interface_of(ip).unwrap_or_default();
         out.attributes.insert("unique.network.ip-address".into(), ip.to_string());
         out.network = Some(HostAddress { device, ip: ip.to_string() });
@@ -89,5 +115,22 @@ mod tests {
         assert_eq!(pick_ip(Some("127.0.0.1")), IpAddr::from([127, 0, 0, 1]));
         assert!(!pick_ip(Some("0.0.0.0")).is_unspecified());
         assert_eq!(interface_of(IpAddr::from([127, 0, 0, 1])).as_deref(), Some("lo"));
+    }
+
+    #[test]
+    fn network_interface_gives_the_nodes_address_and_a_missing_one_is_an_error() {
+        assert_eq!(interface_address("lo"), Ok(IpAddr::from([127, 0, 0, 1])));
+        let ctx = FingerprintContext {
+            alloc_dir: "/".into(),
+            advertise_ip: Some("10.9.9.9".into()),
+            http_addr: String::new(),
+            network_interface: Some("lo".into()),
+        };
+        let mut out = Fingerprint::default();
+        Network.fingerprint(&ctx, &mut out).unwrap();
+        assert_eq!(out.network, Some(HostAddress { device: "lo".into(), ip: "127.0.0.1".into() }), "the interface wins over advertise");
+        let err = interface_address("nosuch0").unwrap_err();
+        assert!(err.starts_with("Error while detecting network interface nosuch0 during fingerprinting: no interface"), "{err}");
+        assert!(err.contains("lo"), "names the interfaces there are: {err}");
     }
 }

@@ -86,6 +86,7 @@ mod tests {
             dynamic_ports: (20000, 32000),
             cpu_total_compute: None,
             memory_total_mb: None,
+            network_interface: None,
         }
     }
 

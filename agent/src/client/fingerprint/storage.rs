@@ -64,7 +64,12 @@ mod tests {
     #[test]
     fn a_missing_alloc_dir_is_measured_at_its_parent() {
         let dir = tempfile::tempdir().unwrap();
-        let ctx = FingerprintContext { alloc_dir: dir.path().join("not/yet"), advertise_ip: None, http_addr: String::new() };
+        let ctx = FingerprintContext {
+            alloc_dir: dir.path().join("not/yet"),
+            advertise_ip: None,
+            http_addr: String::new(),
+            network_interface: None,
+        };
         let mut out = Fingerprint::default();
         Storage.fingerprint(&ctx, &mut out).unwrap();
         let total: u64 = out.attributes["unique.storage.bytestotal"].parse().unwrap();
