@@ -358,7 +358,18 @@ fn classify(method: &'static str, url: &str, e: &hyper_util::client::legacy::Err
         }
         src = s.source();
     }
-    let reason = reason.unwrap_or_else(|| e.to_string());
+    // Without an io error, the whole chain (`client error (SendRequest): connection closed
+    // before message completed` when Consul went away under a pooled connection).
+    let reason = reason.unwrap_or_else(|| {
+        let mut chain = e.to_string();
+        let mut s = std::error::Error::source(e);
+        while let Some(x) = s {
+            chain.push_str(": ");
+            chain.push_str(&x.to_string());
+            s = x.source();
+        }
+        chain
+    });
     if e.is_connect() {
         ConsulError::Connect { method, url: url.to_string(), reason }
     } else {
