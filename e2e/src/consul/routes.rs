@@ -493,8 +493,9 @@ fn service_register(shared: &Arc<Shared>, q: &BTreeMap<String, String>, body: &[
     let mut regs = vec![(reg, checks)];
     if let Some(mut sc) = sidecar {
         // Consul's agent expands `SidecarService` (agent/sidecar_service.go): ID and Name
-        // derive from the parent's, tags and meta default to the parent's, the port comes from
-        // 21000-21255, and without checks it gets a TCP listening check and an alias check.
+        // derive from the parent's; kind, address, tags and meta default to the parent's (kind
+        // to connect-proxy); the port comes from 21000-21255 (the lowest free one, or the one it
+        // already had); without checks it gets a TCP listening check and an alias check.
         let sc_id = format!("{id}-sidecar-proxy");
         if sc.get("ID").is_some_and(|v| v != &json!(sc_id)) {
             return bad("Invalid SidecarService: ID must not be specified");
@@ -507,8 +508,10 @@ fn service_register(shared: &Arc<Shared>, q: &BTreeMap<String, String>, body: &[
         if !who.service_write(&sc_name) {
             return who.deny("service:write", &sc_name);
         }
-        sc["Kind"] = json!("connect-proxy");
-        for k in ["Tags", "Meta"] {
+        if sc.get("Kind").and_then(Value::as_str).is_none_or(str::is_empty) {
+            sc["Kind"] = json!("connect-proxy");
+        }
+        for k in ["Tags", "Meta", "Address"] {
             if sc.get(k).is_none()
                 && let Some(v) = regs[0].0.get(k)
             {
@@ -516,7 +519,12 @@ fn service_register(shared: &Arc<Shared>, q: &BTreeMap<String, String>, body: &[
             }
         }
         let port = sc.get("Port").and_then(Value::as_i64).unwrap_or(0);
-        if port == 0 {
+        let previous = st.services.get(&sc_id).and_then(|s| s.get("Port")).and_then(Value::as_i64).filter(|p| (21000..=21255).contains(p));
+        if port == 0
+            && let Some(p) = previous
+        {
+            sc["Port"] = json!(p);
+        } else if port == 0 {
             let used: BTreeSet<i64> =
                 st.services.iter().filter(|(k, _)| **k != sc_id).filter_map(|(_, s)| s.get("Port").and_then(Value::as_i64)).collect();
             let Some(free) = (21000..=21255).find(|p| !used.contains(p)) else {
@@ -528,13 +536,20 @@ fn service_register(shared: &Arc<Shared>, q: &BTreeMap<String, String>, body: &[
         if !proxy.is_object() {
             *proxy = json!({});
         }
-        proxy["DestinationServiceName"] = json!(name);
-        proxy["DestinationServiceID"] = json!(id);
-        if proxy.get("LocalServiceAddress").is_none() {
-            proxy["LocalServiceAddress"] = json!("127.0.0.1");
+        for (k, v) in [("DestinationServiceName", &name), ("DestinationServiceID", &id)] {
+            if proxy.get(k).and_then(Value::as_str).is_none_or(str::is_empty) {
+                proxy[k] = json!(v);
+            }
         }
-        if proxy.get("LocalServicePort").is_none_or(|p| p == 0) {
-            proxy["LocalServicePort"] = regs[0].0.get("Port").cloned().unwrap_or(json!(0));
+        let local_addr_missing = proxy.get("LocalServiceAddress").and_then(Value::as_str).is_none_or(str::is_empty);
+        let local_port_missing = proxy.get("LocalServicePort").and_then(Value::as_i64).is_none_or(|p| p < 1);
+        if proxy.get("LocalServiceSocketPath").is_none() && (local_addr_missing || local_port_missing) {
+            if local_addr_missing {
+                proxy["LocalServiceAddress"] = json!("127.0.0.1");
+            }
+            if local_port_missing {
+                proxy["LocalServicePort"] = regs[0].0.get("Port").cloned().unwrap_or(json!(0));
+            }
         }
         for k in ["MeshGateway", "Expose"] {
             if proxy.get(k).is_none() {
@@ -546,9 +561,18 @@ fn service_register(shared: &Arc<Shared>, q: &BTreeMap<String, String>, body: &[
             Err(e) => return bad(e),
         };
         if sc_checks.is_empty() {
-            let addr = sc.get("Address").and_then(Value::as_str).filter(|a| !a.is_empty()).unwrap_or("127.0.0.1");
+            // The sidecar's address, else the proxy's local service address.
+            let addr = sc
+                .get("Address")
+                .and_then(Value::as_str)
+                .filter(|a| !a.is_empty())
+                .or_else(|| sc["Proxy"]["LocalServiceAddress"].as_str())
+                .unwrap_or("127.0.0.1")
+                .to_string();
             sc_checks.push(json!({"CheckID": format!("service:{sc_id}:1"), "Name": "Connect Sidecar Listening", "TCP": format!("{addr}:{}", sc["Port"]), "Interval": "10s"}));
-            sc_checks.push(json!({"CheckID": format!("service:{sc_id}:2"), "Name": "Connect Sidecar Aliasing", "AliasService": id}));
+            sc_checks.push(
+                json!({"CheckID": format!("service:{sc_id}:2"), "Name": format!("Connect Sidecar Aliasing {id}"), "AliasService": id}),
+            );
         }
         regs.push((sc, sc_checks));
     }

@@ -86,6 +86,8 @@ fn register_expands_sidecars_and_lists_services_and_checks() {
     assert_eq!(sc["Service"], "web-sidecar-proxy");
     assert_eq!(sc["Port"], 25000);
     assert_eq!(sc["Tags"], json!(["v1"]), "tags default to the parent's");
+    assert_eq!(sc["Meta"], json!({"external-source": "nomad"}), "so does meta");
+    assert_eq!(sc["Address"], "10.0.0.5", "and the address");
     assert_eq!(sc["Proxy"]["DestinationServiceName"], "web");
     assert_eq!(sc["Proxy"]["DestinationServiceID"], "_nomad-task-a1-group-web-web-http");
     assert_eq!(sc["Proxy"]["LocalServiceAddress"], "127.0.0.1");
@@ -126,9 +128,9 @@ fn register_expands_sidecars_and_lists_services_and_checks() {
     assert!(
         sc_checks
             .iter()
-            .any(|c| c["Name"] == "Connect Sidecar Listening" && c["Type"] == "tcp" && c["Definition"]["TCP"] == "127.0.0.1:25000")
+            .any(|c| c["Name"] == "Connect Sidecar Listening" && c["Type"] == "tcp" && c["Definition"]["TCP"] == "10.0.0.5:25000")
     );
-    assert!(sc_checks.iter().any(|c| c["Name"] == "Connect Sidecar Aliasing" && c["Type"] == "alias"));
+    assert!(sc_checks.iter().any(|c| c["Name"] == "Connect Sidecar Aliasing _nomad-task-a1-group-web-web-http" && c["Type"] == "alias"));
     assert!(s.calls_to("PUT", "/v1/agent/service/register")[0].json()["Connect"]["SidecarService"].is_object(), "calls keep the raw body");
 
     // Re-registering without the sidecar's port allocates from 21000.
