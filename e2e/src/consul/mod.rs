@@ -325,3 +325,57 @@ pub fn parse_go_duration(s: &str) -> Option<Duration> {
     }
     Some(Duration::from_secs_f64(total))
 }
+
+/// The Consul a test talks to: a real one when `E2E_CONSUL_ADDR` (`host:port`, plain http) is
+/// set, with `E2E_CONSUL_TOKEN` as its token, else a fresh stand-in. Tests that only use
+/// Consul's API run against either; tests of the stand-in itself (calls, stop, restart) use
+/// [`ConsulStandIn`] directly.
+pub enum ConsulTarget {
+    Real { addr: String, token: Option<String> },
+    StandIn(ConsulStandIn),
+}
+
+impl ConsulTarget {
+    /// `E2E_CONSUL_ADDR` / `E2E_CONSUL_TOKEN`, else a stand-in started with `opts`.
+    pub fn from_env(opts: ConsulOptions) -> Result<ConsulTarget> {
+        match std::env::var("E2E_CONSUL_ADDR").ok().filter(|a| !a.is_empty()) {
+            Some(addr) => {
+                let addr = addr.trim_start_matches("http://").trim_end_matches('/').to_string();
+                Ok(ConsulTarget::Real { addr, token: std::env::var("E2E_CONSUL_TOKEN").ok().filter(|t| !t.is_empty()) })
+            }
+            None => Ok(ConsulTarget::StandIn(ConsulStandIn::start(opts)?)),
+        }
+    }
+
+    /// `host:port`.
+    pub fn addr(&self) -> String {
+        match self {
+            ConsulTarget::Real { addr, .. } => addr.clone(),
+            ConsulTarget::StandIn(s) => s.addr().to_string(),
+        }
+    }
+
+    /// The token to send, if any.
+    pub fn token(&self) -> Option<String> {
+        match self {
+            ConsulTarget::Real { token, .. } => token.clone(),
+            ConsulTarget::StandIn(s) => s.shared.lock().opts.management_token.clone(),
+        }
+    }
+
+    /// `path` with `token=` added when there is a token (the HTTP client sends no headers).
+    pub fn path(&self, path: &str) -> String {
+        match self.token() {
+            Some(t) => format!("{path}{}token={t}", if path.contains('?') { "&" } else { "?" }),
+            None => path.to_string(),
+        }
+    }
+
+    /// The stand-in, when that is what runs.
+    pub fn standin(&self) -> Option<&ConsulStandIn> {
+        match self {
+            ConsulTarget::StandIn(s) => Some(s),
+            ConsulTarget::Real { .. } => None,
+        }
+    }
+}

@@ -6,7 +6,7 @@ use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use nomad_e2e::HttpClient;
-use nomad_e2e::consul::{ConsulOptions, ConsulStandIn};
+use nomad_e2e::consul::{ConsulOptions, ConsulStandIn, ConsulTarget};
 use nomad_testkit::wait_for_blocking;
 use serde_json::{Value, json};
 
@@ -32,26 +32,61 @@ fn keys(v: &Value) -> Vec<&str> {
 /// `agent/agent_endpoint.go` `Self` and what Nomad's fingerprinter reads from it
 /// (`client/fingerprint/consul.go`): Config.{Datacenter,NodeName,NodeID,Revision,Server,Version},
 /// DebugConfig.{ConnectEnabled,GRPCPort,GRPCTLSPort}, Member.Tags, xDS.SupportedProxies.envoy.
+/// Runs against a real Consul with `E2E_CONSUL_ADDR` (types only there; values on the stand-in).
 #[test]
 fn agent_self_has_consuls_shape() {
-    let (_s, c) = standin();
-    let v = c.get_json("/v1/agent/self").unwrap();
+    let target = ConsulTarget::from_env(ConsulOptions::default()).unwrap();
+    let c = HttpClient::new(&target.addr());
+    let v = c.get_json(&target.path("/v1/agent/self")).unwrap();
     for k in ["Config", "DebugConfig", "Coord", "Member", "Stats", "Meta", "xDS"] {
         assert!(v.get(k).is_some(), "missing {k}");
     }
     let cfg = &v["Config"];
+    for k in ["Datacenter", "NodeName", "NodeID", "Revision", "Version"] {
+        assert!(cfg[k].is_string(), "Config.{k} is a string: {cfg}");
+    }
+    assert!(cfg["Server"].is_boolean());
+    assert!(v["DebugConfig"]["ConnectEnabled"].is_boolean());
+    assert!(v["DebugConfig"]["GRPCPort"].is_i64() && v["DebugConfig"]["GRPCTLSPort"].is_i64());
+    assert!(v["Member"]["Tags"].is_object());
+    assert!(v["xDS"]["SupportedProxies"]["envoy"].as_array().unwrap().iter().all(Value::is_string));
+    if target.standin().is_none() {
+        return;
+    }
     assert_eq!(cfg["Datacenter"], "dc1");
     assert_eq!(cfg["NodeName"], "consul-standin");
-    assert!(cfg["NodeID"].as_str().unwrap().len() == 36);
+    assert_eq!(cfg["NodeID"].as_str().unwrap().len(), 36);
     assert_eq!(cfg["Revision"], "e0ab4d29");
     assert_eq!(cfg["Server"], true);
     assert_eq!(cfg["Version"], "1.16.1");
     assert_eq!(v["DebugConfig"]["ConnectEnabled"], true);
     assert_eq!(v["DebugConfig"]["GRPCPort"], 8502);
     assert_eq!(v["DebugConfig"]["GRPCTLSPort"], -1);
-    assert!(v["Member"]["Tags"].is_object());
     assert!(v["Member"]["Tags"].get("segment").is_none(), "no segment tag outside Enterprise");
-    assert!(v["xDS"]["SupportedProxies"]["envoy"].as_array().unwrap().iter().all(Value::is_string));
+}
+
+/// Register, read back and deregister, and the unknown-key refusal: the same on a real Consul
+/// (`E2E_CONSUL_ADDR`) and on the stand-in.
+#[test]
+fn register_read_deregister_on_any_consul() {
+    let target = ConsulTarget::from_env(ConsulOptions::default()).unwrap();
+    let c = HttpClient::new(&target.addr());
+    let id = format!("_nomad-e2e-{}", std::process::id());
+    let reg = json!({"ID": id, "Name": "nomad-e2e-probe", "Port": 9999, "Tags": ["e2e"], "Meta": {"external-source": "nomad"},
+                     "Checks": [{"CheckID": format!("{id}-ttl"), "Name": "ttl", "TTL": "60s"}]});
+    assert_eq!(put(&c, &target.path("/v1/agent/service/register"), &reg).0, 200);
+    let svc = c.get_json(&target.path("/v1/agent/services")).unwrap()[&id].clone();
+    assert_eq!((svc["Service"].as_str(), svc["Port"].as_i64()), (Some("nomad-e2e-probe"), Some(9999)));
+    assert_eq!(svc["Meta"]["external-source"], "nomad");
+    let chk = c.get_json(&target.path("/v1/agent/checks")).unwrap()[&format!("{id}-ttl")].clone();
+    assert_eq!(
+        (chk["Status"].as_str(), chk["Type"].as_str(), chk["ServiceID"].as_str()),
+        (Some("critical"), Some("ttl"), Some(id.as_str()))
+    );
+    let (status, body) = put(&c, &target.path("/v1/agent/service/register"), &json!({"Name": "x", "Bogus": 1}));
+    assert_eq!((status, body.as_str()), (400, "Request decode failed: json: unknown field \"Bogus\""));
+    assert_eq!(put(&c, &target.path(&format!("/v1/agent/service/deregister/{id}")), &json!(null)).0, 200);
+    assert!(c.get_json(&target.path("/v1/agent/services")).unwrap().get(&id).is_none());
 }
 
 /// `api/agent.go` `AgentServiceRegistration` in, `AgentService` and `AgentCheck` out; the sidecar
