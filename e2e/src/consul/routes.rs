@@ -105,7 +105,17 @@ fn query_map(q: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// A query-string value: `+` is a space.
 fn percent_decode(s: &str) -> String {
+    decode_percent(s, true)
+}
+
+/// A path segment (a KV key, a service ID): `+` is itself.
+fn path_decode(s: &str) -> String {
+    decode_percent(s, false)
+}
+
+fn decode_percent(s: &str, plus_is_space: bool) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -119,7 +129,7 @@ fn percent_decode(s: &str) -> String {
             i += 3;
             continue;
         }
-        out.push(if b[i] == b'+' { b' ' } else { b[i] });
+        out.push(if plus_is_space && b[i] == b'+' { b' ' } else { b[i] });
         i += 1;
     }
     String::from_utf8_lossy(&out).into_owned()
@@ -222,11 +232,11 @@ async fn route(shared: &Arc<Shared>, method: &str, path: &str, q: &BTreeMap<Stri
         },
         ["v1", "agent", "service", rest] => match (method, rest.split_once('/')) {
             ("PUT", None) if *rest == "register" => service_register(shared, q, body, who),
-            ("PUT", Some(("deregister", id))) => service_deregister(shared, &percent_decode(id), who),
+            ("PUT", Some(("deregister", id))) => service_deregister(shared, &path_decode(id), who),
             _ => not_allowed(),
         },
         ["v1", "agent", "check", rest] => match (method, rest.split_once('/')) {
-            ("PUT", Some((op @ ("update" | "pass" | "warn" | "fail"), id))) => check_update(shared, op, &percent_decode(id), q, body, who),
+            ("PUT", Some((op @ ("update" | "pass" | "warn" | "fail"), id))) => check_update(shared, op, &path_decode(id), q, body, who),
             _ => not_allowed(),
         },
         ["v1", "catalog", "services"] => match method {
@@ -234,11 +244,11 @@ async fn route(shared: &Arc<Shared>, method: &str, path: &str, q: &BTreeMap<Stri
             _ => not_allowed(),
         },
         ["v1", "catalog", "service", name] => match method {
-            "GET" => catalog_service(shared, &percent_decode(name), who),
+            "GET" => catalog_service(shared, &path_decode(name), who),
             _ => not_allowed(),
         },
         ["v1", "health", "service", name] => match method {
-            "GET" => health_service(shared, &percent_decode(name), q, who),
+            "GET" => health_service(shared, &path_decode(name), q, who),
             _ => not_allowed(),
         },
         ["v1", "acl", "token"] => match method {
@@ -258,7 +268,7 @@ async fn route(shared: &Arc<Shared>, method: &str, path: &str, q: &BTreeMap<Stri
         ["v1", "config", rest] => config_entry(shared, method, rest, who),
         ["v1", "config", kind, name] => config_entry(shared, method, &format!("{kind}/{name}"), who),
         ["v1", "kv", ..] => {
-            let key = percent_decode(path.trim_start_matches("/v1/kv/").trim_start_matches("/v1/kv"));
+            let key = path_decode(path.trim_start_matches("/v1/kv/").trim_start_matches("/v1/kv"));
             kv(shared, method, &key, q, body, who).await
         }
         _ => not_found(""),
@@ -986,7 +996,7 @@ fn config_put(shared: &Shared, body: &[u8], who: &Who) -> Resp {
 }
 
 fn config_entry(shared: &Shared, method: &str, rest: &str, who: &Who) -> Resp {
-    let (kind, name) = rest.split_once('/').map(|(k, n)| (k.to_string(), percent_decode(n))).unwrap_or((rest.to_string(), String::new()));
+    let (kind, name) = rest.split_once('/').map(|(k, n)| (k.to_string(), path_decode(n))).unwrap_or((rest.to_string(), String::new()));
     if let Err(e) = decode::config_entry_shape(&kind) {
         return bad(e);
     }

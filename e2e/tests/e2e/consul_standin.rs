@@ -405,6 +405,9 @@ fn kv_reads_writes_and_blocking_queries() {
     assert_eq!(c.get_json("/v1/kv/app/?keys").unwrap(), json!(["app/config", "app/other"]));
     assert_eq!(c.get_json("/v1/kv/app?recurse").unwrap()[1]["Flags"], 7);
     assert_eq!(c.request("GET", "/v1/kv/missing", None).unwrap().status, 404);
+    assert_eq!(c.request("PUT", "/v1/kv/a+b%20c", Some(b"plus")).unwrap().status, 200);
+    assert_eq!(c.get_json("/v1/kv/a+b%20c?keys").unwrap(), json!(["a+b c"]), "+ in a key path is itself, %20 a space");
+    assert_eq!(c.request("DELETE", "/v1/kv/a+b%20c", None).unwrap().status, 200);
 
     // With no write, a blocking read waits out its `wait`.
     let started = Instant::now();
