@@ -105,6 +105,47 @@ fn walk(value: Value, shape: &Shape, field: Option<&str>) -> Result<Value, Strin
     }
 }
 
+/// Config entries are decoded differently (`agent/config_endpoint.go` `ConfigApply` →
+/// `structs.DecodeConfigEntry`): mapstructure, whose unused keys become a multierror of
+/// `invalid config key "Services[0].Port"`, all behind `Request decoding failed: `.
+pub fn decode_config_entry(raw: &Value, shape: &Shape) -> Result<Value, String> {
+    let mut unknown = Vec::new();
+    unknown_keys(raw, shape, "", &mut unknown);
+    if !unknown.is_empty() {
+        let n = unknown.len();
+        let items: String = unknown.iter().map(|k| format!("\t* invalid config key \"{k}\"\n")).collect();
+        let head = if n == 1 { "1 error occurred:".to_string() } else { format!("{n} errors occurred:") };
+        return Err(format!("Request decoding failed: {head}\n{items}\n"));
+    }
+    walk(raw.clone(), shape, None).map_err(|e| format!("Request decoding failed: {e}"))
+}
+
+fn unknown_keys(v: &Value, shape: &Shape, prefix: &str, out: &mut Vec<String>) {
+    match (shape, v) {
+        (Shape::Lazy(f), _) => unknown_keys(v, f(), prefix, out),
+        (Shape::List(item), Value::Array(items)) => {
+            for (i, x) in items.iter().enumerate() {
+                unknown_keys(x, item, &format!("{prefix}[{i}]"), out);
+            }
+        }
+        (Shape::Map(item), Value::Object(map)) => {
+            for (k, x) in map {
+                unknown_keys(x, item, &format!("{prefix}[{k}]"), out);
+            }
+        }
+        (Shape::Obj(_, fields), Value::Object(map)) => {
+            for (k, x) in map {
+                let path = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                match fields.iter().find(|(f, _)| f.eq_ignore_ascii_case(k)) {
+                    Some((_, sub)) => unknown_keys(x, sub, &path, out),
+                    None => out.push(path),
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
 // The request shapes, field for field from Consul's `api` package (v1.16): `api/agent.go`
 // (AgentServiceRegistration, AgentServiceCheck, AgentServiceConnect,
 // AgentServiceConnectProxyConfig, Upstream), `api/connect.go`-era `MeshGatewayConfig` and
@@ -246,7 +287,8 @@ pub const ACL_TOKEN: Shape = Shape::Obj(
         ("TemplatedPolicies", Shape::Any),
         ("Local", Shape::Bool),
         ("AuthMethod", Shape::Str),
-        ("ExpirationTTL", Shape::Str),
+        // `time.Duration` in the api package (nanoseconds); the server also takes "1h".
+        ("ExpirationTTL", Shape::Any),
         ("ExpirationTime", Shape::Str),
         ("CreateTime", Shape::Str),
         ("Hash", Shape::Any),

@@ -964,22 +964,22 @@ fn config_put(shared: &Shared, body: &[u8], who: &Who) -> Resp {
         return who.deny("mesh:write", "");
     }
     let raw: Value = match serde_json::from_slice(body) {
-        Ok(v) => v,
-        Err(e) => return bad(format!("Request decode failed: {e}")),
+        Ok(v @ Value::Object(_)) => v,
+        Ok(_) => return bad("Request decoding failed: json: cannot unmarshal into Go value of type map[string]interface {}"),
+        Err(e) => return bad(format!("Request decoding failed: {e}")),
     };
-    let kind = raw
-        .as_object()
-        .and_then(|o| o.iter().find(|(k, _)| k.eq_ignore_ascii_case("kind")))
-        .and_then(|(_, v)| v.as_str())
-        .map(String::from);
-    let Some(kind) = kind else {
-        return bad("Request decode failed: Payload does not contain a Kind key at the top level");
+    // `structs.DecodeConfigEntry` looks for `Kind`, then `kind`.
+    let kind = raw.get("Kind").or_else(|| raw.get("kind"));
+    let kind = match kind {
+        None => return bad("Request decoding failed: Payload does not contain a kind/Kind key at the top level"),
+        Some(Value::String(k)) => k.clone(),
+        Some(_) => return bad("Request decoding failed: Kind value in payload is not a string"),
     };
     let shape: &Shape = match decode::config_entry_shape(&kind) {
         Ok(s) => s,
-        Err(e) => return bad(format!("Request decode failed: {e}")),
+        Err(e) => return bad(format!("Request decoding failed: {e}")),
     };
-    let mut entry = match decode::decode(body, shape) {
+    let mut entry = match decode::decode_config_entry(&raw, shape) {
         Ok(v) => v,
         Err(e) => return bad(e),
     };

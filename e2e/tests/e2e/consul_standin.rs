@@ -269,11 +269,11 @@ fn unknown_keys_and_wrong_types_are_refused_like_consul() {
     );
     assert_eq!(
         put(&c, "/v1/config", &json!({"Kind": "terminating-gateway", "Name": "gw", "Services": [{"Name": "db", "Port": 1}]})).1,
-        "Request decode failed: json: unknown field \"Port\""
+        "Request decoding failed: 1 error occurred:\n\t* invalid config key \"Services[0].Port\"\n\n"
     );
     assert_eq!(
         put(&c, "/v1/config", &json!({"Name": "gw"})).1,
-        "Request decode failed: Payload does not contain a Kind key at the top level"
+        "Request decoding failed: Payload does not contain a kind/Kind key at the top level"
     );
 }
 
@@ -450,7 +450,10 @@ fn config_entries_round_trip() {
     assert_eq!(c.request("DELETE", "/v1/config/terminating-gateway/api-gateway", None).unwrap().status, 200);
     let gone = c.request("GET", "/v1/config/terminating-gateway/api-gateway", None).unwrap();
     assert_eq!((gone.status, gone.text()), (404, "Config entry not found for \"terminating-gateway\" / \"api-gateway\"".to_string()));
-    assert_eq!(put(&c, "/v1/config", &json!({"Kind": "bogus", "Name": "x"})).1, "Request decode failed: invalid config entry kind: bogus");
+    assert_eq!(
+        put(&c, "/v1/config", &json!({"Kind": "bogus", "Name": "x"})).1,
+        "Request decoding failed: invalid config entry kind: bogus"
+    );
 }
 
 /// Stopping cuts Consul away; restarting brings it back on the same port with its state.
