@@ -6,6 +6,7 @@
 //! test leaves nothing behind.
 
 pub mod cluster;
+pub mod consul;
 pub mod http;
 pub mod netns;
 pub mod proxy;

@@ -268,6 +268,7 @@ async fn start_client(cfg: &AgentConfig, settings: crate::config::ClientSettings
     }
     let mut cc = ClientConfig::new(settings, &cfg.name, &cfg.datacenter, &cfg.region, &cfg.advertise_http);
     cc.dev_mode = cfg.dev;
+    cc.consul = Some(cfg.consul.clone());
     let mut options = DriverOptions::new(cfg.plugin_enabled("raw_exec"));
     if let Some(root) = cfg.oci_runtime_root().map_err(anyhow::Error::msg)? {
         options.oci.runtime_root = root;

@@ -18,6 +18,7 @@
 
 pub mod allocrunner;
 pub mod base64;
+pub mod consul;
 pub mod context;
 pub mod driver;
 pub mod fingerprint;
@@ -43,6 +44,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use self::allocrunner::AllocRunner;
+use self::consul::{ConsulApi, ConsulClient};
 use self::context::ClientContext;
 use self::driver::DriverRegistry;
 use self::fingerprint::{apply_drivers, drivers_changed};
@@ -50,6 +52,7 @@ use self::servers::Servers;
 use self::state::{NodeIdentity, StateDb, StateError};
 use self::taskrunner::lock;
 use crate::config::ClientSettings;
+use crate::config::consul::ConsulSettings;
 
 /// Everything the client role runs with.
 #[derive(Debug, Clone)]
@@ -76,6 +79,10 @@ pub struct ClientConfig {
     pub driver_fingerprint_interval: Duration,
     /// Longest a blocking alloc query waits on the servers.
     pub max_query_time: Duration,
+    /// The agent's `consul {}`; `None` leaves Consul out (no fingerprint, no calls).
+    pub consul: Option<ConsulSettings>,
+    /// How often Consul is fingerprinted again (Nomad: 15 s).
+    pub consul_fingerprint_interval: Duration,
 }
 
 impl ClientConfig {
@@ -93,6 +100,8 @@ impl ClientConfig {
             sync_interval: Duration::from_millis(200),
             driver_fingerprint_interval: Duration::from_secs(30),
             max_query_time: Duration::from_secs(300),
+            consul: None,
+            consul_fingerprint_interval: fingerprint::consul::CONSUL_FINGERPRINT_PERIOD,
         }
     }
 }
@@ -180,7 +189,18 @@ impl Client {
         let state = Arc::new(StateDb::open(&s.state_dir)?);
         let identity = register::load_or_create_identity(&state)?;
         let driver_infos = drivers.fingerprint_all().await;
-        let node = register::node(&config, &identity, &driver_infos);
+        let mut node = register::node(&config, &identity, &driver_infos);
+        let consul: Option<Arc<dyn ConsulApi>> = config.consul.as_ref().map(|c| Arc::new(ConsulClient::new(c)) as Arc<dyn ConsulApi>);
+        // The first Consul fingerprint is part of the first registration, as in Nomad.
+        let consul_seen = match &consul {
+            Some(api) => {
+                let fp = fingerprint::consul::fingerprint_consul(api.as_ref(), false).await;
+                log_consul_state(None, &fp);
+                fingerprint::consul::apply_consul(&mut node, fp.as_ref().ok());
+                Some(fp.is_ok())
+            }
+            None => None,
+        };
         let (updates_tx, updates_rx) = mpsc::unbounded_channel();
         let servers = Arc::new(Servers::new(config.settings.servers.clone()));
         let registrar = Arc::new(services::RpcRegistrar::new(servers.clone(), &identity.node_id, &identity.secret_id));
@@ -230,6 +250,9 @@ impl Client {
         ctx.tracker.spawn(inner.clone().watch_allocations());
         ctx.tracker.spawn(inner.clone().sync_allocs(updates_rx));
         ctx.tracker.spawn(inner.clone().fingerprint_drivers());
+        if let Some(api) = consul {
+            ctx.tracker.spawn(inner.clone().fingerprint_consul(api, consul_seen));
+        }
         Ok(Client { inner })
     }
 
@@ -385,6 +408,41 @@ impl ClientInner {
             *self.ctx.node.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(node);
             self.node_changed.notify_one();
         }
+    }
+}
+
+impl ClientInner {
+    /// Fingerprints Consul again every interval; a change (Consul appeared, went away, was
+    /// upgraded) updates the node and registers it again, so the servers see it.
+    async fn fingerprint_consul(self: Arc<Self>, api: Arc<dyn ConsulApi>, mut seen: Option<bool>) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(self.config.consul_fingerprint_interval) => {}
+                _ = self.ctx.shutdown.cancelled() => return,
+            }
+            let fp = fingerprint::consul::fingerprint_consul(api.as_ref(), false).await;
+            log_consul_state(seen, &fp);
+            seen = Some(fp.is_ok());
+            let mut node = (*self.ctx.node()).clone();
+            if !fingerprint::consul::apply_consul(&mut node, fp.as_ref().ok()) {
+                continue;
+            }
+            *self.ctx.node.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(node);
+            self.node_changed.notify_one();
+        }
+    }
+}
+
+/// Logs Consul becoming available or unavailable (not every failed period); like Nomad, a
+/// Consul that was never there is not reported as lost.
+fn log_consul_state(before: Option<bool>, now: &Result<fingerprint::consul::ConsulFingerprint, String>) {
+    match (before, now) {
+        (Some(true), Ok(_)) | (Some(false), Err(_)) => {}
+        (_, Ok(fp)) => {
+            tracing::info!(version = fp.attributes.get("consul.version").map(String::as_str).unwrap_or(""), "consul agent is available")
+        }
+        (Some(true), Err(e)) => tracing::info!(error = %e, "consul agent is unavailable"),
+        (None, Err(e)) => tracing::debug!(error = %e, "consul agent is unavailable"),
     }
 }
 

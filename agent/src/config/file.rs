@@ -75,8 +75,8 @@ pub struct FileConfig {
     pub ui: Option<Value>,
     /// Accepted for compatibility; telemetry is not exported yet.
     pub telemetry: Option<Value>,
-    /// Accepted for compatibility; nomad-rs does not talk to Consul's agent config.
-    pub consul: Option<Value>,
+    /// Consul: `consul {}` (see [`super::consul`]).
+    pub consul: Option<super::consul::ConsulBlock>,
     /// Accepted for compatibility.
     pub leave_on_interrupt: Option<bool>,
     /// Accepted for compatibility.

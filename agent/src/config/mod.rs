@@ -1,5 +1,6 @@
 //! The agent's configuration: files, then command-line flags, then defaults.
 
+pub mod consul;
 pub mod file;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -152,6 +153,8 @@ pub struct AgentConfig {
     pub plugins: BTreeMap<String, BTreeMap<String, Value>>,
     /// Listener limits (`limits {}`).
     pub limits: Limits,
+    /// Consul (`consul {}`).
+    pub consul: consul::ConsulSettings,
     /// Files the config was loaded from.
     pub sources: Vec<PathBuf>,
 }
@@ -380,6 +383,7 @@ impl AgentConfig {
         }
 
         let limits = Limits::resolve(f.limits)?;
+        let consul = consul::ConsulSettings::resolve(f.consul, |k| std::env::var(k).ok())?;
         let mut plugins: BTreeMap<String, BTreeMap<String, Value>> =
             f.plugin.unwrap_or_default().into_iter().map(|(k, v)| (k, v.config.unwrap_or_default())).collect();
         if dev {
@@ -403,6 +407,7 @@ impl AgentConfig {
             client,
             plugins,
             limits,
+            consul,
             sources: flags.config.clone(),
         })
     }

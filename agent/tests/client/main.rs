@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod cleanup;
+mod consul;
 mod escape;
 mod http;
 mod reconnect;

@@ -3,6 +3,7 @@
 mod cli;
 mod client_agent;
 mod client_restore;
+mod consul_standin;
 mod disconnect;
 mod drain;
 mod events;

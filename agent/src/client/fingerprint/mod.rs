@@ -6,6 +6,7 @@
 //! A fingerprinter that cannot read its source logs a warning and leaves its attributes out:
 //! a missing `/etc/os-release` must not stop the agent.
 
+pub mod consul;
 mod cpu;
 mod drivers;
 mod host;
