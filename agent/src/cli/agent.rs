@@ -125,6 +125,9 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         let list: Vec<String> = cfg.sources.iter().map(|p| p.display().to_string()).collect();
         println!("==> Loaded configuration from {}", list.join(", "));
     }
+    for key in &cfg.unused {
+        tracing::warn!("agent configuration: {key}");
+    }
     println!("==> Starting nomad-rs agent...");
     std::fs::create_dir_all(&cfg.data_dir).with_context(|| format!("creating data dir {}", cfg.data_dir.display()))?;
 

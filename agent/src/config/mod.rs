@@ -117,6 +117,32 @@ pub struct ClientSettings {
     pub network_interface: Option<String>,
 }
 
+/// What `f` sets that nomad-rs reads but does not act on (see [`AgentConfig::unused`]).
+fn unused_keys(f: &FileConfig) -> Vec<String> {
+    let mut unused = Vec::new();
+    let mut note = |set: bool, key: &str, why: &str| {
+        if set {
+            unused.push(format!("{key}: accepted for compatibility and not used: {why}"));
+        }
+    };
+    note(f.ui.is_some(), "ui", "nomad-rs has no web UI");
+    note(f.telemetry.is_some(), "telemetry", "metrics are not exported yet");
+    note(f.leave_on_interrupt.is_some(), "leave_on_interrupt", "there is no gossip pool to leave; servers leave Raft with `operator raft remove-peer`");
+    note(f.leave_on_terminate.is_some(), "leave_on_terminate", "there is no gossip pool to leave; servers leave Raft with `operator raft remove-peer`");
+    note(f.ports.as_ref().is_some_and(|p| p.serf.is_some()), "ports.serf", "there is no gossip (Serf) listener; servers find each other over RPC");
+    note(f.addresses.as_ref().is_some_and(|a| a.serf.is_some()), "addresses.serf", "there is no gossip (Serf) listener");
+    note(f.advertise.as_ref().is_some_and(|a| a.serf.is_some()), "advertise.serf", "there is no gossip (Serf) listener");
+    if let Some(join) = f.server.as_ref().and_then(|s| s.server_join.as_ref()) {
+        note(join.retry_max.is_some(), "server.server_join.retry_max", "nomad-rs retries a join on its own schedule");
+        note(join.retry_interval.is_some(), "server.server_join.retry_interval", "nomad-rs retries a join on its own schedule");
+    }
+    note(f.client.as_ref().is_some_and(|c| c.gc_interval.is_some()), "client.gc_interval", "the client does not garbage-collect alloc dirs on an interval yet");
+    for (name, plugin) in f.plugin.iter().flatten() {
+        note(plugin.args.is_some(), &format!("plugin \"{name}\" args"), "drivers are built in, not external plugin processes");
+    }
+    unused
+}
+
 /// The resolved configuration an agent runs with.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentConfig {
@@ -155,6 +181,9 @@ pub struct AgentConfig {
     pub limits: Limits,
     /// Consul (`consul {}`).
     pub consul: consul::ConsulSettings,
+    /// Keys the files set that nomad-rs accepts for compatibility but does not act on, each with
+    /// why; the agent logs them at start so no setting is dropped without a word.
+    pub unused: Vec<String>,
     /// Files the config was loaded from.
     pub sources: Vec<PathBuf>,
 }
@@ -246,6 +275,7 @@ impl AgentConfig {
     }
 
     fn from_parts(f: FileConfig, flags: &AgentFlags, dev_data_dir: Option<PathBuf>) -> Result<AgentConfig, ConfigError> {
+        let unused = unused_keys(&f);
         let invalid = |key: &str, message: String| ConfigError::Invalid { path: "agent configuration".into(), key: key.into(), message };
         let dev = flags.dev;
         let name = flags.node.clone().or(f.name).unwrap_or_else(hostname);
@@ -408,6 +438,7 @@ impl AgentConfig {
             plugins,
             limits,
             consul,
+            unused,
             sources: flags.config.clone(),
         })
     }
@@ -630,6 +661,18 @@ mod tests {
         assert_eq!(c.oci_runtime_root(), Err("plugin \"oci\" config runtime_root: must be an absolute path, got \"runc\"".to_string()));
         let c = resolve("plugin \"oci\" {\n  config {\n    runtime_root = 3\n  }\n}\n", dev).unwrap();
         assert!(c.oci_runtime_root().unwrap_err().ends_with("got 3"));
+    }
+
+    #[test]
+    fn keys_accepted_for_compatibility_but_unused_are_listed_with_why() {
+        let dev = AgentFlags { dev: true, ..Default::default() };
+        assert_eq!(resolve("", dev.clone()).unwrap().unused, Vec::<String>::new());
+        let src = "telemetry {\n  collection_interval = \"1s\"\n}\nports {\n  serf = 4648\n}\nleave_on_terminate = true\n\
+                   client {\n  gc_interval = \"1m\"\n}\n";
+        let unused = resolve(src, dev).unwrap().unused;
+        let keys: Vec<&str> = unused.iter().map(|u| u.split(':').next().unwrap()).collect();
+        assert_eq!(keys, vec!["telemetry", "leave_on_terminate", "ports.serf", "client.gc_interval"], "{unused:?}");
+        assert!(unused[0].ends_with("accepted for compatibility and not used: metrics are not exported yet"), "{unused:?}");
     }
 
     #[test]
