@@ -296,3 +296,30 @@ async fn create_delete_and_detach_reach_the_server_and_report_its_refusal() {
     let help = api.nomad(&["volume", "create", "-help"]).await;
     help.expect_code(0).stdout_has("nomad-rs servers do not create volumes yet");
 }
+
+#[tokio::test]
+async fn the_same_id_in_two_namespaces_is_ambiguous_across_namespaces() {
+    let api = server().await;
+    let ns = nomad_proto::Namespace { name: "other".into(), ..nomad_proto::Namespace::default() };
+    api.server.endpoints.namespace_upsert(ns).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    api.nomad(&["volume", "register", &write(&dir, "d.hcl", HCL_SPEC)]).await.expect_code(0);
+    let other = HCL_SPEC.replace("type         = \"csi\"", "type         = \"csi\"\nnamespace    = \"other\"");
+    api.nomad(&["volume", "register", &write(&dir, "o.hcl", &other)]).await.expect_code(0);
+    assert!(api.server.store.snapshot().csi_volume("other", "vol1").is_some(), "the spec's namespace wins");
+
+    api.nomad(&["volume", "status", "vol1"]).await.expect_code(0).stdout_has("Namespace            = default\n");
+    api.nomad(&["volume", "status", "-namespace", "other", "vol1"]).await.expect_code(0).stdout_has("Namespace            = other\n");
+    api.nomad(&["volume", "status", "-namespace", "*", "vol1"])
+        .await
+        .expect_code(1)
+        .stderr_has(
+            "Prefix matched multiple volumes\n\nID    Name      Namespace  Plugin ID  Schedulable  Access Mode\nvol1  database  default",
+        )
+        .stderr_has("\nvol1  database  other");
+    api.nomad(&["volume", "status", "-namespace", "*"]).await.expect_code(0).stdout_has("vol1  database  other");
+    // Deregistering in one namespace leaves the other.
+    api.nomad(&["volume", "deregister", "-namespace", "other", "vol1"]).await.expect_code(0);
+    let snap = api.server.store.snapshot();
+    assert!(snap.csi_volume("other", "vol1").is_none() && snap.csi_volume("default", "vol1").is_some());
+}
