@@ -189,6 +189,7 @@ impl std::error::Error for ApiError {}
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Query {
     params: Vec<(String, String)>,
+    headers: Vec<(String, String)>,
     /// Block until the result's index is above this (0: answer at once).
     pub index: u64,
     /// How long a blocking query may wait on the server.
@@ -204,6 +205,12 @@ impl Query {
     /// Adds a parameter.
     pub fn param(mut self, key: &str, value: impl Into<String>) -> Query {
         self.params.push((key.to_string(), value.into()));
+        self
+    }
+
+    /// Adds a request header (`X-Nomad-CSI-Secrets`).
+    pub fn header(mut self, name: &str, value: impl Into<String>) -> Query {
+        self.headers.push((name.to_string(), value.into()));
         self
     }
 
@@ -368,6 +375,9 @@ impl Client {
         }
         if body.is_some() {
             req = req.header(http::header::CONTENT_TYPE, "application/json");
+        }
+        for (name, value) in &q.headers {
+            req = req.header(name.as_str(), value.as_str());
         }
         let req = req.body(Full::new(Bytes::from(body.unwrap_or_default()))).map_err(|e| ApiError::Transport {
             method: gm,

@@ -55,6 +55,12 @@ pub fn safe_json(json: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// A value as indented JSON, printed safe (see [`safe_json`]), for `-json` output of values the
+/// command decoded and sorted itself.
+pub fn json_text(v: &impl serde::Serialize) -> String {
+    safe_json(&serde_json::to_string_pretty(v).unwrap_or_default()).into_owned()
+}
+
 /// The ID length for the `-verbose` setting.
 pub fn id_len(verbose: bool) -> usize {
     if verbose { usize::MAX } else { SHORT_ID }

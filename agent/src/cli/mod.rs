@@ -21,11 +21,13 @@ pub mod monitor;
 pub mod node;
 pub mod nomad_commands;
 pub mod operator;
+pub mod plugin;
 pub mod prefix;
 pub mod server;
 pub mod service;
 pub mod status;
 pub mod tables;
+pub mod volume;
 
 use std::ffi::OsString;
 use std::io::{BufRead, IsTerminal, Write};
@@ -63,6 +65,10 @@ pub enum Command {
     Service(service::ServiceArgs),
     /// Cluster operations: the servers' Raft configuration.
     Operator(operator::OperatorArgs),
+    /// Register, show and remove CSI volumes.
+    Volume(volume::VolumeArgs),
+    /// Show CSI plugins.
+    Plugin(plugin::PluginArgs),
     /// Show the status of jobs, or of any object by ID prefix.
     Status(status::StatusArgs),
     /// Print the version.
@@ -152,6 +158,8 @@ pub async fn run(command: Command) -> u8 {
         Command::Server(a) => server::run(a).await,
         Command::Service(a) => service::run(a).await,
         Command::Operator(a) => operator::run(a).await,
+        Command::Volume(a) => volume::run(a).await,
+        Command::Plugin(a) => plugin::run(a).await,
         Command::Status(a) => status::run(a).await,
         Command::Agent(_) | Command::Version => Err(Failure::new("agent and version are not API commands")),
     };

@@ -403,7 +403,8 @@ mod tests {
         assert_eq!(unimplemented_in(&args("nomad-rs -h var put a/b k=v")).as_deref(), Some("var put"));
         assert_eq!(unimplemented_in(&args("nomad-rs operator snapshot save x.snap")).as_deref(), Some("operator snapshot save"));
         assert_eq!(unimplemented_in(&args("nomad-rs operator raft info")).as_deref(), Some("operator raft info"));
-        assert_eq!(unimplemented_in(&args("nomad-rs volume")).as_deref(), Some("volume"));
+        assert_eq!(unimplemented_in(&args("nomad-rs volume snapshot list")).as_deref(), Some("volume snapshot list"));
+        assert_eq!(unimplemented_in(&args("nomad-rs volume -namespace x init")).as_deref(), Some("volume init"));
         assert_eq!(unimplemented_in(&args("nomad-rs bogus")), None);
         assert_eq!(unimplemented_in(&args("nomad-rs job bogus history")), None, "an unknown word ends the search");
         assert_eq!(unimplemented_in(&args("nomad-rs job status history")), None, "a leaf's arguments are not commands");
@@ -423,7 +424,21 @@ mod tests {
             assert_eq!(unimplemented_in(&args(&line)).as_deref(), Some(*name), "{line}");
         }
         assert!(lacking > 150, "{lacking}");
-        for ours in ["job run", "job init", "alloc logs", "operator raft list-peers", "version", "agent"] {
+        for ours in [
+            "job run",
+            "job init",
+            "alloc logs",
+            "operator raft list-peers",
+            "version",
+            "agent",
+            "volume register",
+            "volume deregister",
+            "volume status",
+            "volume create",
+            "volume delete",
+            "volume detach",
+            "plugin status",
+        ] {
             assert!(implemented(&ours.split(' ').collect::<Vec<_>>()), "{ours}");
         }
     }

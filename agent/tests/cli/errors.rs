@@ -105,7 +105,7 @@ async fn a_nomad_command_nomad_rs_lacks_says_so_and_exits_1() {
         (&["alloc", "fs", "ab12", "alloc/logs"], "alloc fs"),
         (&["var", "put", "app/config", "k=v"], "var put"),
         (&["acl", "bootstrap"], "acl bootstrap"),
-        (&["volume", "status"], "volume status"),
+        (&["volume", "snapshot", "list"], "volume snapshot list"),
         (&["operator", "snapshot", "save", "backup.snap"], "operator snapshot save"),
         (&["deployment", "list"], "deployment list"),
         (&["namespace", "apply", "prod"], "namespace apply"),

@@ -10,3 +10,4 @@ mod examples;
 mod jobs;
 mod monitor;
 mod objects;
+mod volumes;

@@ -99,6 +99,7 @@ mod reader;
 mod service;
 mod task;
 mod variables;
+pub mod volume;
 
 #[cfg(test)]
 mod tests;
