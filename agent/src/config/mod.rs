@@ -127,16 +127,32 @@ fn unused_keys(f: &FileConfig) -> Vec<String> {
     };
     note(f.ui.is_some(), "ui", "nomad-rs has no web UI");
     note(f.telemetry.is_some(), "telemetry", "metrics are not exported yet");
-    note(f.leave_on_interrupt.is_some(), "leave_on_interrupt", "there is no gossip pool to leave; servers leave Raft with `operator raft remove-peer`");
-    note(f.leave_on_terminate.is_some(), "leave_on_terminate", "there is no gossip pool to leave; servers leave Raft with `operator raft remove-peer`");
-    note(f.ports.as_ref().is_some_and(|p| p.serf.is_some()), "ports.serf", "there is no gossip (Serf) listener; servers find each other over RPC");
+    note(
+        f.leave_on_interrupt.is_some(),
+        "leave_on_interrupt",
+        "there is no gossip pool to leave; servers leave Raft with `operator raft remove-peer`",
+    );
+    note(
+        f.leave_on_terminate.is_some(),
+        "leave_on_terminate",
+        "there is no gossip pool to leave; servers leave Raft with `operator raft remove-peer`",
+    );
+    note(
+        f.ports.as_ref().is_some_and(|p| p.serf.is_some()),
+        "ports.serf",
+        "there is no gossip (Serf) listener; servers find each other over RPC",
+    );
     note(f.addresses.as_ref().is_some_and(|a| a.serf.is_some()), "addresses.serf", "there is no gossip (Serf) listener");
     note(f.advertise.as_ref().is_some_and(|a| a.serf.is_some()), "advertise.serf", "there is no gossip (Serf) listener");
     if let Some(join) = f.server.as_ref().and_then(|s| s.server_join.as_ref()) {
         note(join.retry_max.is_some(), "server.server_join.retry_max", "nomad-rs retries a join on its own schedule");
         note(join.retry_interval.is_some(), "server.server_join.retry_interval", "nomad-rs retries a join on its own schedule");
     }
-    note(f.client.as_ref().is_some_and(|c| c.gc_interval.is_some()), "client.gc_interval", "the client does not garbage-collect alloc dirs on an interval yet");
+    note(
+        f.client.as_ref().is_some_and(|c| c.gc_interval.is_some()),
+        "client.gc_interval",
+        "the client does not garbage-collect alloc dirs on an interval yet",
+    );
     for (name, plugin) in f.plugin.iter().flatten() {
         note(plugin.args.is_some(), &format!("plugin \"{name}\" args"), "drivers are built in, not external plugin processes");
     }
