@@ -173,7 +173,8 @@ table! {
     DispatchPayload: Block "dispatch_payload" in "task" => R("jobs cannot be dispatched"),
     VolumeMount: Block "volume_mount" in "task" => R("volumes are not mounted into tasks"),
     TaskKind: Attribute "kind" in "task" => R("it marks Consul Connect tasks"),
-    CsiPlugin: Block "csi_plugin" in "task" => R(""),
+    CsiPlugin: Block "csi_plugin" in "task" => H("raw_exec tasks: the plugin supervisor gives the task CSI_ENDPOINT, probes it and registers it with the client's CSI manager, which fingerprints it into the node"),
+    CsiPluginIsolated: Value "csi_plugin with a driver other than \"raw_exec\"" in "task" => R("the plugin supervisor does not yet mount the socket and staging dirs into an isolated task: run the plugin with driver = \"raw_exec\""),
     Identity: Block "identity" in "task" => R(""),
     // resources (task).
     Cpu: Attribute "cpu" in "resources" => H("scheduler fit, cgroup weight"),
@@ -708,6 +709,7 @@ impl Walk {
             csi_plugin_config
         {}
         self.decide(Feature::CsiPlugin, csi_plugin_config.is_some());
+        self.decide(Feature::CsiPluginIsolated, csi_plugin_config.is_some() && driver != "raw_exec");
         self.decide(Feature::Identity, identity.as_ref().is_some_and(|i| !i.is_null()));
     }
 
@@ -908,7 +910,10 @@ pub fn sample_job_using(feature: Feature) -> Job {
             t.volume_mounts = vec![VolumeMount { volume: "data".into(), destination: "/data".into(), ..VolumeMount::default() }];
         }
         Feature::TaskKind => t.kind = "connect-proxy:redis".into(),
-        Feature::CsiPlugin => {
+        Feature::CsiPlugin | Feature::CsiPluginIsolated => {
+            if feature == Feature::CsiPluginIsolated {
+                t.driver = "exec".into();
+            }
             t.csi_plugin_config = Some(CsiPluginConfig {
                 id: "ebs".into(),
                 plugin_type: "node".into(),

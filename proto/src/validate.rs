@@ -757,6 +757,17 @@ fn validate_task(job: &Job, t: &Task, g: &TaskGroup) -> Vec<String> {
     if t.shutdown_delay < 0 {
         errs.push("ShutdownDelay must be a positive value".to_string());
     }
+    if let Some(c) = &t.csi_plugin_config {
+        if c.id.is_empty() {
+            errs.push("CSIPluginConfig must have a non-empty PluginID".to_string());
+        } else if c.id == "." || c.id == ".." || c.id.contains('/') || c.id.contains('\0') {
+            // (ours) The client keeps the plugin's staging dir at `csi/<type>/<id>`.
+            errs.push(format!("CSIPluginConfig PluginID {:?} must be usable as a directory name", c.id));
+        }
+        if !matches!(c.plugin_type.as_str(), "node" | "controller" | "monolith") {
+            errs.push(format!("CSIPluginConfig PluginType must be one of 'node', 'controller', or 'monolith', got: \"{}\"", c.plugin_type));
+        }
+    }
     validate_meta("Task", &t.meta, &mut errs);
     validate_resources(t, &mut errs);
     if t.log_config.max_files < 1 {

@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::csi::{Connector, CsiPlugins};
 use super::driver::DriverRegistry;
 use super::services::ServiceRegistrar;
 use super::state::StateDb;
@@ -43,6 +44,12 @@ pub struct ClientContext {
     pub tracker: TaskTracker,
     /// Registers Nomad-native services with the servers.
     pub registrar: Arc<dyn ServiceRegistrar>,
+    /// `<state_dir>/csi`: CSI plugin sockets and staging roots.
+    pub csi_root: PathBuf,
+    /// The CSI manager, as plugin supervisors see it.
+    pub csi_plugins: Arc<dyn CsiPlugins>,
+    /// Makes the client for a CSI plugin's socket.
+    pub csi_connect: Connector,
 }
 
 impl ClientContext {

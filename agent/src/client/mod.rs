@@ -20,6 +20,7 @@ pub mod allocrunner;
 pub mod base64;
 pub mod consul;
 pub mod context;
+pub mod csi;
 pub mod driver;
 pub mod fingerprint;
 pub mod heartbeat;
@@ -204,6 +205,8 @@ impl Client {
         let (updates_tx, updates_rx) = mpsc::unbounded_channel();
         let servers = Arc::new(Servers::new(config.settings.servers.clone()));
         let registrar = Arc::new(services::RpcRegistrar::new(servers.clone(), &identity.node_id, &identity.secret_id));
+        let csi_connect = csi::grpc_connector();
+        let csi_manager = csi::CsiManager::new(csi::FINGERPRINT_INTERVAL, csi_connect.clone());
         let ctx = Arc::new(ClientContext {
             state: state.clone(),
             drivers,
@@ -218,6 +221,9 @@ impl Client {
             shutdown: CancellationToken::new(),
             tracker: TaskTracker::new(),
             registrar,
+            csi_root: s.state_dir.join("csi"),
+            csi_plugins: csi_manager.clone(),
+            csi_connect,
         });
         let inner = Arc::new(ClientInner {
             servers,
@@ -250,6 +256,8 @@ impl Client {
         ctx.tracker.spawn(inner.clone().watch_allocations());
         ctx.tracker.spawn(inner.clone().sync_allocs(updates_rx));
         ctx.tracker.spawn(inner.clone().fingerprint_drivers());
+        ctx.tracker.spawn(csi_manager.clone().run(ctx.shutdown.clone()));
+        ctx.tracker.spawn(inner.clone().apply_csi_plugins(csi_manager.subscribe()));
         if let Some(api) = consul {
             ctx.tracker.spawn(inner.clone().fingerprint_consul(api, consul_seen));
         }
@@ -406,6 +414,28 @@ impl ClientInner {
             let mut node = (*current).clone();
             apply_drivers(&mut node, &infos);
             *self.ctx.node.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(node);
+            self.node_changed.notify_one();
+        }
+    }
+}
+
+impl ClientInner {
+    /// Puts the CSI manager's plugin maps on the node as they change, and registers it again
+    /// so the servers' plugin table follows.
+    async fn apply_csi_plugins(self: Arc<Self>, mut maps: tokio_watch::Receiver<csi::CsiMaps>) {
+        loop {
+            tokio::select! {
+                changed = maps.changed() => if changed.is_err() { return },
+                _ = self.ctx.shutdown.cancelled() => return,
+            }
+            let csi::CsiMaps { controllers, nodes } = maps.borrow_and_update().clone();
+            {
+                let mut node = self.ctx.node.write().unwrap_or_else(|e| e.into_inner());
+                let mut n = (**node).clone();
+                n.csi_controller_plugins = controllers;
+                n.csi_node_plugins = nodes;
+                *node = Arc::new(n);
+            }
             self.node_changed.notify_one();
         }
     }

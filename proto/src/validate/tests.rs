@@ -512,3 +512,21 @@ fn namespace_names_follow_nomads_rule() {
     let long = crate::Namespace { name: "ok".into(), description: "d".repeat(257), ..Default::default() };
     assert!(long.validate().unwrap_err().to_string().contains("description longer than 256"));
 }
+
+#[test]
+fn a_csi_plugin_needs_an_id_usable_as_a_directory_and_one_of_nomads_types() {
+    let with_plugin = |id: &str, plugin_type: &str| {
+        let (id, plugin_type) = (id.to_string(), plugin_type.to_string());
+        job_with(move |j| {
+            j.task_groups[0].tasks[0].csi_plugin_config =
+                Some(crate::job::CsiPluginConfig { id, plugin_type, ..crate::job::CsiPluginConfig::default() })
+        })
+    };
+    with_plugin("hostpath", "monolith").validate().unwrap();
+    assert_refused(&with_plugin("", "node"), "CSIPluginConfig must have a non-empty PluginID");
+    assert_refused(&with_plugin("../x", "node"), "CSIPluginConfig PluginID \"../x\" must be usable as a directory name");
+    assert_refused(
+        &with_plugin("p", "sidecar"),
+        "CSIPluginConfig PluginType must be one of 'node', 'controller', or 'monolith', got: \"sidecar\"",
+    );
+}

@@ -36,7 +36,8 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use self::env::{EnvInput, TaskDirs, build_env};
-use self::hooks::{HookRequest, PostPhase, TaskHook, run_post, run_prestart};
+use self::hooks::csi_plugin_supervisor::{TaskControl, csi_endpoint};
+use self::hooks::{CsiPluginSupervisorHook, HookRequest, PostPhase, TaskHook, run_post, run_prestart};
 use self::interpolate::Interpolator;
 use self::restart::{Decision, Policy, RestartTracker};
 use super::allocrunner::lifecycle::{Gates, Stage};
@@ -125,13 +126,19 @@ impl TaskRunner {
             events::append(&mut l.state, events::received());
             l
         });
-        let runner = Arc::new(TaskRunner {
+        let runner = Arc::new_cyclic(|me: &std::sync::Weak<TaskRunner>| TaskRunner {
             alloc_id: alloc.id.clone(),
             name: task.name.clone(),
             stage: Stage::of(task.lifecycle.as_ref()),
             sidecar: task.lifecycle.as_ref().is_some_and(|l| l.sidecar),
             leader: task.leader,
-            hooks: hooks::init_hooks(&task),
+            hooks: hooks::init_hooks(
+                &task,
+                task.csi_plugin_config.is_some().then(|| {
+                    let control: std::sync::Weak<dyn TaskControl> = me.clone();
+                    CsiPluginSupervisorHook::new(ctx.csi_root.clone(), ctx.csi_plugins.clone(), ctx.csi_connect.clone(), control)
+                }),
+            ),
             ctx,
             alloc: Mutex::new(alloc),
             task: Mutex::new(task),
@@ -302,7 +309,12 @@ impl TaskRunner {
             TaskDirs { alloc: alloc_dir.join("alloc"), local: task_dir.join("local"), secrets: task_dir.join("secrets") }
         };
         let host_env = (!isolated).then_some(&self.ctx.host_env);
-        let env = build_env(&EnvInput { alloc: &alloc, task: &task, node: &node, region: &self.ctx.region, dirs: &dirs, host_env });
+        let mut env = build_env(&EnvInput { alloc: &alloc, task: &task, node: &node, region: &self.ctx.region, dirs: &dirs, host_env });
+        if !env.contains_key("CSI_ENDPOINT")
+            && let Some(endpoint) = csi_endpoint(&self.ctx.csi_root, &alloc.id, task.csi_plugin_config.as_ref(), isolated)
+        {
+            env.insert("CSI_ENDPOINT".into(), endpoint);
+        }
         let driver_config = Interpolator { env: &env, node: &node, region: &self.ctx.region }.config(&task.config);
         let allocated = alloc.allocated_resources.as_ref().and_then(|r| r.tasks.get(&task.name));
         let cpu = allocated.map(|a| a.cpu.cpu_shares).filter(|c| *c > 0).unwrap_or(task.resources.cpu);
@@ -398,7 +410,12 @@ impl TaskRunner {
         loop {
             let (driver, handle) = match std::mem::replace(&mut next, Next::Start) {
                 Next::Finished => return Flow::Done,
-                Next::Attach(driver, handle) => (driver, handle),
+                Next::Attach(driver, handle) => {
+                    // As after a start: the hooks that watch a running task (the CSI plugin
+                    // supervisor) take it up again.
+                    self.run_poststart(driver.as_ref());
+                    (driver, handle)
+                }
                 Next::Exited(exit) => {
                     self.finish_run(&exit).await;
                     let decision =
@@ -511,10 +528,7 @@ impl TaskRunner {
                     l.state.finished_at = Timestamp::ZERO;
                     events::append(&mut l.state, events::started());
                 });
-                let states = lock(&self.local).hooks.clone();
-                for (hook, e) in run_post(&self.hooks, PostPhase::Poststart, &req, &states) {
-                    tracing::warn!(alloc_id = %self.alloc_id, task = %self.name, hook, error = %e.message, "poststart hook failed");
-                }
+                self.run_poststart(driver.as_ref());
                 Ok((driver, handle))
             }
             Err(e) => {
@@ -522,6 +536,25 @@ impl TaskRunner {
                 self.append_event(events::driver_failure(&e.to_string()));
                 Err(StartFailure { recoverable: recoverable(&e) })
             }
+        }
+    }
+
+    /// The poststart hooks, for a task that was started or reattached to.
+    fn run_poststart(&self, driver: &dyn Driver) {
+        let alloc = self.alloc();
+        let task = self.task();
+        let config = self.task_config(Some(driver));
+        let states = lock(&self.local).hooks.clone();
+        let req = HookRequest {
+            alloc: &alloc,
+            task: &task,
+            config: &config,
+            driver: Some(driver),
+            secrets_tmpfs: self.ctx.secrets_tmpfs,
+            previous: None,
+        };
+        for (hook, e) in run_post(&self.hooks, PostPhase::Poststart, &req, &states) {
+            tracing::warn!(alloc_id = %self.alloc_id, task = %self.name, hook, error = %e.message, "poststart hook failed");
         }
     }
 
@@ -641,6 +674,17 @@ impl TaskRunner {
                 }
             }
         }
+    }
+}
+
+impl TaskControl for TaskRunner {
+    fn emit_event(&self, event: TaskEvent) {
+        self.append_event(event);
+    }
+
+    fn kill_failed(&self, event: TaskEvent) {
+        self.update(Durability::Durable, |l| l.state.failed = true);
+        self.kill(Some(event));
     }
 }
 

@@ -11,6 +11,7 @@
 //!
 //! Hooks do short, blocking file-system work; none of them talks to the network.
 
+pub mod csi_plugin_supervisor;
 mod dispatch_payload;
 mod task_dir;
 mod validate;
@@ -19,6 +20,7 @@ use std::collections::BTreeMap;
 
 use nomad_proto::{Allocation, Task, TaskEvent};
 
+pub use csi_plugin_supervisor::CsiPluginSupervisorHook;
 pub use dispatch_payload::DispatchPayloadHook;
 pub use task_dir::{TaskDirHook, mount_secrets_tmpfs};
 pub use validate::ValidateHook;
@@ -129,11 +131,16 @@ pub trait StopHook {
 ///    never run, and nothing should be built on disk for it.
 /// 2. `task_dir` next: it builds `local/`, `secrets/` and `tmp/`, which every later hook and the
 ///    task itself write into.
-/// 3. `dispatch_payload` last: it writes into the task's `local/` dir, so it needs `task_dir`.
-pub fn init_hooks(task: &Task) -> Vec<Box<dyn TaskHook>> {
+/// 3. `dispatch_payload`: it writes into the task's `local/` dir, so it needs `task_dir`.
+/// 4. `csi_plugin_supervisor` (given for a task with `csi_plugin`) last: its poststart probes
+///    the started plugin, and nothing after it depends on it.
+pub fn init_hooks(task: &Task, csi_supervisor: Option<CsiPluginSupervisorHook>) -> Vec<Box<dyn TaskHook>> {
     let mut hooks: Vec<Box<dyn TaskHook>> = vec![Box::new(ValidateHook), Box::new(TaskDirHook)];
     if task.dispatch_payload.is_some() {
         hooks.push(Box::new(DispatchPayloadHook));
+    }
+    if let Some(h) = csi_supervisor {
+        hooks.push(Box::new(h));
     }
     hooks
 }
@@ -280,7 +287,7 @@ mod tests {
 
     #[test]
     fn the_hook_list_is_fixed_plus_conditional_hooks() {
-        let names = |t: &Task| init_hooks(t).iter().map(|h| h.name()).collect::<Vec<_>>();
+        let names = |t: &Task| init_hooks(t, None).iter().map(|h| h.name()).collect::<Vec<_>>();
         assert_eq!(names(&Task::default()), ["validate", "task_dir"]);
         let t = Task { dispatch_payload: Some(serde_json::json!({"File": "in.txt"})), ..Task::default() };
         assert_eq!(names(&t), ["validate", "task_dir", "dispatch_payload"]);
