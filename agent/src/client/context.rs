@@ -58,6 +58,19 @@ impl ClientContext {
         self.node.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Changes the node in one step under the lock, so two loops updating different parts of it
+    /// (drivers, Consul, CSI plugins, status) never write back a copy missing the other's change.
+    /// `change` says whether it changed anything; returns that.
+    pub fn update_node(&self, change: impl FnOnce(&mut Node) -> bool) -> bool {
+        let mut node = self.node.write().unwrap_or_else(|e| e.into_inner());
+        let mut n = (**node).clone();
+        let changed = change(&mut n);
+        if changed {
+            *node = Arc::new(n);
+        }
+        changed
+    }
+
     /// `<alloc_root>/<alloc_id>`.
     pub fn alloc_dir(&self, alloc_id: &str) -> PathBuf {
         self.alloc_root.join(alloc_id)

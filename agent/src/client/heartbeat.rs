@@ -96,12 +96,10 @@ impl ClientInner {
         let region = self.config.region.clone();
         let resp = self.servers.node(CALL_TIMEOUT, |mut c| async move { c.register(NodeRegisterRequest { node, region }).await }).await?;
         // Later registrations send `ready`; the servers keep the status of a known node anyway.
-        {
-            let mut node = self.ctx.node.write().unwrap_or_else(|e| e.into_inner());
-            let mut n = (**node).clone();
+        self.ctx.update_node(|n| {
             n.status = NodeStatus::Ready;
-            *node = Arc::new(n);
-        }
+            true
+        });
         self.servers.learn(&resp.leader_rpc_addr, &resp.servers);
         self.servers.learn_http(&resp.leader_http_addr);
         self.stats.registrations.fetch_add(1, Ordering::Relaxed);

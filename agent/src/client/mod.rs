@@ -407,14 +407,16 @@ impl ClientInner {
                 _ = self.ctx.shutdown.cancelled() => return,
             }
             let infos = self.ctx.drivers.fingerprint_all().await;
-            let current = self.ctx.node();
-            if !drivers_changed(&current.drivers, &infos) {
-                continue;
+            let changed = self.ctx.update_node(|node| {
+                let changed = drivers_changed(&node.drivers, &infos);
+                if changed {
+                    apply_drivers(node, &infos);
+                }
+                changed
+            });
+            if changed {
+                self.node_changed.notify_one();
             }
-            let mut node = (*current).clone();
-            apply_drivers(&mut node, &infos);
-            *self.ctx.node.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(node);
-            self.node_changed.notify_one();
         }
     }
 }
@@ -429,13 +431,11 @@ impl ClientInner {
                 _ = self.ctx.shutdown.cancelled() => return,
             }
             let csi::CsiMaps { controllers, nodes } = maps.borrow_and_update().clone();
-            {
-                let mut node = self.ctx.node.write().unwrap_or_else(|e| e.into_inner());
-                let mut n = (**node).clone();
+            self.ctx.update_node(|n| {
                 n.csi_controller_plugins = controllers;
                 n.csi_node_plugins = nodes;
-                *node = Arc::new(n);
-            }
+                true
+            });
             self.node_changed.notify_one();
         }
     }
@@ -453,12 +453,9 @@ impl ClientInner {
             let fp = fingerprint::consul::fingerprint_consul(api.as_ref(), false).await;
             log_consul_state(seen, &fp);
             seen = Some(fp.is_ok());
-            let mut node = (*self.ctx.node()).clone();
-            if !fingerprint::consul::apply_consul(&mut node, fp.as_ref().ok()) {
-                continue;
+            if self.ctx.update_node(|node| fingerprint::consul::apply_consul(node, fp.as_ref().ok())) {
+                self.node_changed.notify_one();
             }
-            *self.ctx.node.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(node);
-            self.node_changed.notify_one();
         }
     }
 }
