@@ -37,5 +37,12 @@ fn main() {
         .method(unary("delete_by_alloc", "DeleteByAlloc", "ServiceRegistrationDeleteRequest", "GenericResponse"))
         .method(unary("delete_by_id", "DeleteByID", "ServiceRegistrationDeleteByIdRequest", "GenericResponse"))
         .build();
-    Builder::new().compile(&[node, alloc, services]);
+    let csi_volume = Service::builder()
+        .name("CSIVolume")
+        .package("nomad")
+        .comment("CSI volume claims and their release, made by the client running the alloc.")
+        .method(unary("claim", "Claim", "CsiVolumeClaimRequest", "CsiVolumeClaimResponse"))
+        .method(unary("unpublish", "Unpublish", "CsiVolumeUnpublishRequest", "GenericResponse"))
+        .build();
+    Builder::new().compile(&[node, alloc, services, csi_volume]);
 }

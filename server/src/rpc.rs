@@ -1,4 +1,4 @@
-//! The client-facing gRPC services (`Node.*`, `Alloc.*`, `ServiceRegistration.*`).
+//! The client-facing gRPC services (`Node.*`, `Alloc.*`, `ServiceRegistration.*`, `CSIVolume.*`).
 //!
 //! Node RPCs reset leader-held heartbeat timers and write through Raft, so a
 //! follower forwards them to the leader once (a forwarded call that lands on
@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 
 use nomad_proto::rpc::codec::MAX_MESSAGE_BYTES;
 use nomad_proto::rpc::{
-    AllocClient, AllocRpc, AllocServer, AllocUpdateRequest, AllocsGetRequest, AllocsGetResponse, GenericResponse, NodeClient,
+    AllocClient, AllocRpc, AllocServer, AllocUpdateRequest, AllocsGetRequest, AllocsGetResponse, CsiVolumeClaimRequest,
+    CsiVolumeClaimResponse, CsiVolumeClient, CsiVolumeRpc, CsiVolumeServer, CsiVolumeUnpublishRequest, GenericResponse, NodeClient,
     NodeClientAllocsResponse, NodeRegisterRequest, NodeRpc, NodeServer, NodeSpecificRequest, NodeUpdateResponse, NodeUpdateStatusRequest,
     ServiceRegistrationClient, ServiceRegistrationDeleteByIdRequest, ServiceRegistrationDeleteRequest, ServiceRegistrationRpc,
     ServiceRegistrationServer, ServiceRegistrationUpsertRequest,
@@ -89,6 +90,11 @@ impl ClientRpc {
     /// The `ServiceRegistration` service.
     pub fn service_registration(&self) -> ServiceRegistrationServer<ClientRpc> {
         ServiceRegistrationServer::new(self.clone()).max_decoding_message_size(MAX_NODE_REQUEST_BYTES)
+    }
+
+    /// The `CSIVolume` service (claims and their release).
+    pub fn csi_volume(&self) -> CsiVolumeServer<ClientRpc> {
+        CsiVolumeServer::new(self.clone()).max_decoding_message_size(MAX_NODE_REQUEST_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     /// Where to forward: `None` when this server should answer itself.
@@ -203,6 +209,27 @@ impl ServiceRegistrationRpc for ClientRpc {
     }
 }
 
+fn csi_volume_client(ch: Channel) -> CsiVolumeClient<Channel> {
+    CsiVolumeClient::new(ch).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES)
+}
+
+#[tonic::async_trait]
+impl CsiVolumeRpc for ClientRpc {
+    async fn claim(&self, req: Request<CsiVolumeClaimRequest>) -> Result<Response<CsiVolumeClaimResponse>, Status> {
+        if let Some(ch) = self.forward_target(&req)? {
+            return csi_volume_client(ch).claim(self.forwarded(req)).await;
+        }
+        Ok(Response::new(self.endpoints.csi_volume_claim(req.into_inner()).await?))
+    }
+
+    async fn unpublish(&self, req: Request<CsiVolumeUnpublishRequest>) -> Result<Response<GenericResponse>, Status> {
+        if let Some(ch) = self.forward_target(&req)? {
+            return csi_volume_client(ch).unpublish(self.forwarded(req)).await;
+        }
+        Ok(Response::new(self.endpoints.csi_volume_unpublish(req.into_inner()).await?))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use tokio_stream::wrappers::TcpListenerStream;
@@ -217,11 +244,13 @@ mod tests {
     async fn serve(ts: &TestServer) -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let (node_svc, alloc_svc) = ClientRpc::new(ts.endpoints.clone(), test_peers()).services();
+        let rpc = ClientRpc::new(ts.endpoints.clone(), test_peers());
+        let (node_svc, alloc_svc) = rpc.services();
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(node_svc)
                 .add_service(alloc_svc)
+                .add_service(rpc.csi_volume())
                 .serve_with_incoming(TcpListenerStream::new(listener)),
         );
         addr
@@ -247,6 +276,27 @@ mod tests {
             .unwrap_err();
         assert_eq!(missing.code(), tonic::Code::NotFound);
         assert!(missing.message().contains("not found"));
+    }
+
+    #[tokio::test]
+    async fn csi_volume_rpcs_are_node_methods_checked_by_the_nodes_secret() {
+        for method in ["/nomad.CSIVolume/Claim", "/nomad.CSIVolume/Unpublish"] {
+            assert_eq!(crate::rpc_auth::requirement(method), Some(crate::rpc_auth::Requires::Node), "{method}");
+        }
+        let ts = TestServer::new();
+        let addr = serve(&ts).await;
+        let n = ts.register_node(node("n1")).await;
+        let mut client = csi_volume_client(test_peers().channel(&addr).unwrap());
+        let claim = CsiVolumeClaimRequest { volume_id: "v".into(), node_id: n.id.clone(), secret_id: "wrong".into(), ..Default::default() };
+        assert_eq!(client.claim(claim).await.unwrap_err().code(), tonic::Code::PermissionDenied);
+        let release = CsiVolumeUnpublishRequest {
+            volume_id: "v".into(),
+            node_id: n.id.clone(),
+            secret_id: n.secret_id.clone(),
+            ..Default::default()
+        };
+        let err = client.unpublish(release).await.unwrap_err();
+        assert_eq!((err.code(), err.message()), (tonic::Code::InvalidArgument, "missing volume claim"));
     }
 
     #[tokio::test]

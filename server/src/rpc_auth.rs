@@ -1,7 +1,7 @@
 //! Who may call which RPC on a server's RPC port, decided in one table.
 //!
 //! Three kinds of callers reach the port: other servers (Raft replication, joining, forwarded
-//! API requests), client nodes (the `Node`, `Alloc` and `ServiceRegistration` services, each
+//! API requests), client nodes (the `Node`, `Alloc`, `ServiceRegistration` and `CSIVolume` services, each
 //! call authenticated by the node's SecretID inside its endpoint) and strangers. [`RPC_TABLE`]
 //! names what every method requires; [`RpcAuthLayer`] enforces it in front of every service, so
 //! a method missing from the table is refused (default deny) rather than served.
@@ -57,6 +57,8 @@ pub const RPC_TABLE: &[(&str, Requires)] = &[
     ("/nomad.ServiceRegistration/Upsert", Requires::Node),
     ("/nomad.ServiceRegistration/DeleteByAlloc", Requires::Node),
     ("/nomad.ServiceRegistration/DeleteByID", Requires::Node),
+    ("/nomad.CSIVolume/Claim", Requires::Node),
+    ("/nomad.CSIVolume/Unpublish", Requires::Node),
 ];
 
 /// What `path` (`/package.Service/Method`) requires, if it is served at all.

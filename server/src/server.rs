@@ -148,6 +148,7 @@ impl Server {
         let client_rpc = ClientRpc::new(endpoints.clone(), peers.clone());
         let (node_svc, alloc_svc) = client_rpc.services();
         let service_svc = client_rpc.service_registration();
+        let csi_volume_svc = client_rpc.csi_volume();
         let forward_service = ForwardService::new();
         let forward_svc = forward_service.server();
         let rpc_limits = cfg.rpc_limits;
@@ -160,6 +161,7 @@ impl Server {
                 .add_service(node_svc)
                 .add_service(alloc_svc)
                 .add_service(service_svc)
+                .add_service(csi_volume_svc)
                 // TCP_NODELAY on every accepted connection (a gRPC reply is written as several
                 // frames, and with Nagle's algorithm the last one would wait for the peer's
                 // delayed ACK, about 40 ms per call on Linux), and the `limits`.

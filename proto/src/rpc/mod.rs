@@ -19,6 +19,7 @@ mod generated {
     include!(concat!(env!("OUT_DIR"), "/nomad.Node.rs"));
     include!(concat!(env!("OUT_DIR"), "/nomad.Alloc.rs"));
     include!(concat!(env!("OUT_DIR"), "/nomad.ServiceRegistration.rs"));
+    include!(concat!(env!("OUT_DIR"), "/nomad.CSIVolume.rs"));
 }
 
 /// Requests come from nodes: held to the request depth limit. Replies come from servers.
@@ -33,12 +34,14 @@ macro_rules! decode_limits {
 
 decode_limits!(
     requests: NodeRegisterRequest, NodeUpdateStatusRequest, AllocUpdateRequest, NodeSpecificRequest, AllocsGetRequest,
-        ServiceRegistrationUpsertRequest, ServiceRegistrationDeleteRequest, ServiceRegistrationDeleteByIdRequest;
-    replies: NodeUpdateResponse, GenericResponse, NodeClientAllocsResponse, AllocsGetResponse
+        ServiceRegistrationUpsertRequest, ServiceRegistrationDeleteRequest, ServiceRegistrationDeleteByIdRequest, CsiVolumeClaimRequest, CsiVolumeUnpublishRequest;
+    replies: NodeUpdateResponse, GenericResponse, NodeClientAllocsResponse, AllocsGetResponse, CsiVolumeClaimResponse
 );
 
 pub use generated::alloc_client::AllocClient;
 pub use generated::alloc_server::{Alloc as AllocRpc, AllocServer};
+pub use generated::c_s_i_volume_client::CSIVolumeClient as CsiVolumeClient;
+pub use generated::c_s_i_volume_server::{CSIVolume as CsiVolumeRpc, CSIVolumeServer as CsiVolumeServer};
 pub use generated::node_client::NodeClient;
 pub use generated::node_server::{Node as NodeRpc, NodeServer};
 pub use generated::service_registration_client::ServiceRegistrationClient;
@@ -232,6 +235,90 @@ pub struct ServiceRegistrationDeleteByIdRequest {
     /// Namespace of the registration.
     pub namespace: String,
     /// Calling node; the registration must be on it.
+    #[serde(rename = "NodeID")]
+    pub node_id: String,
+    /// The node's secret.
+    #[serde(rename = "SecretID")]
+    pub secret_id: String,
+}
+
+/// `CSIVolume.Claim`: a client claims a volume for one of its allocs (Nomad's
+/// `CSIVolumeClaimRequest`), or releases it (`State` past `taken`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct CsiVolumeClaimRequest {
+    /// Volume.
+    #[serde(rename = "VolumeID")]
+    pub volume_id: String,
+    /// The claiming alloc.
+    #[serde(rename = "AllocationID")]
+    pub allocation_id: String,
+    /// The calling node.
+    #[serde(rename = "NodeID")]
+    pub node_id: String,
+    /// The provider's ID of the node.
+    #[serde(rename = "ExternalNodeID")]
+    pub external_node_id: String,
+    /// `read`, `write` or `gc`.
+    pub claim: crate::csi::CsiVolumeClaimMode,
+    /// Access mode asked.
+    pub access_mode: crate::csi::CsiVolumeAccessMode,
+    /// Attachment mode asked.
+    pub attachment_mode: crate::csi::CsiVolumeAttachmentMode,
+    /// Claim state (`taken` for a new claim).
+    pub state: crate::csi::CsiVolumeClaimState,
+    /// Namespace of the volume.
+    pub namespace: String,
+    /// Region.
+    pub region: String,
+    /// The node's secret.
+    #[serde(rename = "SecretID")]
+    pub secret_id: String,
+}
+
+impl CsiVolumeClaimRequest {
+    /// The claim this request makes (`ToClaim`).
+    pub fn to_claim(&self) -> crate::csi::CsiVolumeClaim {
+        crate::csi::CsiVolumeClaim {
+            allocation_id: self.allocation_id.clone(),
+            node_id: self.node_id.clone(),
+            external_node_id: self.external_node_id.clone(),
+            mode: self.claim,
+            access_mode: self.access_mode,
+            attachment_mode: self.attachment_mode,
+            state: self.state,
+        }
+    }
+}
+
+/// The reply to `CSIVolume.Claim`: the volume as claimed (secrets included: the client hands
+/// them to its node plugin) and the controller's publish context.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct CsiVolumeClaimResponse {
+    /// Opaque publish context from the controller (empty without one).
+    pub publish_context: BTreeMap<String, String>,
+    /// The volume, for a new claim.
+    pub volume: Option<crate::csi::CsiVolume>,
+    /// Raft index of the claim.
+    pub index: u64,
+}
+
+/// `CSIVolume.Unpublish`: a client reports it unpublished an alloc's volume; the servers walk
+/// the claim on to `ready-to-free`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct CsiVolumeUnpublishRequest {
+    /// Volume.
+    #[serde(rename = "VolumeID")]
+    pub volume_id: String,
+    /// The claim to release, in the state the client reached.
+    pub claim: Option<crate::csi::CsiVolumeClaim>,
+    /// Namespace of the volume.
+    pub namespace: String,
+    /// Region.
+    pub region: String,
+    /// The calling node.
     #[serde(rename = "NodeID")]
     pub node_id: String,
     /// The node's secret.

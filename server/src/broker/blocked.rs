@@ -55,6 +55,8 @@ struct Inner {
     jobs: HashMap<NamespacedId, String>,
     /// Per computed class, the index of the last capacity change.
     unblock_indexes: HashMap<String, u64>,
+    /// Per namespace, the index of the last freed CSI volume claim.
+    csi_free_indexes: HashMap<String, u64>,
 }
 
 impl Inner {
@@ -66,6 +68,9 @@ impl Inner {
 
     /// The scheduler saw an older state than a capacity change it could use.
     fn missed_unblock(&self, eval: &Evaluation) -> bool {
+        if self.csi_free_indexes.get(&eval.namespace).is_some_and(|&i| eval.snapshot_index < i) {
+            return true;
+        }
         let mut max = 0;
         for (class, &index) in &self.unblock_indexes {
             max = max.max(index);
@@ -159,6 +164,21 @@ impl BlockedEvals {
         *slot = (*slot).max(index);
         let mut ids: Vec<String> = inner.escaped.keys().cloned().collect();
         ids.extend(inner.captured.values().filter(|e| e.class_eligibility.get(class).copied().unwrap_or(true)).map(|e| e.id.clone()));
+        ids.into_iter().filter_map(|id| inner.remove(&id)).collect()
+    }
+
+    /// A CSI volume claim in `namespace` was freed at Raft `index`: CSI feasibility is not a
+    /// class property, so every blocked eval of the namespace may now place something (and one
+    /// blocked later from an older snapshot is unblocked at once).
+    pub fn unblock_namespace(&self, namespace: &str, index: u64) -> Vec<Arc<Evaluation>> {
+        let mut inner = self.lock();
+        if !inner.enabled {
+            return Vec::new();
+        }
+        let slot = inner.csi_free_indexes.entry(namespace.to_string()).or_default();
+        *slot = (*slot).max(index);
+        let ids: Vec<String> =
+            inner.captured.values().chain(inner.escaped.values()).filter(|e| e.namespace == namespace).map(|e| e.id.clone()).collect();
         ids.into_iter().filter_map(|id| inner.remove(&id)).collect()
     }
 

@@ -412,6 +412,43 @@ async fn a_node_becoming_ready_unblocks_and_requeues_the_blocked_eval() {
 }
 
 #[tokio::test]
+async fn a_freed_csi_claim_unblocks_the_namespaces_blocked_evals() {
+    use nomad_proto::csi::{CsiVolume, CsiVolumeAccessMode, CsiVolumeClaim, CsiVolumeClaimMode, CsiVolumeClaimState};
+    let h = harness();
+    let vol = CsiVolume { id: "vol".into(), namespace: "default".into(), plugin_id: "p".into(), ..CsiVolume::default() };
+    h.step(Command::CsiVolumeRegister { volumes: vec![vol] }).await;
+    let claim = CsiVolumeClaim {
+        allocation_id: "a1".into(),
+        node_id: "n1".into(),
+        mode: CsiVolumeClaimMode::Write,
+        access_mode: CsiVolumeAccessMode::SingleNodeWriter,
+        state: CsiVolumeClaimState::NodeDetached,
+        ..CsiVolumeClaim::default()
+    };
+    // A release in progress (a past claim) is held, not freed.
+    h.step(Command::CsiVolumeClaim { namespace: "default".into(), volume_id: "vol".into(), claim: claim.clone() }).await;
+    h.step(Command::EvalUpsert { evals: vec![stored_eval("b1", "web", EvalStatus::Blocked)] }).await;
+    let mut other_ns = stored_eval("b2", "db", EvalStatus::Blocked);
+    other_ns.namespace = "other".into();
+    h.blocked.block(Arc::new(other_ns));
+    assert_eq!(h.blocked.stats().captured, 2);
+
+    let free = CsiVolumeClaim { state: CsiVolumeClaimState::ReadyToFree, ..claim };
+    h.step(Command::CsiVolumeClaim { namespace: "default".into(), volume_id: "vol".into(), claim: free }).await;
+    h.settle(|s| s.eval("b1").is_some_and(|e| e.status == EvalStatus::Pending)).await;
+    assert_eq!(next(&h.broker).await.eval.id, "b1");
+    assert_eq!(h.blocked.tracked(&NamespacedId::new("other", "db")).as_deref(), Some("b2"), "another namespace stays blocked");
+    // An eval blocked from a snapshot older than the release goes at once.
+    let freed_at = h.store.snapshot().csi_volume("default", "vol").unwrap().modify_index;
+    let mut stale = stored_eval("b3", "api", EvalStatus::Blocked);
+    stale.snapshot_index = freed_at - 1;
+    assert_eq!(h.blocked.block(Arc::new(stale)).unblock.len(), 1);
+    let mut fresh = stored_eval("b4", "api2", EvalStatus::Blocked);
+    fresh.snapshot_index = freed_at;
+    assert!(h.blocked.block(Arc::new(fresh)).unblock.is_empty());
+}
+
+#[tokio::test]
 async fn an_ineligible_node_does_not_unblock_until_it_becomes_eligible() {
     let h = harness();
     h.step(Command::EvalUpsert { evals: vec![stored_eval("b1", "web", EvalStatus::Blocked)] }).await;

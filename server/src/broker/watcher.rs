@@ -55,9 +55,9 @@ impl ChangeWatcher {
         self.restore(&last);
         let mut retry_failed = tokio::time::interval_at(tokio::time::Instant::now() + failed_unblock_interval, failed_unblock_interval);
         loop {
-            let seen = last.max_index(&[Table::Evals, Table::Nodes]);
+            let seen = last.max_index(WATCHED);
             tokio::select! {
-                _ = self.store.wait_for_change(&[Table::Evals, Table::Nodes], seen, Duration::from_secs(3600)) => {
+                _ = self.store.wait_for_change(WATCHED, seen, Duration::from_secs(3600)) => {
                     let now = self.store.snapshot();
                     self.apply_changes(&last, &now);
                     last = now;
@@ -84,6 +84,9 @@ impl ChangeWatcher {
     }
 }
 
+/// The tables whose changes the watcher follows.
+const WATCHED: &[Table] = &[Table::Evals, Table::Nodes, Table::CsiVolumes];
+
 /// What the leader makes of the changes from `old` to `new`, without doing
 /// it: the pending evals to enqueue (in index order) and the blocked-eval
 /// effects to write. The watcher task runs this on every change; in-process
@@ -95,6 +98,10 @@ pub fn diff_changes(blocked: &BlockedEvals, old: &State, new: &State) -> (Vec<Ar
         if let Some(index) = capacity_appeared(before.as_deref(), &node, new) {
             effects.unblock.extend(blocked.unblock(&node.computed_class, index));
         }
+    }
+    // A freed CSI claim may let a job blocked on the volume place.
+    for (namespace, index) in new.csi_claims_freed_since(old) {
+        effects.unblock.extend(blocked.unblock_namespace(&namespace, index));
     }
     let mut evals = new.evals_changed_since(old);
     evals.sort_by_key(|e| e.modify_index);

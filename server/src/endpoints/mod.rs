@@ -7,6 +7,7 @@
 
 mod alloc;
 mod csi;
+mod csi_claim;
 mod drain;
 mod eligibility;
 mod error;

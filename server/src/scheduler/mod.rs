@@ -54,14 +54,14 @@
 //!
 //! Not modelled (and where Nomad differs): deployments and canaries
 //! (`max_parallel` destructive updates per eval, the rest continue in a
-//! `rolling-update` eval after `min_healthy_time`), preemption, CSI volume
-//! feasibility, device instance assignment (devices are only checked for
-//! presence), network bandwidth, per-address port accounting (one address
+//! `rolling-update` eval after `min_healthy_time`), preemption, device
+//! instance assignment (devices are only checked for presence), network bandwidth, per-address port accounting (one address
 //! per node), memory oversubscription and the `spread` scheduler algorithm.
 
 mod alloc_sets;
 mod annotate;
 mod constraint;
+mod csi;
 mod fast_hash;
 mod feasible;
 mod fit;

@@ -19,6 +19,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::constraint::DISTINCT_PROPERTY;
+use super::csi::CsiChecks;
 use super::feasible::{Feasibility, has_distinct_hosts};
 use super::fit::{Fit, GroupAsk, fit};
 use super::metrics::{NodeScores, ScoreBoard, exhausted_node, filter_node, scorer};
@@ -93,6 +94,8 @@ pub(crate) struct Stack<'a> {
     offset: usize,
     base_limit: usize,
     feasibility: Feasibility,
+    /// CSI volumes: per node and per claim, never memoized per class.
+    csi: CsiChecks,
     groups: Vec<GroupState>,
     job_distinct_hosts: bool,
     job_props: Option<Vec<(PropertySet, u64)>>,
@@ -116,6 +119,7 @@ impl<'a> Stack<'a> {
             .collect();
         Stack {
             feasibility: Feasibility::new(&job),
+            csi: CsiChecks::new(&job),
             job_distinct_hosts: has_distinct_hosts(&job.constraints),
             job,
             kind,
@@ -306,6 +310,12 @@ impl<'a> Stack<'a> {
     ) -> Option<Candidate<'a>> {
         metric.nodes_evaluated += 1;
         if !self.feasibility.check(node, group, opts.alloc_name, metric) {
+            return None;
+        }
+        if !self.csi.is_empty()
+            && let Err(why) = self.csi.check(proposed.state(), node, group, opts.alloc_name)
+        {
+            filter_node(metric, node, &why);
             return None;
         }
         let gs = &mut self.groups[group];

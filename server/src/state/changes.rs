@@ -38,6 +38,20 @@ impl State {
             })
             .collect()
     }
+
+    /// Volumes that hold fewer claims than in `older` (a claim was freed), as (namespace, the
+    /// volume's modify index). Removed volumes are left out.
+    pub fn csi_claims_freed_since(&self, older: &State) -> Vec<(String, u64)> {
+        let claims = |v: &nomad_proto::csi::CsiVolume| v.read_claims.len() + v.write_claims.len() + v.past_claims.len();
+        older
+            .csi_volumes
+            .diff(&self.csi_volumes)
+            .filter_map(|d| match d {
+                DiffItem::Update { old: (_, o), new: (_, n) } if claims(n) < claims(o) => Some((n.namespace.clone(), n.modify_index)),
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]

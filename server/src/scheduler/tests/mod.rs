@@ -3,6 +3,7 @@
 
 mod bench;
 mod bounded;
+mod csi;
 mod feasibility;
 mod generic;
 mod props;
