@@ -21,6 +21,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub mod services;
+
 use crate::cli::api::{encode_path, encode_query};
 use crate::config::consul::ConsulSettings;
 
