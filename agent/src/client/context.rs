@@ -43,6 +43,8 @@ pub struct ClientContext {
     pub tracker: TaskTracker,
     /// Registers Nomad-native services with the servers.
     pub registrar: Arc<dyn ServiceRegistrar>,
+    /// The Consul service sync, when the agent has a `consul {}` block.
+    pub consul_services: Option<Arc<crate::client::consul::sync::ConsulServices>>,
 }
 
 impl ClientContext {

@@ -44,6 +44,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use self::allocrunner::AllocRunner;
+use self::consul::sync::ConsulServices;
 use self::consul::{ConsulApi, ConsulClient};
 use self::context::ClientContext;
 use self::driver::DriverRegistry;
@@ -83,6 +84,10 @@ pub struct ClientConfig {
     pub consul: Option<ConsulSettings>,
     /// How often Consul is fingerprinted again (Nomad: 15 s).
     pub consul_fingerprint_interval: Duration,
+    /// How often Consul services are reconciled when nothing changes (Nomad: 30 s).
+    pub consul_sync_interval: Duration,
+    /// How long after the start unknown Nomad entries in Consul are kept (Nomad: 1 min).
+    pub consul_deregister_probation: Duration,
 }
 
 impl ClientConfig {
@@ -102,6 +107,8 @@ impl ClientConfig {
             max_query_time: Duration::from_secs(300),
             consul: None,
             consul_fingerprint_interval: fingerprint::consul::CONSUL_FINGERPRINT_PERIOD,
+            consul_sync_interval: consul::sync::SYNC_PERIOD,
+            consul_deregister_probation: consul::sync::DEREGISTER_PROBATION,
         }
     }
 }
@@ -204,6 +211,8 @@ impl Client {
         let (updates_tx, updates_rx) = mpsc::unbounded_channel();
         let servers = Arc::new(Servers::new(config.settings.servers.clone()));
         let registrar = Arc::new(services::RpcRegistrar::new(servers.clone(), &identity.node_id, &identity.secret_id));
+        let consul_services =
+            consul.as_ref().map(|api| ConsulServices::new(api.clone(), config.consul_sync_interval, config.consul_deregister_probation));
         let ctx = Arc::new(ClientContext {
             state: state.clone(),
             drivers,
@@ -218,6 +227,7 @@ impl Client {
             shutdown: CancellationToken::new(),
             tracker: TaskTracker::new(),
             registrar,
+            consul_services: consul_services.clone(),
         });
         let inner = Arc::new(ClientInner {
             servers,
@@ -253,6 +263,9 @@ impl Client {
         if let Some(api) = consul {
             ctx.tracker.spawn(inner.clone().fingerprint_consul(api, consul_seen));
         }
+        if let Some(sync) = consul_services {
+            ctx.tracker.spawn(sync.run(ctx.shutdown.clone()));
+        }
         Ok(Client { inner })
     }
 
@@ -269,6 +282,11 @@ impl Client {
     /// The runner of a local alloc.
     pub fn alloc_runner(&self, alloc_id: &str) -> Option<Arc<AllocRunner>> {
         lock(&self.inner.allocs).get(alloc_id).cloned()
+    }
+
+    /// The Consul service sync, when the agent has a `consul {}` block.
+    pub fn consul_services(&self) -> Option<Arc<ConsulServices>> {
+        self.inner.ctx.consul_services.clone()
     }
 
     /// IDs of the local allocs.
