@@ -115,9 +115,9 @@ fn groups_with_consul_services_get_nomads_implied_constraint_once() {
     in_task.tasks[0].services = job.task_groups[0].services.clone();
     job.task_groups.extend([plain, in_task]);
     job.add_implied_constraints();
-    assert_eq!(job.task_groups[0].constraints, [consul_version.clone()]);
+    assert_eq!(job.task_groups[0].constraints, std::slice::from_ref(&consul_version));
     assert!(job.task_groups[1].constraints.is_empty(), "no Consul service, no constraint");
-    assert_eq!(job.task_groups[2].constraints, [consul_version.clone()], "task services count");
+    assert_eq!(job.task_groups[2].constraints, std::slice::from_ref(&consul_version), "task services count");
     job.add_implied_constraints();
     assert_eq!(job.task_groups[0].constraints.len(), 1, "added once");
 

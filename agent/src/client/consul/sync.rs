@@ -163,7 +163,7 @@ impl ConsulServices {
                 Err(e) => {
                     if failures == 0 {
                         tracing::warn!(error = %e, "failed to update services in Consul");
-                    } else if failures % 10 == 0 {
+                    } else if failures.is_multiple_of(10) {
                         tracing::error!(failures, error = %e, "still unable to update services in Consul");
                     }
                     failures += 1;
