@@ -24,6 +24,11 @@
 //! restored alloc also removes task services of tasks that stopped while the agent was away.
 //! A heartbeat answered `initializing` (a node coming back, perhaps from `down`, whose
 //! registrations the servers deleted) makes every worker register its services again.
+//!
+//! Consul services (`provider = "consul"`, the default) follow the same task states: the worker
+//! hands what the alloc wants now ([`build_consul`]) to the agent's Consul sync
+//! (`client/consul/sync.rs`), which makes the calls, retries and reconciles; at the stop it
+//! drops the alloc from the sync and waits (at most 10 s) for the next pass.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
