@@ -94,7 +94,7 @@ table! {
     JobNodePool: Attribute "node_pool" in "job" => H("placement filter"),
     JobStop: Attribute "stop" in "job" => H("every alloc is stopped"),
     JobServerSet: Attribute "status, version, index and dispatch bookkeeping fields" in "job (JSON)" => H("set by the servers"),
-    ConsulToken: Attribute "consul_token" in "job" => H("accepted and unused: it only authorizes Consul blocks, which are refused"),
+    ConsulToken: Attribute "consul_token" in "job" => H("accepted and not checked, as Nomad's servers do with their default consul.allow_unauthenticated = true"),
     VaultToken: Attribute "vault_token" in "job" => H("accepted and unused: it only authorizes vault blocks, which are refused"),
     ConsulNamespace: Attribute "consul_namespace" in "job" => R(""),
     VaultNamespace: Attribute "vault_namespace" in "job" => R(""),
@@ -110,7 +110,7 @@ table! {
     UpdateMaxParallel: Attribute "max_parallel" in "update" => H("destructive updates go this many at a time"),
     UpdateStagger: Attribute "stagger" in "update" => H("system jobs: wait between batches"),
     UpdateMinHealthyTime: Attribute "min_healthy_time" in "update" => H("wait before the next batch"),
-    UpdateHealthCheck: Attribute "health_check" in "update" => H("\"checks\" and \"task_states\" are judged on task states (checks are refused)"),
+    UpdateHealthCheck: Attribute "health_check" in "update" => H("\"checks\" and \"task_states\" are judged on task states (Consul check results are not yet part of an alloc's health)"),
     UpdateManualHealth: Value "health_check = \"manual\"" in "update" => R("nomad-rs has no deployments to set health on"),
     UpdateHealthyDeadline: Attribute "healthy_deadline" in "update" => R("nomad-rs has no deployments: only the default is accepted"),
     UpdateProgressDeadline: Attribute "progress_deadline" in "update" => R("nomad-rs has no deployments: only the default is accepted"),
@@ -142,11 +142,15 @@ table! {
     Port: Block "port" in "network" => H("static and dynamic ports, to, host_network"),
     // service, group or task.
     ServiceNomad: Value "provider = \"nomad\"" in "service" => H("registered by the client in Nomad's service catalog"),
-    ServiceConsul: Value "provider = \"consul\"" in "service" => R("set provider = \"nomad\": nomad-rs registers services in Nomad's own catalog, and a service without a provider is a Consul service"),
+    ServiceConsul: Value "provider = \"consul\"" in "service" => Fate::Constrained("${attr.consul.version} semver >= 1.7.0"),
     ServiceFields: Attribute "name, port, tags, address, task, on_update" in "service" => H("the registration"),
-    ServiceAddressMode: Attribute "address_mode" in "service" => R("only \"auto\" and \"host\" are run"),
-    ServiceConsulOnly: Attribute "enable_tag_override, canary_tags, canary_meta, tagged_addresses, meta" in "service" => H("ignored for nomad services, as Nomad does"),
-    ServiceCheck: Block "check" in "service" => R("the nomad-rs client does not run service checks"),
+    ServiceAddressMode: Attribute "address_mode" in "service, check" => R("\"auto\" and \"host\" are run, and \"alloc\" for Consul services; no driver advertises a network for \"driver\""),
+    ServiceConsulOnly: Attribute "enable_tag_override, canary_tags, canary_meta, tagged_addresses, meta" in "service" => H("registered in Consul for Consul services (canary_tags and canary_meta would only apply to canaries, which are refused); ignored for nomad services, as Nomad does"),
+    ServiceCheck: Block "check" in "service" => H("http, tcp and grpc checks of Consul services, registered for the Consul agent to run"),
+    ServiceCheckNomad: Value "check in a provider = \"nomad\" service" in "service" => R("the nomad-rs client does not run Nomad service checks; use a Consul service"),
+    ServiceCheckScript: Value "type = \"script\"" in "check" => R("script checks are not run by the client"),
+    ServiceCheckExpose: Attribute "expose" in "check" => R("it needs Consul Connect"),
+    CheckRestart: Block "check_restart" in "check" => R("the client does not watch check results"),
     Connect: Block "connect" in "service" => R(""),
     ConnectSidecarService: Block "sidecar_service" in "service connect" => R(""),
     ConnectSidecarTask: Block "sidecar_task" in "service connect" => R(""),
@@ -230,6 +234,31 @@ impl Job {
         let mut w = Walk::default();
         w.job(self);
         if w.refused.is_empty() { Ok(()) } else { Err(Unsupported(w.refused)) }
+    }
+}
+
+/// The attribute Nomad's implied constraint on Consul services reads.
+pub const CONSUL_VERSION_ATTRIBUTE: &str = "${attr.consul.version}";
+
+impl Job {
+    /// Nomad's `jobImpliedConstraints` for what nomad-rs runs: every group with a Consul
+    /// service (its own or a task's) gets `${attr.consul.version} semver >= 1.7.0`, unless it
+    /// already constrains that attribute, so the scheduler keeps it off nodes without Consul.
+    pub fn add_implied_constraints(&mut self) {
+        for g in &mut self.task_groups {
+            let consul = g
+                .services
+                .iter()
+                .chain(g.tasks.iter().flat_map(|t| t.services.iter()))
+                .any(|s| s.provider == SERVICE_PROVIDER_CONSUL || s.provider.is_empty());
+            if consul && !g.constraints.iter().any(|c| c.l_target == CONSUL_VERSION_ATTRIBUTE) {
+                g.constraints.push(crate::Constraint {
+                    l_target: CONSUL_VERSION_ATTRIBUTE.into(),
+                    r_target: ">= 1.7.0".into(),
+                    operand: "semver".into(),
+                });
+            }
+        }
     }
 }
 
@@ -544,22 +573,25 @@ impl Walk {
             Feature::ServiceConsulOnly,
             *enable_tag_override || !canary_tags.is_empty() || !meta.is_empty() || !canary_meta.is_empty() || !tagged_addresses.is_empty(),
         );
-        let known_mode = matches!(address_mode.as_str(), "" | "auto" | "host");
+        let known_mode = |mode: &str| matches!(mode, "" | "auto" | "host") || (consul && mode == "alloc");
         self.decide(Feature::ServiceAddressMode, false);
-        if !known_mode {
+        if !known_mode(address_mode) {
             self.refuse_value(Feature::ServiceAddressMode, "address_mode", address_mode);
+        }
+        for f in [Feature::ServiceCheckNomad, Feature::ServiceCheckScript, Feature::ServiceCheckExpose, Feature::CheckRestart] {
+            self.decide(f, false);
         }
         for c in checks {
             let ServiceCheck {
-                name: _,
-                check_type: _,
+                name,
+                check_type,
                 command: _,
                 args: _,
                 path: _,
                 protocol: _,
                 port_label: _,
-                expose: _,
-                address_mode: _,
+                expose,
+                address_mode: check_address_mode,
                 interval: _,
                 timeout: _,
                 initial_status: _,
@@ -576,8 +608,17 @@ impl Walk {
                 on_update: _,
             } = c;
             if let Some(CheckRestart { limit: _, grace: _, ignore_warnings: _ }) = check_restart {}
+            self.within(named("check", name), |w| {
+                w.decide(Feature::ServiceCheckScript, check_type == "script");
+                w.decide(Feature::ServiceCheckExpose, *expose);
+                w.decide(Feature::CheckRestart, check_restart.is_some());
+                if !known_mode(check_address_mode) || check_address_mode == "alloc" && !consul {
+                    w.refuse_value(Feature::ServiceAddressMode, "address_mode", check_address_mode);
+                }
+            });
         }
         self.decide(Feature::ServiceCheck, !checks.is_empty());
+        self.decide(Feature::ServiceCheckNomad, !consul && !checks.is_empty());
         self.decide(Feature::Connect, false);
         for f in [Feature::ConnectSidecarService, Feature::ConnectSidecarTask, Feature::ConnectNative, Feature::ConnectGateway] {
             self.decide(f, false);
@@ -776,6 +817,15 @@ pub fn sample_job_using(feature: Feature) -> Job {
     };
     job.task_groups[0].tasks[0].config.insert("command".into(), json!("/bin/sleep"));
     let nomad_service = || Service { name: "redis".into(), provider: "nomad".into(), ..Service::default() };
+    // A Consul service on port 6379, and a check that needs nothing refused.
+    let consul_service = || Service { name: "redis".into(), port_label: "6379".into(), ..Service::default() };
+    let tcp_check = || ServiceCheck {
+        name: "alive".into(),
+        check_type: "tcp".into(),
+        interval: 10_000_000_000,
+        timeout: 2_000_000_000,
+        ..ServiceCheck::default()
+    };
     let g = &mut job.task_groups[0];
     let t = &mut g.tasks[0];
     match feature {
@@ -828,17 +878,20 @@ pub fn sample_job_using(feature: Feature) -> Job {
         Feature::ServiceNomad | Feature::ServiceFields => g.services = vec![nomad_service()],
         Feature::ServiceConsulOnly => g.services = vec![Service { canary_tags: vec!["canary".into()], ..nomad_service() }],
         Feature::ServiceConsul => g.services = vec![Service { provider: String::new(), ..nomad_service() }],
-        Feature::ServiceAddressMode => g.services = vec![Service { address_mode: "driver".into(), ..nomad_service() }],
-        Feature::ServiceCheck => {
-            let check = ServiceCheck {
-                name: "alive".into(),
-                check_type: "tcp".into(),
-                interval: 10_000_000_000,
-                timeout: 2_000_000_000,
-                ..ServiceCheck::default()
-            };
-            g.services = vec![Service { checks: vec![check], ..nomad_service() }]
+        Feature::ServiceCheckNomad => g.services = vec![Service { checks: vec![tcp_check()], ..nomad_service() }],
+        Feature::ServiceCheckScript => {
+            let check = ServiceCheck { check_type: "script".into(), command: "/bin/true".into(), ..tcp_check() };
+            g.services = vec![Service { checks: vec![check], ..consul_service() }]
         }
+        Feature::ServiceCheckExpose => {
+            g.services = vec![Service { checks: vec![ServiceCheck { expose: true, ..tcp_check() }], ..consul_service() }]
+        }
+        Feature::CheckRestart => {
+            let check = ServiceCheck { check_restart: Some(CheckRestart { limit: 3, ..CheckRestart::default() }), ..tcp_check() };
+            g.services = vec![Service { checks: vec![check], ..consul_service() }]
+        }
+        Feature::ServiceAddressMode => g.services = vec![Service { address_mode: "driver".into(), ..nomad_service() }],
+        Feature::ServiceCheck => g.services = vec![Service { checks: vec![tcp_check()], ..consul_service() }],
         Feature::Connect => {
             g.services = vec![Service { provider: "consul".into(), connect: Some(ConsulConnect::default()), ..nomad_service() }]
         }

@@ -970,6 +970,13 @@ fn validate_service(s: &Service, g: &TaskGroup, task: Option<&Task>) -> Vec<Stri
     }
     validate_meta("Service", &s.meta, &mut errs);
     for c in &s.checks {
+        if s.port_label.is_empty() && c.port_label.is_empty() && ["http", "tcp", "grpc"].contains(&c.check_type.as_str()) {
+            errs.push(format!(
+                "Check {} invalid: check requires a port but neither check nor service {:?} have a port",
+                shown(&c.name),
+                shown(&s.name).as_ref()
+            ));
+        }
         if !["", "http", "tcp", "script", "grpc"].contains(&c.check_type.as_str()) {
             errs.push(format!("check {:?} has an unsupported type {:?}", &c.name, &c.check_type));
         }

@@ -45,6 +45,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use self::allocrunner::AllocRunner;
+use self::consul::sync::ConsulServices;
 use self::consul::{ConsulApi, ConsulClient};
 use self::context::ClientContext;
 use self::driver::DriverRegistry;
@@ -84,6 +85,10 @@ pub struct ClientConfig {
     pub consul: Option<ConsulSettings>,
     /// How often Consul is fingerprinted again (Nomad: 15 s).
     pub consul_fingerprint_interval: Duration,
+    /// How often Consul services are reconciled when nothing changes (Nomad: 30 s).
+    pub consul_sync_interval: Duration,
+    /// How long after the start unknown Nomad entries in Consul are kept (Nomad: 1 min).
+    pub consul_deregister_probation: Duration,
 }
 
 impl ClientConfig {
@@ -103,6 +108,8 @@ impl ClientConfig {
             max_query_time: Duration::from_secs(300),
             consul: None,
             consul_fingerprint_interval: fingerprint::consul::CONSUL_FINGERPRINT_PERIOD,
+            consul_sync_interval: consul::sync::SYNC_PERIOD,
+            consul_deregister_probation: consul::sync::DEREGISTER_PROBATION,
         }
     }
 }
@@ -207,6 +214,8 @@ impl Client {
         let registrar = Arc::new(services::RpcRegistrar::new(servers.clone(), &identity.node_id, &identity.secret_id));
         let csi_connect = csi::grpc_connector();
         let csi_manager = csi::CsiManager::new(csi::FINGERPRINT_INTERVAL, csi_connect.clone());
+        let consul_services =
+            consul.as_ref().map(|api| ConsulServices::new(api.clone(), config.consul_sync_interval, config.consul_deregister_probation));
         let ctx = Arc::new(ClientContext {
             state: state.clone(),
             drivers,
@@ -224,6 +233,7 @@ impl Client {
             csi_root: s.state_dir.join("csi"),
             csi_plugins: csi_manager.clone(),
             csi_connect,
+            consul_services: consul_services.clone(),
         });
         let inner = Arc::new(ClientInner {
             servers,
@@ -261,6 +271,9 @@ impl Client {
         if let Some(api) = consul {
             ctx.tracker.spawn(inner.clone().fingerprint_consul(api, consul_seen));
         }
+        if let Some(sync) = consul_services {
+            ctx.tracker.spawn(sync.run(ctx.shutdown.clone()));
+        }
         Ok(Client { inner })
     }
 
@@ -277,6 +290,11 @@ impl Client {
     /// The runner of a local alloc.
     pub fn alloc_runner(&self, alloc_id: &str) -> Option<Arc<AllocRunner>> {
         lock(&self.inner.allocs).get(alloc_id).cloned()
+    }
+
+    /// The Consul service sync, when the agent has a `consul {}` block.
+    pub fn consul_services(&self) -> Option<Arc<ConsulServices>> {
+        self.inner.ctx.consul_services.clone()
     }
 
     /// IDs of the local allocs.

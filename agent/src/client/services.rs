@@ -119,7 +119,7 @@ pub fn build(alloc: &Allocation, node: &Node, region: &str, which: Which<'_>) ->
     out
 }
 
-fn env_for(alloc: &Allocation, task: &Task, node: &Node, region: &str) -> BTreeMap<String, String> {
+pub(crate) fn env_for(alloc: &Allocation, task: &Task, node: &Node, region: &str) -> BTreeMap<String, String> {
     let dirs = TaskDirs::isolated();
     build_env(&EnvInput { alloc, task, node, region, dirs: &dirs, host_env: None })
 }
@@ -183,6 +183,78 @@ fn resolve_address(alloc: &Allocation, node: &Node, task: &str, mode: &str, labe
         Ok(n) if n > 0 => Ok((node_address(node), n)),
         Ok(_) => Err(format!("invalid port {label:?}: port must be >0")),
         Err(_) => Err(format!("invalid port {label:?}: port label not found")),
+    }
+}
+
+/// Address and port of a service or check the way Nomad's `serviceregistration.GetAddress`
+/// resolves them, for `auto`, `host` and `alloc` (`driver` needs a driver network, which no
+/// driver here reports; admission refuses it). `custom` is the service's `address`.
+pub(crate) fn get_address(
+    alloc: &Allocation,
+    node: &Node,
+    task: &str,
+    mode: &str,
+    label: &str,
+    custom: &str,
+) -> Result<(String, i64), String> {
+    let mapping = || ports(alloc, task).into_iter().find(|p| p.label == label);
+    match mode {
+        "" | "auto" if !custom.is_empty() => {
+            if label.is_empty() {
+                return Ok((custom.to_string(), 0));
+            }
+            if let Some(p) = mapping() {
+                return Ok((custom.to_string(), p.value));
+            }
+            label
+                .parse::<i64>()
+                .map(|n| (custom.to_string(), n))
+                .map_err(|_| format!("invalid port: {label:?}: not a valid port mapping or numeric port"))
+        }
+        "" | "auto" | "host" => {
+            if !custom.is_empty() {
+                return Err("cannot use custom advertise address with \"host\" address mode".to_string());
+            }
+            if label.is_empty() {
+                return Ok((node_address(node), 0));
+            }
+            if let Some(p) = mapping() {
+                let ip = if p.host_ip.is_empty() { node_address(node) } else { p.host_ip };
+                return Ok((ip, p.value));
+            }
+            match label.parse::<i64>() {
+                Ok(n) if n > 0 => Ok((node_address(node), n)),
+                Ok(_) => Err(format!("invalid port: {label:?}: port must be >0")),
+                Err(_) => Err(format!("invalid port {label:?}: port label not found")),
+            }
+        }
+        "alloc" => {
+            if !custom.is_empty() {
+                return Err("cannot use custom advertise address with \"alloc\" address mode".to_string());
+            }
+            let address = alloc
+                .network_status
+                .as_ref()
+                .and_then(|s| s.get("Address"))
+                .and_then(|a| a.as_str())
+                .filter(|a| !a.is_empty())
+                .ok_or_else(|| "cannot use address_mode=\"alloc\": no allocation network status reported".to_string())?
+                .to_string();
+            if label.is_empty() {
+                return Ok((address, 0));
+            }
+            if let Some(p) = mapping() {
+                return Ok((address, if p.to > 0 { p.to } else { p.value }));
+            }
+            match label.parse::<i64>() {
+                Ok(n) if n > 0 => Ok((address, n)),
+                Ok(_) => Err(format!("invalid port: {label:?}: port must be >0")),
+                Err(_) => {
+                    Err(format!("invalid port label {label:?}: port labels in alloc address_mode must be numeric or a valid alloc port"))
+                }
+            }
+        }
+        other => Err(format!("address_mode {other:?} is not supported by this client")),
     }
 }
 

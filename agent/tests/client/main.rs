@@ -4,6 +4,7 @@
 mod bad_input;
 mod cleanup;
 mod consul;
+mod consul_services;
 mod escape;
 mod http;
 mod reconnect;

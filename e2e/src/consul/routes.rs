@@ -237,6 +237,7 @@ async fn route(shared: &Arc<Shared>, method: &str, path: &str, q: &BTreeMap<Stri
         },
         ["v1", "agent", "check", rest] => match (method, rest.split_once('/')) {
             ("PUT", Some((op @ ("update" | "pass" | "warn" | "fail"), id))) => check_update(shared, op, &path_decode(id), q, body, who),
+            ("PUT", Some(("deregister", id))) => check_deregister(shared, &path_decode(id), who),
             _ => not_allowed(),
         },
         ["v1", "catalog", "services"] => match method {
@@ -756,6 +757,25 @@ fn service_deregister(shared: &Shared, id: &str, who: &Who) -> Resp {
         if let Some(r) = st.checks.remove(&k).and_then(|c| c.runner) {
             r.abort();
         }
+    }
+    let i = st.bump();
+    drop(st);
+    shared.notify(i);
+    text(StatusCode::OK, "")
+}
+
+/// `PUT /v1/agent/check/deregister/:id`: a service's check needs `service:write` on it.
+fn check_deregister(shared: &Shared, id: &str, who: &Who) -> Resp {
+    let mut st = shared.lock();
+    let Some(c) = st.checks.get(id) else {
+        return not_found(format!("Unknown check ID {id:?}. Ensure that the check ID is passed, not the check name."));
+    };
+    let service = st.services.get(&c.service_id).and_then(|s| s["Name"].as_str()).unwrap_or_default().to_string();
+    if !service.is_empty() && !who.service_write(&service) {
+        return who.deny("service:write", &service);
+    }
+    if let Some(r) = st.checks.remove(id).and_then(|c| c.runner) {
+        r.abort();
     }
     let i = st.bump();
     drop(st);

@@ -58,15 +58,15 @@ fn a_jobs_nomad_services_carry_the_allocs_dynamic_port_and_go_with_the_job() {
     let http = agent.http();
     let file = dir.path().join("svc.nomad.hcl");
     std::fs::write(&file, JOB).unwrap();
-    // A service without a provider is Nomad's default, a Consul service: refused, not dropped.
+    // A service without a provider is Nomad's default, a Consul service: admitted, with Nomad's
+    // implied constraint, which keeps it off this node (no Consul) and names itself.
     let consul = dir.path().join("consul.nomad.hcl");
     std::fs::write(&consul, JOB.replace("provider = \"nomad\"\n      port     = \"http\"\n      tags", "port     = \"http\"\n      tags"))
         .unwrap();
-    let refused = nomad(&agent, &["job", "run", consul.to_str().unwrap()]).expect(1, "job run of a Consul service");
-    let want = "group \"api\" service \"${NOMAD_JOB_NAME}-http\": provider = \"consul\" is not supported by nomad-rs yet; set provider = \"nomad\"";
-    assert!(refused.stderr.contains("400") && refused.stderr.contains(want), "{}", refused.stderr);
-    nomad(&agent, &["job", "validate", consul.to_str().unwrap()]).expect(1, "job validate of a Consul service");
-    assert!(http.get_json("/v1/job/svc-e2e").is_err(), "nothing was registered");
+    nomad(&agent, &["job", "validate", consul.to_str().unwrap()]).expect(0, "job validate of a Consul service");
+    let unplaced = nomad(&agent, &["job", "run", consul.to_str().unwrap()]).expect(2, "job run of a Consul service");
+    let want = "* Constraint \"${attr.consul.version} semver >= 1.7.0\": 1 nodes excluded by filter";
+    assert!(unplaced.stdout.contains(want), "{}\n{}", unplaced.stdout, unplaced.stderr);
     nomad(&agent, &["job", "run", file.to_str().unwrap()]).expect(0, "job run");
 
     let alloc = wait_for("the alloc to run", SETTLE, || {

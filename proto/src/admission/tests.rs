@@ -78,15 +78,59 @@ fn messages_name_the_path_as_the_issue_shows() {
 }
 
 #[test]
-fn a_service_without_provider_is_a_consul_service_and_is_refused_with_advice() {
-    let msg = admitted(sample_job_using(Feature::ServiceConsul)).unwrap_err();
-    assert_eq!(
-        msg,
-        "group \"cache\" service \"redis\": provider = \"consul\" is not supported by nomad-rs yet; set provider = \"nomad\": nomad-rs \
-         registers services in Nomad's own catalog, and a service without a provider is a Consul service"
-    );
-    // provider = "nomad" is run.
+fn consul_services_and_their_checks_are_admitted_and_nomad_checks_script_checks_and_driver_mode_are_not() {
+    // A service without a provider is a Consul service; it and its tcp check are admitted.
+    admitted(sample_job_using(Feature::ServiceConsul)).unwrap();
+    admitted(sample_job_using(Feature::ServiceCheck)).unwrap();
     admitted(sample_job_using(Feature::ServiceNomad)).unwrap();
+    let msg = admitted(sample_job_using(Feature::ServiceCheckNomad)).unwrap_err();
+    assert!(msg.contains("service \"redis\": check in a provider = \"nomad\" service is not supported"), "{msg}");
+    let msg = admitted(sample_job_using(Feature::ServiceCheckScript)).unwrap_err();
+    assert!(msg.contains("service \"redis\" check \"alive\": type = \"script\" is not supported"), "{msg}");
+    let msg = admitted(sample_job_using(Feature::CheckRestart)).unwrap_err();
+    assert!(msg.contains("check \"alive\": the \"check_restart\" block is not supported"), "{msg}");
+
+    // alloc for Consul services and their checks; never driver; nomad services only auto/host.
+    let mut job = sample_job_using(Feature::ServiceCheck);
+    job.task_groups[0].services[0].address_mode = "alloc".into();
+    job.task_groups[0].services[0].checks[0].address_mode = "alloc".into();
+    admitted(job.clone()).unwrap();
+    job.task_groups[0].services[0].checks[0].address_mode = "driver".into();
+    let msg = admitted(job).unwrap_err();
+    assert!(msg.contains("check \"alive\": address_mode = \"driver\" is not supported"), "{msg}");
+    let mut job = sample_job_using(Feature::ServiceNomad);
+    job.task_groups[0].services[0].address_mode = "alloc".into();
+    assert!(admitted(job).unwrap_err().contains("address_mode = \"alloc\" is not supported"));
+}
+
+#[test]
+fn groups_with_consul_services_get_nomads_implied_constraint_once() {
+    let consul_version = Constraint { l_target: "${attr.consul.version}".into(), r_target: ">= 1.7.0".into(), operand: "semver".into() };
+    let mut job = sample_job_using(Feature::ServiceConsul);
+    let mut plain = job.task_groups[0].clone();
+    plain.name = "plain".into();
+    plain.services.clear();
+    let mut in_task = plain.clone();
+    in_task.name = "in-task".into();
+    in_task.tasks[0].services = job.task_groups[0].services.clone();
+    job.task_groups.extend([plain, in_task]);
+    job.add_implied_constraints();
+    assert_eq!(job.task_groups[0].constraints, std::slice::from_ref(&consul_version));
+    assert!(job.task_groups[1].constraints.is_empty(), "no Consul service, no constraint");
+    assert_eq!(job.task_groups[2].constraints, std::slice::from_ref(&consul_version), "task services count");
+    job.add_implied_constraints();
+    assert_eq!(job.task_groups[0].constraints.len(), 1, "added once");
+
+    // A constraint of the job's own on the same attribute wins (Nomad matches on LTarget).
+    let mut job = sample_job_using(Feature::ServiceConsul);
+    let own = Constraint { r_target: ">= 1.10.0".into(), ..consul_version };
+    job.task_groups[0].constraints = vec![own.clone()];
+    job.add_implied_constraints();
+    assert_eq!(job.task_groups[0].constraints, [own]);
+    // Nomad services add nothing.
+    let mut job = sample_job_using(Feature::ServiceNomad);
+    job.add_implied_constraints();
+    assert!(job.task_groups[0].constraints.is_empty());
 }
 
 #[test]

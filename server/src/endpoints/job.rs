@@ -80,6 +80,8 @@ pub(super) fn admit_job(job: &mut Job, config: &EndpointConfig) -> Result<(), En
     job.canonicalize();
     job.check_encoded_size().map_err(|e| EndpointError::BadRequest(e.to_string()))?;
     job.check_supported().map_err(|e| EndpointError::BadRequest(e.to_string()))?;
+    // Nomad's implied constraints (`jobImpliedConstraints`), before validation as in Nomad.
+    job.add_implied_constraints();
     if !config.region.is_empty() && job.region != config.region {
         return Err(EndpointError::BadRequest(foreign_region(&job.region, &config.region)));
     }

@@ -132,6 +132,7 @@ impl AllocRunner {
                 cancel: hook_cancel.clone(),
                 shutdown: ctx.shutdown.clone(),
                 registrar: ctx.registrar.clone(),
+                consul: ctx.consul_services.clone(),
                 node: Arc::new(move || node_ctx.upgrade().map(|c| c.node()).unwrap_or_default()),
                 region: ctx.region.clone(),
             };

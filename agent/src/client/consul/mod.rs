@@ -21,6 +21,9 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub mod services;
+pub mod sync;
+
 use crate::cli::api::{encode_path, encode_query};
 use crate::config::consul::ConsulSettings;
 
@@ -227,6 +230,8 @@ pub trait ConsulApi: Send + Sync {
     fn service_register<'a>(&'a self, reg: &'a ServiceRegistration) -> BoxFuture<'a, Result<(), ConsulError>>;
     /// `PUT /v1/agent/service/deregister/:id`.
     fn service_deregister<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), ConsulError>>;
+    /// `PUT /v1/agent/check/deregister/:id`.
+    fn check_deregister<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), ConsulError>>;
     /// `PUT /v1/agent/check/update/:id` (TTL checks).
     fn check_update<'a>(&'a self, id: &'a str, status: CheckStatus, output: &'a str) -> BoxFuture<'a, Result<(), ConsulError>>;
 }
@@ -410,6 +415,10 @@ impl ConsulApi for ConsulClient {
 
     fn service_deregister<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), ConsulError>> {
         Box::pin(async move { self.call(Method::PUT, &format!("/v1/agent/service/deregister/{}", encode_path(id)), None).await.map(drop) })
+    }
+
+    fn check_deregister<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), ConsulError>> {
+        Box::pin(async move { self.call(Method::PUT, &format!("/v1/agent/check/deregister/{}", encode_path(id)), None).await.map(drop) })
     }
 
     fn check_update<'a>(&'a self, id: &'a str, status: CheckStatus, output: &'a str) -> BoxFuture<'a, Result<(), ConsulError>> {

@@ -117,6 +117,8 @@ pub struct HookEnv {
     pub shutdown: CancellationToken,
     /// Where the alloc's Nomad-native services are registered.
     pub registrar: Arc<dyn ServiceRegistrar>,
+    /// Where the alloc's Consul services are registered (none without Consul).
+    pub consul: Option<Arc<crate::client::consul::sync::ConsulServices>>,
     /// This node as last registered.
     pub node: NodeFn,
     /// Region (interpolation).

@@ -24,6 +24,11 @@
 //! restored alloc also removes task services of tasks that stopped while the agent was away.
 //! A heartbeat answered `initializing` (a node coming back, perhaps from `down`, whose
 //! registrations the servers deleted) makes every worker register its services again.
+//!
+//! Consul services (`provider = "consul"`, the default) follow the same task states: the worker
+//! hands what the alloc wants now ([`build_consul`]) to the agent's Consul sync
+//! (`client/consul/sync.rs`), which makes the calls, retries and reconciles; at the stop it
+//! drops the alloc from the sync and waits (at most 10 s) for the next pass.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -36,6 +41,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{AllocHook, AllocHookError, AllocHookRequest, DestroyHook, HookEnv, PostrunHook, PrekillHook, PrerunHook, UpdateHook};
+use crate::client::consul::services::{build_consul, has_consul_services};
+use crate::client::consul::sync::ConsulServices;
 use crate::client::services::{RegistrarError, ServiceRegistrar, Which, build, has_nomad_services};
 use crate::client::state::HookState;
 
@@ -44,12 +51,16 @@ pub const RETRY_MIN: Duration = Duration::from_secs(1);
 /// Longest retry delay.
 pub const RETRY_MAX: Duration = Duration::from_secs(30);
 
+/// Longest prekill waits for the first Consul sync pass after the alloc's services were dropped.
+const CONSUL_DEREGISTER_WAIT: Duration = Duration::from_secs(10);
+
 /// The node as last registered.
 pub type NodeFn = Arc<dyn Fn() -> Arc<Node> + Send + Sync>;
 
 /// See the module docs.
 pub struct ServicesHook {
     registrar: Arc<dyn ServiceRegistrar>,
+    consul: Option<Arc<ConsulServices>>,
     node: NodeFn,
     region: String,
     task_states: watch::Receiver<BTreeMap<String, TaskState>>,
@@ -71,6 +82,7 @@ impl ServicesHook {
     pub fn new(env: &HookEnv) -> ServicesHook {
         ServicesHook {
             registrar: env.registrar.clone(),
+            consul: env.consul.clone(),
             node: env.node.clone(),
             region: env.region.clone(),
             task_states: env.task_states.clone(),
@@ -78,6 +90,11 @@ impl ServicesHook {
             worker: Mutex::new(None),
             prerun_ran: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Whether the alloc has services this hook registers.
+    fn has_services(&self, alloc: &Allocation) -> bool {
+        has_nomad_services(alloc) || (self.consul.is_some() && has_consul_services(alloc))
     }
 
     /// Starts the worker for `alloc` unless one runs. `may_exist`: registrations from an
@@ -90,7 +107,7 @@ impl ServicesHook {
         let (alloc_tx, alloc_rx) = watch::channel(Arc::new(alloc.clone()));
         let (stopping_tx, stopping_rx) = watch::channel(stopping);
         let (attempts_tx, attempts_rx) = watch::channel(0);
-        let maybe: BTreeMap<String, String> = if may_exist {
+        let maybe: BTreeMap<String, String> = if may_exist && has_nomad_services(alloc) {
             build(alloc, &(self.node)(), &self.region, Which::All)
                 .registrations
                 .into_values()
@@ -102,6 +119,8 @@ impl ServicesHook {
         };
         let worker = Worker {
             registrar: self.registrar.clone(),
+            consul: self.consul.clone(),
+            consul_removed: false,
             node: self.node.clone(),
             region: self.region.clone(),
             alloc_id: alloc.id.clone(),
@@ -166,7 +185,7 @@ impl AllocHook for ServicesHook {
 impl PrerunHook for ServicesHook {
     fn prerun(&self, req: &AllocHookRequest<'_>) -> Result<Option<HookState>, AllocHookError> {
         self.prerun_ran.store(true, std::sync::atomic::Ordering::SeqCst);
-        if !has_nomad_services(req.alloc) {
+        if !self.has_services(req.alloc) {
             return Ok(None);
         }
         self.start(req.alloc, req.previous.is_some(), false);
@@ -201,7 +220,7 @@ impl UpdateHook for ServicesHook {
             }
         }
         // An in-place update that brings the alloc's first Nomad services.
-        if self.prerun_ran.load(std::sync::atomic::Ordering::SeqCst) && !req.alloc.terminal() && has_nomad_services(req.alloc) {
+        if self.prerun_ran.load(std::sync::atomic::Ordering::SeqCst) && !req.alloc.terminal() && self.has_services(req.alloc) {
             self.start(req.alloc, false, false);
         }
         Ok(())
@@ -226,6 +245,10 @@ impl DestroyHook for ServicesHook {
 /// wants now.
 struct Worker {
     registrar: Arc<dyn ServiceRegistrar>,
+    /// The Consul sync this alloc's Consul services go to (it makes the calls and retries).
+    consul: Option<Arc<ConsulServices>>,
+    /// The alloc's Consul services were dropped from the sync.
+    consul_removed: bool,
     node: NodeFn,
     region: String,
     alloc_id: String,
@@ -308,6 +331,14 @@ impl Worker {
 
     /// Removes everything of the alloc, if anything may be registered.
     async fn deregister_all(&mut self) -> Result<(), Failed> {
+        if let Some(consul) = self.consul.clone().filter(|_| !self.consul_removed) {
+            self.consul_removed = true;
+            let passes = consul.remove(&self.alloc_id);
+            tokio::select! {
+                _ = consul.wait_pass_after(passes, CONSUL_DEREGISTER_WAIT) => {}
+                _ = self.shutdown.cancelled() => {}
+            }
+        }
         if self.registered.is_empty() && self.maybe.is_empty() {
             return Ok(());
         }
@@ -324,7 +355,17 @@ impl Worker {
         let alloc = self.alloc.borrow_and_update().clone();
         let states = self.task_states.borrow_and_update().clone();
         let running: Vec<&str> = states.iter().filter(|(_, s)| s.state == task_state::RUNNING).map(|(n, _)| n.as_str()).collect();
-        let built = build(&alloc, &(self.node)(), &self.region, Which::Running(&running));
+        let node = (self.node)();
+        if let Some(consul) = &self.consul {
+            let built = build_consul(&alloc, &node, &self.region, "", Which::Running(&running));
+            for e in built.errors {
+                if self.reported.insert(e.clone()) {
+                    tracing::error!(alloc_id = %self.alloc_id, error = %e, "consul service not registered");
+                }
+            }
+            consul.set(&self.alloc_id, built.registrations);
+        }
+        let built = build(&alloc, &node, &self.region, Which::Running(&running));
         for e in built.errors {
             if self.reported.insert(e.clone()) {
                 tracing::error!(alloc_id = %self.alloc_id, error = %e, "service not registered");

@@ -108,6 +108,7 @@ pub(crate) fn env(task_states: watch::Receiver<BTreeMap<String, TaskState>>, reg
         deployment_status: Arc::new(|_| {}),
         cancel: CancellationToken::new(),
         shutdown: CancellationToken::new(),
+        consul: None,
         registrar,
         node: Arc::new(move || node.clone()),
         region: "global".into(),

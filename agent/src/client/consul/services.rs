@@ -1,0 +1,339 @@
+//! Consul service registrations (`provider = "consul"`, the default): what an alloc registers
+//! with its local Consul agent, built as Nomad's `ServiceClient.serviceRegs`/`checkRegs` build it
+//! (`command/agent/consul/service_client.go`).
+//!
+//! - Service ID `_nomad-task-<alloc>-<task|group-<group>>-<name>-<port label>`, the same as
+//!   Nomad-native services ([`registration_id`]).
+//! - Check ID `_nomad-check-<hash>`, where the hash is Nomad's `ServiceCheck.Hash(serviceID)`
+//!   ([`check_hash`]): the same IDs as a Nomad client would register, so a node switching between
+//!   the two keeps its checks.
+//! - Name, tags, meta (plus `external-source = nomad`), address, port label, tagged addresses and
+//!   the check fields interpolated with the alloc's (or task's) environment, as Nomad's
+//!   `taskenv.InterpolateServices` does. `canary_tags`/`canary_meta` are not used: no alloc here
+//!   is a canary.
+//! - Address and port from `address_mode` ([`get_address`]); checks default to the host address
+//!   unless the service has a custom address.
+//! - http, tcp and grpc checks are registered for Consul to run. Script checks and Connect are
+//!   refused at admission; a service carrying one is skipped with an error here (never
+//!   registered half).
+
+use std::collections::BTreeMap;
+
+use nomad_proto::service::{Service, ServiceCheck as JobCheck};
+use nomad_proto::{Allocation, Node, Task};
+use sha1::{Digest, Sha1};
+
+use super::{ServiceAddress, ServiceCheck, ServiceRegistration};
+use crate::cli::format::go_duration;
+use crate::client::services::{Which, env_for, get_address, group_task_name, registration_id};
+use crate::client::taskrunner::interpolate::Interpolator;
+
+/// The prefix of every check ID Nomad's client registers.
+pub const CHECK_ID_PREFIX: &str = "_nomad-check-";
+/// The prefix of everything Nomad's client owns in Consul (`_nomad-task-`, `_nomad-check-`, and
+/// the agent's own `_nomad-client-`/`_nomad-server-` services, which the reconcile leaves alone).
+pub const NOMAD_PREFIX: &str = "_nomad-";
+
+/// Is this service registered in Consul (an empty provider means Consul)?
+pub fn is_consul(s: &Service) -> bool {
+    s.provider.is_empty() || s.provider == "consul"
+}
+
+/// Does the alloc have any Consul service (group or task)?
+pub fn has_consul_services(alloc: &Allocation) -> bool {
+    let Some(group) = alloc.job.as_ref().and_then(|j| j.lookup_task_group(&alloc.task_group)) else { return false };
+    group.services.iter().chain(group.tasks.iter().flat_map(|t| t.services.iter())).any(is_consul)
+}
+
+/// Nomad's `ServiceCheck.Hash(serviceID)`: SHA-1 over the service ID and the check's fields in
+/// Nomad's order, hex. Optional fields are only hashed when set, so IDs stay what older Nomads
+/// made; durations are hashed as Go prints them.
+pub fn check_hash(service_id: &str, c: &JobCheck) -> String {
+    let mut h = Sha1::new();
+    for s in [
+        service_id,
+        &c.name,
+        &c.check_type,
+        &c.command,
+        &c.args.concat(),
+        &c.path,
+        &c.protocol,
+        &c.port_label,
+        &go_duration(c.interval),
+        &go_duration(c.timeout),
+        &c.method,
+        &c.body,
+        &c.on_update,
+    ] {
+        h.update(s.as_bytes());
+    }
+    if c.tls_skip_verify {
+        h.update(b"true");
+    }
+    // TLSServerName would go here when set; the job specification has none yet.
+    if !c.header.is_empty() {
+        let mut headers: Vec<String> = c.header.iter().map(|(k, v)| format!("{k}{}", v.concat())).collect();
+        headers.sort();
+        h.update(headers.concat().as_bytes());
+    }
+    for s in [&c.address_mode, &c.grpc_service] {
+        if !s.is_empty() {
+            h.update(s.as_bytes());
+        }
+    }
+    if c.grpc_use_tls {
+        h.update(b"true");
+    }
+    if c.success_before_passing != 0 {
+        h.update(format!("success:{}", c.success_before_passing).as_bytes());
+    }
+    if c.failures_before_critical != 0 {
+        h.update(format!("failures:{}", c.failures_before_critical).as_bytes());
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The check ID Nomad registers: `_nomad-check-<hash>`.
+pub fn check_id(service_id: &str, c: &JobCheck) -> String {
+    format!("{CHECK_ID_PREFIX}{}", check_hash(service_id, c))
+}
+
+/// The Consul registrations an alloc wants now, and the services that could not be built.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BuiltConsul {
+    /// Registrations by service ID.
+    pub registrations: BTreeMap<String, ServiceRegistration>,
+    /// One message per service skipped (it names the service and what is wrong).
+    pub errors: Vec<String>,
+}
+
+/// The Consul registrations of `alloc` on `node`: group services always, task services of the
+/// tasks `which` selects. `namespace` is the agent's `consul.namespace` (Enterprise).
+pub fn build_consul(alloc: &Allocation, node: &Node, region: &str, namespace: &str, which: Which<'_>) -> BuiltConsul {
+    let mut out = BuiltConsul::default();
+    let Some(group) = alloc.job.as_ref().and_then(|j| j.lookup_task_group(&alloc.task_group)) else { return out };
+    let group_services: Vec<&Service> = group.services.iter().filter(|s| is_consul(s)).collect();
+    if !group_services.is_empty() {
+        let mut env = env_for(alloc, &Task::default(), node, region);
+        env.remove("NOMAD_TASK_NAME");
+        let id_task = group_task_name(&group.name);
+        for s in group_services {
+            add(&mut out, alloc, node, region, namespace, &env, &id_task, "", s);
+        }
+    }
+    for t in &group.tasks {
+        let selected = match which {
+            Which::All => true,
+            Which::Running(names) => names.contains(&t.name.as_str()),
+        };
+        let services: Vec<&Service> = t.services.iter().filter(|s| is_consul(s)).collect();
+        if !selected || services.is_empty() {
+            continue;
+        }
+        let env = env_for(alloc, t, node, region);
+        for s in services {
+            add(&mut out, alloc, node, region, namespace, &env, &t.name, &t.name, s);
+        }
+    }
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+fn add(
+    out: &mut BuiltConsul,
+    alloc: &Allocation,
+    node: &Node,
+    region: &str,
+    namespace: &str,
+    env: &BTreeMap<String, String>,
+    id_task: &str,
+    task: &str,
+    s: &Service,
+) {
+    let interp = Interpolator { env, node, region };
+    let name = interp.replace(&s.name);
+    match registration(alloc, node, namespace, &interp, id_task, task, s, &name) {
+        Ok(reg) => {
+            out.registrations.insert(reg.id.clone(), reg);
+        }
+        Err(e) => out.errors.push(format!("service {name:?}: {e}")),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn registration(
+    alloc: &Allocation,
+    node: &Node,
+    namespace: &str,
+    interp: &Interpolator<'_>,
+    id_task: &str,
+    task: &str,
+    s: &Service,
+    name: &str,
+) -> Result<ServiceRegistration, String> {
+    if s.connect.is_some() {
+        return Err("Consul Connect is not supported by this client".into());
+    }
+    let port_label = interp.replace(&s.port_label);
+    let custom = interp.replace(&s.address);
+    let mode = if s.address_mode.is_empty() { "auto" } else { s.address_mode.as_str() };
+    let (address, port) = get_address(alloc, node, task, mode, &port_label, &custom).map_err(|e| format!("unable to get address: {e}"))?;
+    let id = registration_id(&alloc.id, id_task, name, &port_label);
+
+    let mut meta: BTreeMap<String, String> = s.meta.iter().map(|(k, v)| (k.clone(), interp.replace(v))).collect();
+    meta.insert("external-source".into(), "nomad".into());
+    let mut tagged_addresses = BTreeMap::new();
+    for (k, v) in &s.tagged_addresses {
+        tagged_addresses.insert(k.clone(), parse_tagged_address(&interp.replace(v), port)?);
+    }
+
+    let mut checks = Vec::with_capacity(s.checks.len());
+    for c in &s.checks {
+        let c = interpolate_check(interp, c);
+        checks.push(check(alloc, node, task, &id, s, &port_label, &custom, &c).map_err(|e| format!("check {:?}: {e}", c.name))?);
+    }
+    Ok(ServiceRegistration {
+        kind: String::new(),
+        id,
+        name: name.to_string(),
+        tags: s.tags.iter().map(|t| interp.replace(t)).collect(),
+        port,
+        address,
+        tagged_addresses,
+        enable_tag_override: s.enable_tag_override,
+        meta,
+        checks,
+        proxy: None,
+        connect: None,
+        namespace: namespace.to_string(),
+    })
+}
+
+/// The check fields Nomad interpolates (`taskenv.InterpolateServices`).
+fn interpolate_check(interp: &Interpolator<'_>, c: &JobCheck) -> JobCheck {
+    let mut c = c.clone();
+    for f in [
+        &mut c.name,
+        &mut c.command,
+        &mut c.path,
+        &mut c.protocol,
+        &mut c.port_label,
+        &mut c.initial_status,
+        &mut c.method,
+        &mut c.grpc_service,
+    ] {
+        *f = interp.replace(f);
+    }
+    for a in &mut c.args {
+        *a = interp.replace(a);
+    }
+    for values in c.header.values_mut() {
+        for v in values {
+            *v = interp.replace(v);
+        }
+    }
+    c
+}
+
+/// One check of a service (Nomad's `checkRegs` + `createCheckReg`).
+#[allow(clippy::too_many_arguments)]
+fn check(
+    alloc: &Allocation,
+    node: &Node,
+    task: &str,
+    service_id: &str,
+    s: &Service,
+    service_port_label: &str,
+    custom: &str,
+    c: &JobCheck,
+) -> Result<ServiceCheck, String> {
+    let label = if c.port_label.is_empty() { service_port_label } else { c.port_label.as_str() };
+    // A check follows a custom service address; otherwise it probes the host's.
+    let mode = match c.address_mode.as_str() {
+        "" if !s.address.is_empty() => "auto",
+        "" => "host",
+        m => m,
+    };
+    let (host, port) = get_address(alloc, node, task, mode, label, custom).map_err(|e| format!("error getting address: {e}"))?;
+    let host_port = join_host_port(&host, port);
+    let mut out = ServiceCheck {
+        check_id: check_id(service_id, c),
+        name: c.name.clone(),
+        interval: go_duration(c.interval),
+        timeout: go_duration(c.timeout),
+        status: c.initial_status.clone(),
+        success_before_passing: c.success_before_passing,
+        failures_before_critical: c.failures_before_critical,
+        ..ServiceCheck::default()
+    };
+    if port == 0 && matches!(c.check_type.as_str(), "http" | "tcp" | "grpc") {
+        return Err(format!("{} checks require an address", c.check_type));
+    }
+    match c.check_type.as_str() {
+        "http" => {
+            let scheme = if c.protocol.is_empty() { "http" } else { c.protocol.as_str() };
+            out.http = http_check_url(scheme, &host_port, &c.path)?;
+            out.tls_skip_verify = c.tls_skip_verify;
+            out.method = c.method.clone();
+            out.header = c.header.clone();
+            out.body = c.body.clone();
+        }
+        "tcp" => out.tcp = host_port,
+        "grpc" => {
+            out.grpc = format!("{host_port}/{}", c.grpc_service);
+            out.grpc_use_tls = c.grpc_use_tls;
+            out.tls_skip_verify = c.tls_skip_verify;
+        }
+        "script" => return Err("script checks are not supported by this client".into()),
+        other => return Err(format!("check type {other:?} not valid")),
+    }
+    Ok(out)
+}
+
+/// Go's `net.JoinHostPort`: IPv6 hosts in brackets.
+fn join_host_port(host: &str, port: i64) -> String {
+    if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") }
+}
+
+/// The check URL: `path` resolved against `<scheme>://<host:port>` as Go's
+/// `url.ResolveReference` does for the paths a check has (absolute or relative, with a query).
+fn http_check_url(scheme: &str, host_port: &str, path: &str) -> Result<String, String> {
+    if path.contains("://") {
+        // An absolute URL replaces the base, as ResolveReference does.
+        return Ok(path.to_string());
+    }
+    if path.chars().any(|c| c.is_control() || c == ' ') {
+        return Err(format!("invalid check path {path:?}"));
+    }
+    let path = if path.is_empty() || path.starts_with('?') || path.starts_with('#') {
+        format!("/{path}")
+    } else if path.starts_with('/') {
+        path.to_string()
+    } else {
+        format!("/{path}")
+    };
+    Ok(format!("{scheme}://{host_port}{path}"))
+}
+
+/// Nomad's `parseAddress`: `ip` or `ip:port` (the service's port when none is given).
+fn parse_tagged_address(raw: &str, port: i64) -> Result<ServiceAddress, String> {
+    let not_ip = || format!("error parsing address {raw:?}: not an IP address");
+    if raw.parse::<std::net::IpAddr>().is_ok() {
+        return Ok(ServiceAddress { address: raw.to_string(), port });
+    }
+    match raw.parse::<std::net::SocketAddr>() {
+        Ok(sa) => Ok(ServiceAddress { address: sa.ip().to_string(), port: i64::from(sa.port()) }),
+        Err(_) => {
+            // A host name with a port is what Go's SplitHostPort accepts too.
+            let (host, p) = raw.rsplit_once(':').ok_or_else(not_ip)?;
+            let p: i64 = p.parse().map_err(|_| format!("error parsing port {p:?}"))?;
+            if host.is_empty() || host.contains(':') {
+                return Err(not_ip());
+            }
+            Ok(ServiceAddress { address: host.to_string(), port: p })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,305 @@
+//! The Consul service sync: one loop per agent bringing the local Consul agent to what the
+//! live allocs want, as Nomad's `ServiceClient.Run`/`sync` do.
+//!
+//! Allocs say what they want ([`ConsulServices::set`], from the `services` alloc hook, which
+//! builds the registrations with [`super::services::build_consul`]) or that they want nothing
+//! any more ([`ConsulServices::remove`]). No call is made there: the loop makes them. Each pass:
+//! 1. reads `/v1/agent/services`, registers every wanted service that is missing or differs
+//!    (kind, port, address, name, tag override, meta, tagged addresses, tags as a set; Consul's
+//!    own `lan_ipv4`/`wan_ipv4`/... tagged addresses are not a difference);
+//! 2. deregisters every `_nomad-task-` service no live alloc wants (anything else, including the
+//!    agent's own `_nomad-client-`/`_nomad-server-` services, is left alone);
+//! 3. reads `/v1/agent/checks`: registers again the service of a wanted check that is missing,
+//!    and deregisters every `_nomad-check-` check of a `_nomad-task-` service that nothing wants.
+//!
+//! A pass runs at once when an alloc's wants change, every `period` (30 s, Nomad's
+//! `periodicInterval`) so what was deleted behind our back or lost by a restarted Consul comes
+//! back, and after a failure with a backoff of 1 s × failures up to 30 s. Consul being
+//! unreachable only delays the pass: no alloc or task is failed for it.
+//!
+//! For `probation` after the start (a minute, as Nomad's `deregisterProbationPeriod`) unknown
+//! Nomad entries are kept, unless an alloc of this agent removed them: restored allocs may not
+//! have said what they want yet, and their services must not flap.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::services::CHECK_ID_PREFIX;
+use super::{AgentService, ConsulApi, ConsulError, ServiceAddress, ServiceRegistration};
+use crate::client::services::ID_PREFIX;
+
+/// Nomad's `periodicInterval`.
+pub const SYNC_PERIOD: Duration = Duration::from_secs(30);
+/// Nomad's `deregisterProbationPeriod`.
+pub const DEREGISTER_PROBATION: Duration = Duration::from_secs(60);
+/// Nomad's `retryInterval` (multiplied by the consecutive failures).
+const RETRY_STEP: Duration = Duration::from_secs(1);
+/// Nomad's `maxRetryInterval`.
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Tagged addresses Consul adds by itself to a registration that has none of them.
+const CONSUL_TAGGED_ADDRESSES: [&str; 4] = ["lan_ipv4", "wan_ipv4", "lan_ipv6", "wan_ipv6"];
+
+/// What a pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncStats {
+    pub registered: usize,
+    pub deregistered_services: usize,
+    pub deregistered_checks: usize,
+}
+
+#[derive(Default)]
+struct Wanted {
+    /// Service registrations by alloc, then by service ID.
+    by_alloc: BTreeMap<String, BTreeMap<String, ServiceRegistration>>,
+    /// Service IDs an alloc of this agent stopped wanting: removed even in probation.
+    removed: BTreeSet<String>,
+}
+
+/// See the module docs.
+pub struct ConsulServices {
+    api: Arc<dyn ConsulApi>,
+    wanted: Mutex<Wanted>,
+    kick: Notify,
+    /// Passes finished (successful or not).
+    passes: watch::Sender<u64>,
+    /// Successful passes.
+    synced: watch::Sender<u64>,
+    period: Duration,
+    probation_until: Instant,
+}
+
+impl ConsulServices {
+    /// A sync against `api`; call [`ConsulServices::run`] to start it.
+    pub fn new(api: Arc<dyn ConsulApi>, period: Duration, probation: Duration) -> Arc<ConsulServices> {
+        Arc::new(ConsulServices {
+            api,
+            wanted: Mutex::new(Wanted::default()),
+            kick: Notify::new(),
+            passes: watch::channel(0).0,
+            synced: watch::channel(0).0,
+            period,
+            probation_until: Instant::now() + probation,
+        })
+    }
+
+    fn wanted(&self) -> MutexGuard<'_, Wanted> {
+        self.wanted.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What `alloc_id` wants registered now (replacing what it wanted before).
+    pub fn set(&self, alloc_id: &str, regs: BTreeMap<String, ServiceRegistration>) {
+        let mut w = self.wanted();
+        let before = w.by_alloc.get(alloc_id);
+        if before == Some(&regs) || (before.is_none() && regs.is_empty()) {
+            return;
+        }
+        if let Some(old) = before {
+            let gone: Vec<String> = old.keys().filter(|id| !regs.contains_key(*id)).cloned().collect();
+            w.removed.extend(gone);
+        }
+        for id in regs.keys() {
+            w.removed.remove(id);
+        }
+        if regs.is_empty() {
+            w.by_alloc.remove(alloc_id);
+        } else {
+            w.by_alloc.insert(alloc_id.to_string(), regs);
+        }
+        drop(w);
+        self.kick.notify_one();
+    }
+
+    /// `alloc_id` wants nothing any more. Returns the pass count to wait beyond
+    /// ([`ConsulServices::wait_pass_after`]) for the first attempt to remove its services.
+    pub fn remove(&self, alloc_id: &str) -> u64 {
+        let before = *self.passes.borrow();
+        let mut w = self.wanted();
+        if let Some(old) = w.by_alloc.remove(alloc_id) {
+            w.removed.extend(old.into_keys());
+        }
+        drop(w);
+        self.kick.notify_one();
+        before
+    }
+
+    /// Waits until a pass after `count` finished, at most `limit`.
+    pub async fn wait_pass_after(&self, count: u64, limit: Duration) {
+        let mut rx = self.passes.subscribe();
+        let _ = tokio::time::timeout(limit, rx.wait_for(|n| *n > count)).await;
+    }
+
+    /// Counts every finished pass, successful or not.
+    pub fn passes(&self) -> watch::Receiver<u64> {
+        self.passes.subscribe()
+    }
+
+    /// Counts the successful passes.
+    pub fn synced(&self) -> watch::Receiver<u64> {
+        self.synced.subscribe()
+    }
+
+    /// Runs passes until `shutdown` (which leaves every registration in place: tasks keep
+    /// running while the agent is away).
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut failures: u32 = 0;
+        loop {
+            match self.sync_once().await {
+                Ok(stats) => {
+                    if failures > 0 {
+                        tracing::info!("successfully updated services in Consul");
+                    }
+                    failures = 0;
+                    if stats != SyncStats::default() {
+                        tracing::debug!(?stats, "consul sync complete");
+                    }
+                    self.synced.send_modify(|n| *n += 1);
+                }
+                Err(e) => {
+                    if failures == 0 {
+                        tracing::warn!(error = %e, "failed to update services in Consul");
+                    } else if failures.is_multiple_of(10) {
+                        tracing::error!(failures, error = %e, "still unable to update services in Consul");
+                    }
+                    failures += 1;
+                }
+            }
+            self.passes.send_modify(|n| *n += 1);
+            let wait = if failures == 0 { self.period } else { (RETRY_STEP * failures).min(RETRY_MAX) };
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.kick.notified() => {}
+                _ = shutdown.cancelled() => return,
+            }
+        }
+    }
+
+    /// One pass (see the module docs).
+    pub async fn sync_once(&self) -> Result<SyncStats, ConsulError> {
+        let mut stats = SyncStats::default();
+        let in_probation = Instant::now() < self.probation_until;
+        let (wanted, removed) = {
+            let w = self.wanted();
+            let all: BTreeMap<String, ServiceRegistration> = w.by_alloc.values().flat_map(|m| m.clone()).collect();
+            (all, w.removed.clone())
+        };
+        let may_remove = |id: &str| !in_probation || removed.contains(id);
+
+        let existing = self.api.services().await?;
+        for (id, svc) in &existing {
+            if wanted.contains_key(id) || !id.starts_with(ID_PREFIX) || !may_remove(id) {
+                continue;
+            }
+            match self.api.service_deregister(id).await {
+                Err(e) if e.status() != Some(404) => return Err(e),
+                _ => stats.deregistered_services += 1,
+            }
+            tracing::debug!(service_id = %id, service = %svc.service, "deregistered a service no alloc wants");
+        }
+        let mut registered = BTreeSet::new();
+        for (id, reg) in &wanted {
+            if existing.get(id).is_some_and(|e| !different(reg, e)) {
+                continue;
+            }
+            self.api.service_register(reg).await?;
+            registered.insert(id.clone());
+            stats.registered += 1;
+        }
+
+        let checks = self.api.checks().await?;
+        let wanted_checks: BTreeMap<&str, &str> =
+            wanted.values().flat_map(|r| r.checks.iter().map(move |c| (c.check_id.as_str(), r.id.as_str()))).collect();
+        for (check_id, service_id) in &wanted_checks {
+            if !checks.contains_key(*check_id) && !registered.contains(*service_id) {
+                // A check lost on its own comes back with its service's registration.
+                self.api.service_register(&wanted[*service_id]).await?;
+                registered.insert(service_id.to_string());
+                stats.registered += 1;
+            }
+        }
+        for (id, c) in &checks {
+            if wanted_checks.contains_key(id.as_str())
+                || !id.starts_with(CHECK_ID_PREFIX)
+                || !c.service_id.starts_with(ID_PREFIX)
+                || (in_probation && !removed.contains(&c.service_id) && !wanted.contains_key(&c.service_id))
+            {
+                continue;
+            }
+            match self.api.check_deregister(id).await {
+                Err(e) if e.status() != Some(404) => return Err(e),
+                _ => stats.deregistered_checks += 1,
+            }
+        }
+
+        // What was removed is gone now (or was never there); removals since stay.
+        self.wanted().removed.retain(|id| !removed.contains(id));
+        Ok(stats)
+    }
+}
+
+/// Nomad's `different`: does Consul's copy of a service differ from what is wanted?
+fn different(wanted: &ServiceRegistration, existing: &AgentService) -> bool {
+    let mut tagged: BTreeMap<String, ServiceAddress> = existing.tagged_addresses.clone();
+    for k in CONSUL_TAGGED_ADDRESSES {
+        if !wanted.tagged_addresses.contains_key(k) {
+            tagged.remove(k);
+        }
+    }
+    let tags_differ = {
+        let a: BTreeSet<&String> = wanted.tags.iter().collect();
+        let b: BTreeSet<&String> = existing.tags.iter().collect();
+        a != b
+    };
+    wanted.kind != existing.kind
+        || wanted.id != existing.id
+        || wanted.port != existing.port
+        || wanted.address != existing.address
+        || wanted.name != existing.service
+        || wanted.enable_tag_override != existing.enable_tag_override
+        || wanted.meta != existing.meta
+        || wanted.tagged_addresses != tagged
+        // With enable_tag_override, Consul's tags are the user's (Nomad's periodic sync).
+        || (!wanted.enable_tag_override && tags_differ)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consuls_own_tagged_addresses_and_tag_order_are_not_drift() {
+        let wanted = ServiceRegistration {
+            id: "_nomad-task-a-group-g-web-http".into(),
+            name: "web".into(),
+            tags: vec!["a".into(), "b".into()],
+            address: "10.0.0.1".into(),
+            port: 8080,
+            meta: BTreeMap::from([("external-source".into(), "nomad".into())]),
+            ..ServiceRegistration::default()
+        };
+        let mut existing = AgentService {
+            id: wanted.id.clone(),
+            service: "web".into(),
+            tags: vec!["b".into(), "a".into()],
+            address: "10.0.0.1".into(),
+            port: 8080,
+            meta: wanted.meta.clone(),
+            tagged_addresses: BTreeMap::from([("lan_ipv4".into(), ServiceAddress { address: "10.0.0.1".into(), port: 8080 })]),
+            ..AgentService::default()
+        };
+        assert!(!different(&wanted, &existing));
+        existing.tags.push("extra".into());
+        assert!(different(&wanted, &existing), "tags differ");
+        let mut overriding = wanted.clone();
+        overriding.enable_tag_override = true;
+        existing.enable_tag_override = true;
+        assert!(!different(&overriding, &existing), "with enable_tag_override Consul's tags win");
+        existing.port = 9;
+        assert!(different(&overriding, &existing), "port differs");
+    }
+}
