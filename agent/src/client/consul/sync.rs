@@ -160,6 +160,11 @@ impl ConsulServices {
                     }
                     self.synced.send_modify(|n| *n += 1);
                 }
+                // An agent with no Consul services and no Consul (the common case without
+                // Consul) only says so at debug level: nothing is lost, nothing waits.
+                Err(e) if self.wanted().by_alloc.values().all(BTreeMap::is_empty) => {
+                    tracing::debug!(error = %e, "consul unreachable; no services to register");
+                }
                 Err(e) => {
                     if failures == 0 {
                         tracing::warn!(error = %e, "failed to update services in Consul");
