@@ -505,7 +505,8 @@ impl Walk {
     }
 
     fn restart(&mut self, r: Option<&RestartPolicy>) {
-        if let Some(RestartPolicy { attempts: _, interval: _, delay: _, mode: _, render_templates: _ }) = r {}
+        // `unset` is decoding bookkeeping, empty once canonicalized: not a key of the block.
+        if let Some(RestartPolicy { attempts: _, interval: _, delay: _, mode: _, render_templates: _, unset: _ }) = r {}
         self.decide(Feature::Restart, r.is_some());
     }
 

@@ -61,10 +61,12 @@ impl Job {
             if let Some(u) = g.update.as_mut() {
                 fill_update_defaults(u);
             }
-            let restart = g.restart_policy.get_or_insert_with(|| match job_type {
+            let type_default = match job_type {
                 JobType::Batch | JobType::Sysbatch => RestartPolicy::default_batch(),
                 _ => RestartPolicy::default_service(),
-            });
+            };
+            let restart = g.restart_policy.get_or_insert_with(|| type_default.clone());
+            restart.fill_unset_from(&type_default);
             if restart.mode.is_empty() {
                 restart.mode = RESTART_MODE_FAIL.to_string();
             }
@@ -102,8 +104,9 @@ impl Job {
                 }
             }
             for t in &mut g.tasks {
-                if t.restart_policy.is_none() {
-                    t.restart_policy = Some(restart.clone());
+                match t.restart_policy.as_mut() {
+                    None => t.restart_policy = Some(restart.clone()),
+                    Some(p) => p.fill_unset_from(&restart),
                 }
                 if t.resources.cores > 0 {
                     t.resources.cpu = 0;
@@ -225,5 +228,28 @@ mod tests {
         let before = job.clone();
         job.canonicalize();
         assert_eq!(job, before, "canonicalize is idempotent");
+    }
+
+    #[test]
+    fn partial_json_restart_policies_are_merged_onto_their_defaults() {
+        // Nomad's `api.RestartPolicy.Merge`: a group's keys over the job type's default, a
+        // task's over its group's; an explicit zero stays zero.
+        let mut job: Job = lenient::from_slice(
+            br#"{"ID":"b","Type":"batch","TaskGroups":[{"Name":"g","RestartPolicy":{"Attempts":0,"Mode":"fail"},
+                 "Tasks":[{"Name":"t","Driver":"raw_exec","RestartPolicy":{"Delay":1000000000}},{"Name":"u","Driver":"raw_exec"}]}]}"#,
+        )
+        .unwrap();
+        job.canonicalize();
+        let g = &job.task_groups[0];
+        let group = g.restart_policy.as_ref().unwrap();
+        let batch = RestartPolicy::default_batch();
+        assert_eq!((group.attempts, group.interval, group.delay, group.mode.as_str()), (0, batch.interval, batch.delay, "fail"));
+        let t = g.tasks[0].restart_policy.as_ref().unwrap();
+        assert_eq!((t.attempts, t.interval, t.delay), (0, batch.interval, 1_000_000_000));
+        assert_eq!(g.tasks[1].restart_policy.as_ref(), Some(group));
+        let before = job.clone();
+        job.canonicalize();
+        assert_eq!(job, before, "canonicalize is idempotent");
+        assert_eq!(serde_json::to_value(&job).unwrap()["TaskGroups"][0]["RestartPolicy"]["Interval"], batch.interval);
     }
 }

@@ -494,8 +494,12 @@ pub struct SpreadTarget {
 }
 
 /// What happens when a task exits (`restart {}`).
+///
+/// Decoded from JSON through [`RestartPolicyWire`]: keys a partial policy leaves out are
+/// remembered and filled at canonicalization from the job type's default (a group's policy) or
+/// the group's policy (a task's), as Nomad's `api.RestartPolicy.Merge` does.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default, rename_all = "PascalCase")]
+#[serde(default, rename_all = "PascalCase", from = "RestartPolicyWire")]
 pub struct RestartPolicy {
     /// Restarts allowed within `Interval`.
     pub attempts: i64,
@@ -507,6 +511,56 @@ pub struct RestartPolicy {
     pub mode: String,
     /// Re-render templates on restart.
     pub render_templates: bool,
+    /// Keys the decoded JSON left out (none once canonicalized, none when built in code).
+    #[serde(skip)]
+    #[doc(hidden)]
+    pub unset: UnsetKeys,
+}
+
+/// Which keys of a decoded policy were absent, as bits. Never part of a policy's value: two
+/// policies with the same fields are equal whatever was left out when one was decoded.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UnsetKeys(u8);
+
+impl PartialEq for UnsetKeys {
+    fn eq(&self, _: &UnsetKeys) -> bool {
+        true
+    }
+}
+
+/// The JSON form of [`RestartPolicy`]: every key optional.
+#[derive(Default, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+struct RestartPolicyWire {
+    attempts: Option<i64>,
+    interval: Option<i64>,
+    delay: Option<i64>,
+    mode: Option<String>,
+    render_templates: Option<bool>,
+}
+
+impl From<RestartPolicyWire> for RestartPolicy {
+    fn from(w: RestartPolicyWire) -> RestartPolicy {
+        let mut unset = 0u8;
+        let mut take = |bit: u8, present: bool| {
+            if !present {
+                unset |= bit;
+            }
+        };
+        take(1, w.attempts.is_some());
+        take(2, w.interval.is_some());
+        take(4, w.delay.is_some());
+        take(8, w.mode.is_some());
+        take(16, w.render_templates.is_some());
+        RestartPolicy {
+            attempts: w.attempts.unwrap_or_default(),
+            interval: w.interval.unwrap_or_default(),
+            delay: w.delay.unwrap_or_default(),
+            mode: w.mode.unwrap_or_default(),
+            render_templates: w.render_templates.unwrap_or_default(),
+            unset: UnsetKeys(unset),
+        }
+    }
 }
 
 /// Restart mode: give up and fail the task.
@@ -517,12 +571,47 @@ pub const RESTART_MODE_DELAY: &str = "delay";
 impl RestartPolicy {
     /// Nomad's default for service and system jobs: 2 attempts in 30 min, 15 s delay, fail.
     pub fn default_service() -> RestartPolicy {
-        RestartPolicy { attempts: 2, interval: 30 * 60 * NS, delay: 15 * NS, mode: RESTART_MODE_FAIL.into(), render_templates: false }
+        RestartPolicy {
+            attempts: 2,
+            interval: 30 * 60 * NS,
+            delay: 15 * NS,
+            mode: RESTART_MODE_FAIL.into(),
+            render_templates: false,
+            unset: UnsetKeys(0),
+        }
     }
 
     /// Nomad's default for batch jobs: 3 attempts in 24 h, 15 s delay, fail.
     pub fn default_batch() -> RestartPolicy {
-        RestartPolicy { attempts: 3, interval: 24 * 3600 * NS, delay: 15 * NS, mode: RESTART_MODE_FAIL.into(), render_templates: false }
+        RestartPolicy {
+            attempts: 3,
+            interval: 24 * 3600 * NS,
+            delay: 15 * NS,
+            mode: RESTART_MODE_FAIL.into(),
+            render_templates: false,
+            unset: UnsetKeys(0),
+        }
+    }
+
+    /// Fills the keys the decoded JSON left out from `base` (Nomad's `Merge` of this policy onto
+    /// `base`); afterwards nothing is left out.
+    pub fn fill_unset_from(&mut self, base: &RestartPolicy) {
+        let unset = std::mem::take(&mut self.unset).0;
+        if unset & 1 != 0 {
+            self.attempts = base.attempts;
+        }
+        if unset & 2 != 0 {
+            self.interval = base.interval;
+        }
+        if unset & 4 != 0 {
+            self.delay = base.delay;
+        }
+        if unset & 8 != 0 {
+            self.mode = base.mode.clone();
+        }
+        if unset & 16 != 0 {
+            self.render_templates = base.render_templates;
+        }
     }
 }
 

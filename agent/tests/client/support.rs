@@ -349,7 +349,7 @@ pub fn sh_task(name: &str, script: &str) -> Task {
 
 /// A restart policy.
 pub fn restart_policy(attempts: i64, delay_ms: i64) -> RestartPolicy {
-    RestartPolicy { attempts, interval: 3_600_000_000_000, delay: delay_ms * 1_000_000, mode: "fail".into(), render_templates: false }
+    RestartPolicy { attempts, interval: 3_600_000_000_000, delay: delay_ms * 1_000_000, mode: "fail".into(), ..RestartPolicy::default() }
 }
 
 /// A job with one group "g" holding `tasks`.

@@ -5,6 +5,7 @@
 //! carries the node's SecretID; servers refuse a call whose secret does not
 //! match the stored node and change nothing.
 
+pub mod client_csi;
 pub mod codec;
 
 use std::collections::BTreeMap;

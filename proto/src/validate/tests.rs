@@ -190,7 +190,7 @@ fn update_migrate_restart_and_reschedule_follow_nomad() {
 
     let j = job_with(|j| {
         j.task_groups[0].restart_policy =
-            Some(RestartPolicy { attempts: 0, interval: SECOND, delay: 0, mode: "delay".into(), render_templates: false });
+            Some(RestartPolicy { attempts: 0, interval: SECOND, delay: 0, mode: "delay".into(), ..RestartPolicy::default() });
     });
     assert_refused(&j, "Restart policy \"delay\" with 0 attempts is ambiguous");
     assert_refused(&j, "Interval can not be less than 5s (got 1s)");
@@ -200,7 +200,7 @@ fn update_migrate_restart_and_reschedule_follow_nomad() {
             interval: 60 * SECOND,
             delay: i64::MAX,
             mode: "fail".into(),
-            render_templates: false,
+            ..RestartPolicy::default()
         });
     });
     assert_refused(&j, "Nomad can't restart the TaskGroup 9223372036854775807 times in an interval of 1m0s");

@@ -75,18 +75,40 @@ pub struct Endpoints {
     scheduler: Option<Arc<dyn Scheduler>>,
     /// The node and job endpoints' clock (alloc expiry, eval and event times).
     clock: Clock,
+    /// Controller and node plugin calls on clients (`ClientCSI.*`).
+    client_csi: Arc<dyn crate::csi::ClientCsi>,
 }
 
 impl Endpoints {
     /// Endpoints over a store, writing through `consensus`.
     pub fn new(store: Arc<StateStore>, consensus: Arc<dyn Consensus>, heartbeats: Arc<Heartbeater>, config: EndpointConfig) -> Endpoints {
-        Endpoints { store, consensus, heartbeats, config, events: None, scheduler: None, clock: Arc::new(nomad_proto::Timestamp::now) }
+        Endpoints {
+            store,
+            consensus,
+            heartbeats,
+            config,
+            events: None,
+            scheduler: None,
+            clock: Arc::new(nomad_proto::Timestamp::now),
+            client_csi: crate::csi::NoClientCalls::shared(),
+        }
     }
 
     /// These endpoints, reading the time from `clock` (deterministic tests drive a virtual clock).
     pub fn with_clock(mut self, clock: Clock) -> Endpoints {
         self.clock = clock;
         self
+    }
+
+    /// These endpoints, reaching CSI plugins on clients through `calls`.
+    pub fn with_client_csi(mut self, calls: Arc<dyn crate::csi::ClientCsi>) -> Endpoints {
+        self.client_csi = calls;
+        self
+    }
+
+    /// The handle to CSI plugins on clients.
+    pub fn client_csi(&self) -> &Arc<dyn crate::csi::ClientCsi> {
+        &self.client_csi
     }
 
     /// The current time, as the endpoints' clock tells it.
