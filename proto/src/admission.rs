@@ -22,7 +22,7 @@ use crate::job::{
 use crate::resources::{DnsConfig, NetworkResource, Port, RequestedDevice, Resources};
 use crate::service::{
     CheckRestart, ConsulConnect, ConsulGateway, ConsulLinkedService, ConsulProxy, ConsulSidecarService, ConsulTerminatingConfigEntry,
-    ConsulUpstream, SERVICE_PROVIDER_CONSUL, Service, ServiceCheck, SidecarTask,
+    ConsulUpstream, SERVICE_PROVIDER_CONSUL, SERVICE_PROVIDER_NOMAD, Service, ServiceCheck, SidecarTask,
 };
 use crate::validate::escape_unsafe_chars;
 use crate::volume::{CsiMountOptions, VolumeMount, VolumeRequest};
@@ -239,18 +239,67 @@ impl Job {
 
 /// The attribute Nomad's implied constraint on Consul services reads.
 pub const CONSUL_VERSION_ATTRIBUTE: &str = "${attr.consul.version}";
+/// The attribute Nomad's implied constraint on Nomad services reads.
+pub const NOMAD_SERVICE_DISCOVERY_ATTRIBUTE: &str = "${attr.nomad.service_discovery}";
+/// The attribute Nomad's implied constraint on Nomad service checks reads.
+pub const NOMAD_VERSION_ATTRIBUTE: &str = "${attr.nomad.version}";
+/// The attribute Nomad's implied constraint on signals reads.
+pub const OS_SIGNALS_ATTRIBUTE: &str = "${attr.os.signals}";
 
 impl Job {
-    /// Nomad's `jobImpliedConstraints` for what nomad-rs runs: every group with a Consul
-    /// service (its own or a task's) gets `${attr.consul.version} semver >= 1.7.0`, unless it
-    /// already constrains that attribute, so the scheduler keeps it off nodes without Consul.
+    /// Nomad's `jobImpliedConstraints` (`nomad/job_endpoint_hooks.go`) for what nomad-rs runs,
+    /// so the scheduler keeps a group off nodes that cannot run it:
+    /// - a Consul service (the group's or a task's): `${attr.consul.version} semver >= 1.7.0`,
+    ///   unless the group already constrains that attribute;
+    /// - a Nomad service: `${attr.nomad.service_discovery} = true`; with checks, also
+    ///   `${attr.nomad.version} semver >= 1.4.0`;
+    /// - a task's `kill_signal` or a template's `change_signal`: `${attr.os.signals}
+    ///   set_contains` the group's signals, sorted and unique.
+    ///
+    /// Those three are added unless an equal constraint is there already.
     pub fn add_implied_constraints(&mut self) {
         for g in &mut self.task_groups {
-            let consul = g
-                .services
+            let services = || g.services.iter().chain(g.tasks.iter().flat_map(|t| t.services.iter()));
+            let consul = services().any(|s| s.provider == SERVICE_PROVIDER_CONSUL || s.provider.is_empty());
+            let native = services().any(|s| s.provider == SERVICE_PROVIDER_NOMAD);
+            let native_checks = services().any(|s| s.provider == SERVICE_PROVIDER_NOMAD && !s.checks.is_empty());
+            let mut signals: Vec<&str> = g
+                .tasks
                 .iter()
-                .chain(g.tasks.iter().flat_map(|t| t.services.iter()))
-                .any(|s| s.provider == SERVICE_PROVIDER_CONSUL || s.provider.is_empty());
+                .flat_map(|t| {
+                    let changes = t.templates.iter().filter(|tpl| tpl.change_mode == "signal").map(|tpl| tpl.change_signal.as_str());
+                    changes.chain((!t.kill_signal.is_empty()).then_some(t.kill_signal.as_str()))
+                })
+                .collect();
+            signals.sort_unstable();
+            signals.dedup();
+            let signals = (!signals.is_empty()).then(|| signals.join(","));
+            let mut add_unless_equal = |c: crate::Constraint| {
+                if !g.constraints.contains(&c) {
+                    g.constraints.push(c);
+                }
+            };
+            if let Some(set) = signals {
+                add_unless_equal(crate::Constraint {
+                    l_target: OS_SIGNALS_ATTRIBUTE.into(),
+                    r_target: set,
+                    operand: "set_contains".into(),
+                });
+            }
+            if native {
+                add_unless_equal(crate::Constraint {
+                    l_target: NOMAD_SERVICE_DISCOVERY_ATTRIBUTE.into(),
+                    r_target: "true".into(),
+                    operand: "=".into(),
+                });
+            }
+            if native_checks {
+                add_unless_equal(crate::Constraint {
+                    l_target: NOMAD_VERSION_ATTRIBUTE.into(),
+                    r_target: ">= 1.4.0".into(),
+                    operand: "semver".into(),
+                });
+            }
             if consul && !g.constraints.iter().any(|c| c.l_target == CONSUL_VERSION_ATTRIBUTE) {
                 g.constraints.push(crate::Constraint {
                     l_target: CONSUL_VERSION_ATTRIBUTE.into(),

@@ -66,6 +66,8 @@ pub fn node(id: &str) -> Node {
     attributes.insert("kernel.name".to_string(), "linux".to_string());
     attributes.insert("driver.raw_exec".to_string(), "1".to_string());
     attributes.insert("unique.hostname".to_string(), id.to_string());
+    attributes.insert("nomad.service_discovery".to_string(), "true".to_string());
+    attributes.insert("os.signals".to_string(), "SIGHUP,SIGINT,SIGKILL,SIGQUIT,SIGTERM,SIGUSR1,SIGUSR2".to_string());
     let mut drivers = BTreeMap::new();
     drivers.insert("raw_exec".to_string(), DriverInfo { detected: true, healthy: true, ..DriverInfo::default() });
     Node {

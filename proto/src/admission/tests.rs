@@ -127,10 +127,40 @@ fn groups_with_consul_services_get_nomads_implied_constraint_once() {
     job.task_groups[0].constraints = vec![own.clone()];
     job.add_implied_constraints();
     assert_eq!(job.task_groups[0].constraints, [own]);
-    // Nomad services add nothing.
+    // Nomad services need a client that registers them; with checks, Nomad 1.4 or later.
     let mut job = sample_job_using(Feature::ServiceNomad);
+    let has_checks = !job.task_groups[0].services[0].checks.is_empty();
     job.add_implied_constraints();
-    assert!(job.task_groups[0].constraints.is_empty());
+    let discovery = Constraint { l_target: "${attr.nomad.service_discovery}".into(), r_target: "true".into(), operand: "=".into() };
+    let checks = Constraint { l_target: "${attr.nomad.version}".into(), r_target: ">= 1.4.0".into(), operand: "semver".into() };
+    let want = if has_checks { vec![discovery.clone(), checks.clone()] } else { vec![discovery.clone()] };
+    assert_eq!(job.task_groups[0].constraints, want);
+    job.task_groups[0].services[0].checks.clear();
+    job.task_groups[0].constraints.clear();
+    job.add_implied_constraints();
+    assert_eq!(job.task_groups[0].constraints, [discovery], "no checks, no version constraint");
+}
+
+#[test]
+fn kill_and_change_signals_imply_one_sorted_signal_constraint_per_group() {
+    let mut job = sample_job_using(Feature::ServiceNomad);
+    job.task_groups[0].services.clear();
+    let mut second = job.task_groups[0].tasks[0].clone();
+    second.name = "second".into();
+    job.task_groups[0].tasks[0].kill_signal = "SIGUSR1".into();
+    second.kill_signal = "SIGINT".into();
+    second.templates = vec![
+        Template { change_mode: "signal".into(), change_signal: "SIGHUP".into(), ..Template::default() },
+        Template { change_mode: "restart".into(), change_signal: "SIGTERM".into(), ..Template::default() },
+        Template { change_mode: "signal".into(), change_signal: "SIGUSR1".into(), ..Template::default() },
+    ];
+    job.task_groups[0].tasks.push(second);
+    job.add_implied_constraints();
+    let signals =
+        Constraint { l_target: "${attr.os.signals}".into(), r_target: "SIGHUP,SIGINT,SIGUSR1".into(), operand: "set_contains".into() };
+    assert_eq!(job.task_groups[0].constraints, [signals.clone()]);
+    job.add_implied_constraints();
+    assert_eq!(job.task_groups[0].constraints, [signals], "added once");
 }
 
 #[test]

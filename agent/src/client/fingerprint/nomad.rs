@@ -1,5 +1,6 @@
 //! The agent itself: `nomad.version` (the Nomad API version spoken), `nomad.revision`,
-//! `nomad.advertise.address`.
+//! `nomad.advertise.address`, `nomad.service_discovery` (this client registers Nomad services:
+//! Nomad's implied constraint on groups with `provider = "nomad"` services reads it).
 
 use super::{Fingerprint, FingerprintContext, Fingerprinter};
 
@@ -18,6 +19,7 @@ impl Fingerprinter for Nomad {
     fn fingerprint(&self, ctx: &FingerprintContext, out: &mut Fingerprint) -> Result<(), String> {
         out.attributes.insert("nomad.version".into(), nomad_server::http::API_VERSION.into());
         out.attributes.insert("nomad.revision".into(), revision());
+        out.attributes.insert("nomad.service_discovery".into(), "true".into());
         if !ctx.http_addr.is_empty() {
             out.attributes.insert("nomad.advertise.address".into(), ctx.http_addr.clone());
         }

@@ -1,4 +1,5 @@
-//! Operating system: `os.name`, `os.version` from `/etc/os-release`.
+//! Operating system: `os.name`, `os.version` from `/etc/os-release`; `os.signals`, the signals a
+//! task may be sent (what Nomad's implied `kill_signal` / `change_signal` constraint reads).
 
 use super::{Fingerprint, FingerprintContext, Fingerprinter, read};
 
@@ -15,6 +16,13 @@ fn parse_os_release(text: &str) -> (Option<String>, Option<String>) {
     (value("ID"), value("VERSION_ID"))
 }
 
+/// Every signal name the kernel has, `SIG` spelling, sorted and comma-separated.
+fn signals() -> String {
+    let mut names: Vec<&str> = nix::sys::signal::Signal::iterator().map(|s| s.as_str()).collect();
+    names.sort_unstable();
+    names.join(",")
+}
+
 impl Fingerprinter for Os {
     fn name(&self) -> &'static str {
         "os"
@@ -29,6 +37,7 @@ impl Fingerprinter for Os {
         if let Some(version) = version {
             out.attributes.insert("os.version".into(), version);
         }
+        out.attributes.insert("os.signals".into(), signals());
         Ok(())
     }
 }
@@ -36,6 +45,16 @@ impl Fingerprinter for Os {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn signals_are_listed_in_sig_spelling() {
+        let s = signals();
+        let names: Vec<&str> = s.split(',').collect();
+        for want in ["SIGHUP", "SIGINT", "SIGKILL", "SIGTERM", "SIGUSR1", "SIGUSR2"] {
+            assert!(names.contains(&want), "{want} in {s}");
+        }
+        assert!(names.windows(2).all(|w| w[0] < w[1]), "sorted, no duplicates: {s}");
+    }
 
     #[test]
     fn os_release_id_and_version() {
