@@ -25,6 +25,19 @@ pub struct VolumeRequest {
     pub per_alloc: bool,
 }
 
+impl VolumeRequest {
+    /// The host volume or CSI volume the alloc named `alloc_name` (`job.group[3]`) uses: the
+    /// source, with the alloc's index suffix (`[3]`) under `per_alloc` (Nomad's `AllocSuffix`).
+    pub fn source_for(&self, alloc_name: &str) -> std::borrow::Cow<'_, str> {
+        if self.per_alloc {
+            let suffix = alloc_name.rfind('[').map(|i| &alloc_name[i..]).unwrap_or("");
+            std::borrow::Cow::Owned(format!("{}{suffix}", self.source))
+        } else {
+            std::borrow::Cow::Borrowed(&self.source)
+        }
+    }
+}
+
 /// CSI mount options.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "PascalCase")]
@@ -48,4 +61,18 @@ pub struct VolumeMount {
     pub read_only: bool,
     /// `private`, `host-to-task` or `bidirectional`.
     pub propagation_mode: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_alloc_sources_carry_the_alloc_index() {
+        let shared = VolumeRequest { source: "data".into(), ..VolumeRequest::default() };
+        assert_eq!(shared.source_for("web.cache[3]"), "data");
+        let per_alloc = VolumeRequest { per_alloc: true, ..shared };
+        assert_eq!(per_alloc.source_for("web.cache[3]"), "data[3]");
+        assert_eq!(per_alloc.source_for("odd-name"), "data", "no index, no suffix");
+    }
 }

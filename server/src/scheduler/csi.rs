@@ -49,9 +49,7 @@ pub(crate) mod reason {
 
 /// One group's CSI volume request.
 struct CsiAsk {
-    source: String,
-    per_alloc: bool,
-    read_only: bool,
+    request: nomad_proto::volume::VolumeRequest,
 }
 
 /// The CSI volume requests of each group of one job, compiled once per eval.
@@ -81,10 +79,10 @@ impl CsiChecks {
             *per_plugin.entry(vol.plugin_id.clone()).or_insert(0) += 1;
         }
         for ask in asks {
-            let source = if ask.per_alloc { format!("{}{}", ask.source, alloc_suffix(alloc_name)) } else { ask.source.clone() };
+            let source = ask.request.source_for(alloc_name);
             let Some(stored) = state.csi_volume(&self.namespace, &source) else { return Err(reason::volume_missing(&source)) };
             let vol = state.csi_volume_with_plugin(stored);
-            self.check_volume(state, node, &vol, ask.read_only, per_plugin.get(&vol.plugin_id).copied().unwrap_or(0))?;
+            self.check_volume(state, node, &vol, ask.request.read_only, per_plugin.get(&vol.plugin_id).copied().unwrap_or(0))?;
         }
         Ok(())
     }
@@ -132,16 +130,7 @@ impl CsiChecks {
 }
 
 fn group_asks(tg: &TaskGroup) -> Vec<CsiAsk> {
-    tg.volumes
-        .values()
-        .filter(|v| v.volume_type == "csi")
-        .map(|v| CsiAsk { source: v.source.clone(), per_alloc: v.per_alloc, read_only: v.read_only })
-        .collect()
-}
-
-/// `[3]` of `job.group[3]` (Nomad's `AllocSuffix`).
-fn alloc_suffix(name: &str) -> &str {
-    name.rfind('[').map(|i| &name[i..]).unwrap_or("")
+    tg.volumes.values().filter(|v| v.volume_type == "csi").map(|v| CsiAsk { request: v.clone() }).collect()
 }
 
 /// The node's topology is one of the volume's (`CSITopology.MatchFound`).

@@ -42,9 +42,7 @@ pub(crate) fn parse_go_bool(s: &str) -> Option<bool> {
 }
 
 struct HostVolumeAsk {
-    source: String,
-    per_alloc: bool,
-    read_only: bool,
+    request: nomad_proto::volume::VolumeRequest,
 }
 
 struct DeviceAsk {
@@ -75,7 +73,7 @@ impl GroupChecks {
             .volumes
             .values()
             .filter(|v| v.volume_type == "host" || v.volume_type.is_empty())
-            .map(|v| HostVolumeAsk { source: v.source.clone(), per_alloc: v.per_alloc, read_only: v.read_only })
+            .map(|v| HostVolumeAsk { request: v.clone() })
             .collect();
         let devices = tg
             .tasks
@@ -96,7 +94,7 @@ impl GroupChecks {
                     .collect()
             })
             .unwrap_or_default();
-        let escaped = all.iter().any(|c| constraint::escapes(c)) || host_volumes.iter().any(|v| v.per_alloc);
+        let escaped = all.iter().any(|c| constraint::escapes(c)) || host_volumes.iter().any(|v| v.request.per_alloc);
         GroupChecks {
             drivers,
             constraints: all.into_iter().map(CompiledConstraint::new).collect(),
@@ -159,16 +157,10 @@ pub(crate) fn has_driver(node: &Node, driver: &str) -> bool {
 }
 
 fn has_host_volume(node: &Node, ask: &HostVolumeAsk, alloc_name: &str) -> bool {
-    let source = if ask.per_alloc { format!("{}{}", ask.source, alloc_suffix(alloc_name)) } else { ask.source.clone() };
-    match node.host_volumes.get(&source) {
-        Some(v) => !v.read_only || ask.read_only,
+    match node.host_volumes.get(ask.request.source_for(alloc_name).as_ref()) {
+        Some(v) => !v.read_only || ask.request.read_only,
         None => false,
     }
-}
-
-/// `[3]` of `job.group[3]`.
-fn alloc_suffix(name: &str) -> &str {
-    name.rfind('[').map(|i| &name[i..]).unwrap_or("")
 }
 
 fn has_device(node: &Node, ask: &DeviceAsk) -> bool {

@@ -331,3 +331,40 @@ async fn a_blocking_volume_read_wakes_on_its_volume_only() {
     assert_eq!(waiter.await.unwrap(), (4, 4));
     assert_eq!(store.blocking_wakeups(), 1, "the write to b woke nobody");
 }
+
+#[test]
+fn a_nodes_volumes_are_each_allocs_own_under_per_alloc() {
+    let group = nomad_proto::TaskGroup {
+        name: "g".into(),
+        volumes: [(
+            "data".to_string(),
+            nomad_proto::volume::VolumeRequest {
+                name: "data".into(),
+                volume_type: "csi".into(),
+                source: "data".into(),
+                per_alloc: true,
+                ..Default::default()
+            },
+        )]
+        .into(),
+        ..Default::default()
+    };
+    let job = Arc::new(nomad_proto::Job { id: "j".into(), task_groups: vec![group], ..Default::default() });
+    let placed = |id: &str, index: u64| Allocation {
+        name: nomad_proto::alloc::alloc_name("j", "g", index),
+        task_group: "g".into(),
+        job: Some(job.clone()),
+        ..alloc(id, "default", ClientStatus::Running)
+    };
+    let store = store();
+    store
+        .write(2, |tx| {
+            tx.upsert_csi_volumes(&[volume("default", "data"), volume("default", "data[0]"), volume("default", "data[1]")])?;
+            tx.upsert_allocs_from_plan(vec![placed("p0", 0), placed("p1", 1)]);
+            Ok(())
+        })
+        .unwrap();
+    let mut ids: Vec<String> = store.snapshot().csi_volumes_by_node("n1").iter().map(|v| v.id.clone()).collect();
+    ids.sort();
+    assert_eq!(ids, ["data[0]", "data[1]"], "the allocs' own volumes, not the bare source");
+}

@@ -49,7 +49,8 @@ impl State {
     }
 
     /// The CSI volumes the allocs on a node want or use (`CSIVolumesByNodeID`): for allocs
-    /// desired to run or running, the `source` of each `csi` volume of their group.
+    /// desired to run or running, each `csi` volume of their group; a `per_alloc` volume is the
+    /// alloc's own (`source[index]`; Nomad 1.6 counts the bare source, which no volume has).
     pub fn csi_volumes_by_node(&self, node_id: &str) -> Vec<Arc<CsiVolume>> {
         let mut keys = std::collections::BTreeSet::new();
         for a in self.allocs_by_node(node_id) {
@@ -58,7 +59,7 @@ impl State {
             }
             let Some(tg) = a.job.as_ref().and_then(|j| j.lookup_task_group(&a.task_group)) else { continue };
             for v in tg.volumes.values().filter(|v| v.volume_type == "csi") {
-                keys.insert(NamespacedId::new(&a.namespace, &v.source));
+                keys.insert(NamespacedId::new(&a.namespace, &v.source_for(&a.name)));
             }
         }
         keys.iter().filter_map(|k| self.csi_volumes.get(k).cloned()).collect()
