@@ -182,6 +182,8 @@ impl Server {
                 heartbeats,
                 heartbeat_expiry: Arc::new(endpoints.clone()),
                 scheduler,
+                volume_watch: Arc::new(endpoints.clone()),
+                claim_gc: Arc::new(endpoints.clone()),
             },
             leader_cfg,
         ));

@@ -8,6 +8,7 @@
 mod alloc;
 mod csi;
 mod csi_claim;
+mod csi_release;
 mod drain;
 mod eligibility;
 mod error;
@@ -22,6 +23,7 @@ mod services;
 use std::sync::Arc;
 
 pub use alloc::AllocStopResponse;
+pub use csi_release::{CSI_CLIENT_RETRYABLE, ReleaseBy, UNKNOWN_NODE, controller_nodes};
 pub use drain::{DrainRequest, DrainSpec, NodeWriteResponse};
 pub use error::EndpointError;
 pub use job::{JobDeregisterResponse, JobRegisterOptions, JobRegisterResponse, JobValidateResponse};
