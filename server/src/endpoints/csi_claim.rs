@@ -5,7 +5,7 @@
 //! (`super::csi_release`), with the calling client's report as the node step (it unpublished
 //! before calling); the controller step goes to a controller through `ClientCsi`.
 
-use nomad_proto::csi::{CsiVolumeClaim, CsiVolumeClaimMode, CsiVolumeClaimState};
+use nomad_proto::csi::{CsiVolumeClaimMode, CsiVolumeClaimState};
 use nomad_proto::rpc::{CsiVolumeClaimRequest, CsiVolumeClaimResponse, CsiVolumeUnpublishRequest, GenericResponse};
 
 use super::csi_release::ReleaseBy;
@@ -95,6 +95,7 @@ impl Endpoints {
 mod tests {
     use nomad_proto::csi::{
         CsiControllerInfo, CsiInfo, CsiNodeInfo, CsiVolume, CsiVolumeAccessMode, CsiVolumeAttachmentMode, CsiVolumeCapability,
+        CsiVolumeClaim,
     };
     use nomad_proto::{Allocation, ClientStatus, Node};
 

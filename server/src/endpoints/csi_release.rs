@@ -144,6 +144,21 @@ impl Endpoints {
         }
     }
 
+    /// `volume detach <vol> <node>` (`DELETE /v1/volume/csi/<id>/detach?node=`): Nomad's
+    /// `CSIVolume.Unpublish` with a claim of no alloc in GC mode, which node-detaches every past
+    /// claim on the node (skipped if the node is down or collected), controller-detaches the
+    /// volume from it and moves the volume's index, so the volume watcher frees those claims.
+    pub async fn csi_volume_detach(&self, namespace: &str, volume_id: &str, node_id: &str) -> Result<u64, EndpointError> {
+        if volume_id.is_empty() {
+            return Err(EndpointError::BadRequest("missing volume ID".into()));
+        }
+        if node_id.is_empty() {
+            return Err(EndpointError::BadRequest("detach requires node ID".into()));
+        }
+        let claim = CsiVolumeClaim { node_id: node_id.to_string(), mode: CsiVolumeClaimMode::Gc, ..CsiVolumeClaim::default() };
+        self.csi_release_claim(namespace, volume_id, claim, ReleaseBy::Server).await
+    }
+
     /// The node step (`nodeUnpublishVolume`) for a server-driven release.
     async fn node_detach(&self, namespace: &str, volume_id: &str, claim: &CsiVolumeClaim) -> Result<(), EndpointError> {
         let snap = self.store.snapshot();
