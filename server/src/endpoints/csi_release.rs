@@ -100,11 +100,10 @@ impl Endpoints {
         {
             let snap = self.store.snapshot();
             let stored = snap.csi_volume(namespace, volume_id).ok_or_else(|| EndpointError::NotFound("no such volume".into()))?;
-            // A claim released meanwhile (by its client, or an earlier pass) is not brought back
-            // as a past claim by a server that resends it.
+            // A claim released meanwhile (by its client, the watcher, an earlier pass) is not
+            // brought back as a past claim by whoever sends it late.
             let id = &claim.allocation_id;
-            if by == ReleaseBy::Server
-                && !id.is_empty()
+            if !id.is_empty()
                 && !stored.read_allocs.contains(id)
                 && !stored.write_allocs.contains(id)
                 && !stored.past_claims.contains_key(id)

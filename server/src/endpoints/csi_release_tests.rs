@@ -336,8 +336,11 @@ async fn a_claim_released_meanwhile_is_not_brought_back() {
     let claim = claim_of(&a, CsiVolumeClaimState::Unpublishing);
     release(&ts, claim.clone(), ReleaseBy::ClaimNode).await.unwrap();
     assert_freed(&ts, "client release");
-    release(&ts, claim, ReleaseBy::Server).await.unwrap();
+    let index = ts.store.snapshot().index;
+    release(&ts, claim.clone(), ReleaseBy::Server).await.unwrap();
+    release(&ts, claim, ReleaseBy::ClaimNode).await.unwrap();
     assert_eq!(calls.calls(), vec![]);
+    assert_eq!(ts.store.snapshot().index, index, "nothing written");
     assert_freed(&ts, "resent");
     let e = ts.endpoints.csi_release_claim("default", "nope", claim_of(&a, CsiVolumeClaimState::Unpublishing), ReleaseBy::Server).await;
     assert_eq!(e, Err(EndpointError::NotFound("no such volume".into())));
