@@ -87,7 +87,32 @@ pub fn controller_nodes(snap: &State, plugin: &CsiPlugin) -> Result<Vec<String>,
     Ok(ids)
 }
 
+/// One controller call per plugin at a time, on this server (Nomad's `serializedControllerRPC`:
+/// many plugins do not handle concurrent requests as the spec says they should).
+#[derive(Default)]
+pub struct ControllerCalls {
+    locks: std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl ControllerCalls {
+    /// Waits for the plugin's turn; the turn ends when the guard drops.
+    pub async fn turn(&self, plugin_id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = {
+            let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+            // Plugins nobody waits for take no memory.
+            locks.retain(|_, l| std::sync::Arc::strong_count(l) > 1);
+            locks.entry(plugin_id.to_string()).or_default().clone()
+        };
+        lock.lock_owned().await
+    }
+}
+
 impl Endpoints {
+    /// Waits for `plugin_id`'s turn to call a controller (one call per plugin at a time).
+    pub async fn controller_turn(&self, plugin_id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        self.controller_calls.turn(plugin_id).await
+    }
+
     /// Walks `claim` on `namespace/volume_id` from the state it carries to `ready-to-free`
     /// (see the module docs). Returns the index of the last write.
     pub async fn csi_release_claim(
@@ -225,7 +250,10 @@ impl Endpoints {
                 client_csi_node_id: external_node_id.clone(),
                 secrets: vol.secrets.clone(),
             };
-            match self.client_csi.controller_detach(req).await {
+            let turn = self.controller_turn(&vol.plugin_id).await;
+            let answer = self.client_csi.controller_detach(req).await;
+            drop(turn);
+            match answer {
                 Ok(()) => return Ok(true),
                 Err(e) if try_next_controller(&e) => {
                     tracing::debug!(node = %node_id, error = %e, "failed to reach controller on client");

@@ -79,6 +79,8 @@ pub struct Endpoints {
     clock: Clock,
     /// Controller and node plugin calls on clients (`ClientCSI.*`).
     client_csi: Arc<dyn crate::csi::ClientCsi>,
+    /// One controller call per plugin at a time (`serializedControllerRPC`).
+    controller_calls: Arc<csi_release::ControllerCalls>,
 }
 
 impl Endpoints {
@@ -93,6 +95,7 @@ impl Endpoints {
             scheduler: None,
             clock: Arc::new(nomad_proto::Timestamp::now),
             client_csi: crate::csi::NoClientCalls::shared(),
+            controller_calls: Arc::default(),
         }
     }
 
