@@ -225,6 +225,8 @@ async fn run(args: Args) {
         heartbeats,
         heartbeat_expiry: Arc::new(endpoints.clone()) as Arc<dyn HeartbeatExpiry>,
         scheduler,
+        volume_watch: Arc::new(endpoints.clone()),
+        claim_gc: Arc::new(endpoints.clone()),
     };
     let leader = Arc::new(Leader::new(deps, config));
     let leader_task = tokio::spawn(leader.clone().run());

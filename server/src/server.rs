@@ -58,6 +58,8 @@ pub struct ServerConfig {
     pub name: String,
     /// The RPC listener's limits (the agent's `limits { rpc_* }`).
     pub rpc_limits: crate::rpc_listener::RpcLimits,
+    /// The CSI volume claim GC (`server { csi_volume_claim_gc_interval, csi_volume_claim_gc_threshold }`).
+    pub csi_claim_gc: crate::leader::ClaimGcConfig,
 }
 
 impl ServerConfig {
@@ -79,6 +81,7 @@ impl ServerConfig {
             job_max_count: nomad_proto::limits::DEFAULT_JOB_MAX_COUNT,
             name: String::new(),
             rpc_limits: crate::rpc_listener::RpcLimits::default(),
+            csi_claim_gc: crate::leader::ClaimGcConfig::default(),
         }
     }
 }
@@ -175,6 +178,7 @@ impl Server {
         if cfg.num_schedulers > 0 {
             leader_cfg.num_schedulers = cfg.num_schedulers;
         }
+        leader_cfg.csi_claim_gc = cfg.csi_claim_gc.clone();
         let leader = Arc::new(Leader::new(
             LeaderDeps {
                 store: store.clone(),
@@ -182,6 +186,8 @@ impl Server {
                 heartbeats,
                 heartbeat_expiry: Arc::new(endpoints.clone()),
                 scheduler,
+                volume_watch: Arc::new(endpoints.clone()),
+                claim_gc: Arc::new(endpoints.clone()),
             },
             leader_cfg,
         ));

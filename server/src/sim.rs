@@ -281,6 +281,8 @@ pub fn start_leader(
         heartbeats: server.endpoints.heartbeats().clone(),
         heartbeat_expiry: Arc::new(server.endpoints.clone()) as Arc<dyn HeartbeatExpiry>,
         scheduler,
+        volume_watch: Arc::new(server.endpoints.clone()),
+        claim_gc: Arc::new(server.endpoints.clone()),
     };
     let leader = Arc::new(Leader::new(deps, config));
     let task = tokio::spawn(leader.clone().run());

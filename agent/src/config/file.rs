@@ -140,6 +140,13 @@ pub struct ServerBlock {
     /// The cluster key (base64 of 16, 24 or 32 bytes) the servers prove themselves to each other
     /// with; `nomad-rs operator keygen` makes one.
     pub encrypt: Option<String>,
+    /// How often the leader runs the CSI volume claim GC (Nomad: 5m).
+    pub csi_volume_claim_gc_interval: Option<DurationValue>,
+    /// How old a volume must be for the claim GC (Nomad: 5m).
+    pub csi_volume_claim_gc_threshold: Option<DurationValue>,
+    /// How old an unused plugin must be for the plugin GC (accepted, unused: plugins go as soon
+    /// as no node runs an instance).
+    pub csi_plugin_gc_threshold: Option<DurationValue>,
 }
 
 /// `limits {}`: what one client may hold on the listeners. 0 turns a limit off, as in Nomad.

@@ -83,6 +83,8 @@ pub struct ServerSettings {
     pub encrypt: Option<String>,
     /// Most allocs one job may ask for (`job_max_count`).
     pub job_max_count: i64,
+    /// The CSI volume claim GC (`csi_volume_claim_gc_interval`, `csi_volume_claim_gc_threshold`).
+    pub csi_claim_gc: nomad_server::leader::ClaimGcConfig,
 }
 
 /// Client role settings.
@@ -148,6 +150,11 @@ fn unused_keys(f: &FileConfig) -> Vec<String> {
         note(join.retry_max.is_some(), "server.server_join.retry_max", "nomad-rs retries a join on its own schedule");
         note(join.retry_interval.is_some(), "server.server_join.retry_interval", "nomad-rs retries a join on its own schedule");
     }
+    note(
+        f.server.as_ref().is_some_and(|s| s.csi_plugin_gc_threshold.is_some()),
+        "server.csi_plugin_gc_threshold",
+        "a CSI plugin is removed as soon as no node runs an instance of it, so there is nothing left to collect",
+    );
     note(
         f.client.as_ref().is_some_and(|c| c.gc_interval.is_some()),
         "client.gc_interval",
@@ -365,6 +372,19 @@ impl AgentConfig {
                     ),
                 ));
             }
+            let mut csi_claim_gc = nomad_server::leader::ClaimGcConfig::default();
+            if let Some(d) = sb.csi_volume_claim_gc_interval {
+                if d.0.is_zero() {
+                    return Err(invalid(
+                        "server.csi_volume_claim_gc_interval",
+                        "csi_volume_claim_gc_interval should be greater than 0s".into(),
+                    ));
+                }
+                csi_claim_gc.interval = d.0;
+            }
+            if let Some(d) = sb.csi_volume_claim_gc_threshold {
+                csi_claim_gc.threshold = d.0;
+            }
             Some(ServerSettings {
                 data_dir: sb.data_dir.map(PathBuf::from).unwrap_or_else(|| data_dir.join("server")),
                 bootstrap_expect,
@@ -374,6 +394,7 @@ impl AgentConfig {
                 event_buffer_size: sb.event_buffer_size.unwrap_or(100),
                 encrypt: flags.encrypt.clone().or(sb.encrypt).filter(|k| !k.trim().is_empty()),
                 job_max_count,
+                csi_claim_gc,
             })
         } else {
             None
@@ -763,6 +784,29 @@ mod tests {
         let ok = with_rate(100.0).unwrap();
         assert_eq!(ok.heartbeat().max_per_second, 100.0);
         ok.heartbeat().base_ttl(10_000);
+    }
+
+    #[test]
+    fn csi_claim_gc_settings_reach_the_server_with_nomads_defaults() {
+        let c = resolve("", AgentFlags { dev: true, ..Default::default() }).unwrap();
+        let gc = &c.server.as_ref().unwrap().csi_claim_gc;
+        assert_eq!((gc.interval.as_secs(), gc.threshold.as_secs()), (300, 300));
+        let c = resolve(
+            "server {\n  csi_volume_claim_gc_interval = \"3m\"\n  csi_volume_claim_gc_threshold = \"12h\"\n  csi_plugin_gc_threshold = \"12h\"\n}\n",
+            AgentFlags { dev: true, ..Default::default() },
+        )
+        .unwrap();
+        let gc = &c.server.as_ref().unwrap().csi_claim_gc;
+        assert_eq!((gc.interval.as_secs(), gc.threshold.as_secs()), (180, 43_200));
+        assert!(
+            c.unused.iter().any(|u| u.starts_with("server.csi_plugin_gc_threshold: accepted for compatibility and not used")),
+            "{:?}",
+            c.unused
+        );
+        let e = resolve("server {\n  csi_volume_claim_gc_interval = \"0s\"\n}\n", AgentFlags { dev: true, ..Default::default() })
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("server.csi_volume_claim_gc_interval") && e.contains("should be greater than 0s"), "{e}");
     }
 
     #[test]

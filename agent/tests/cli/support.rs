@@ -96,7 +96,11 @@ pub struct Api {
 impl Api {
     /// A fresh TestServer, served.
     pub async fn start() -> Api {
-        let server = TestServer::new();
+        Api::serving(TestServer::new()).await
+    }
+
+    /// `server`, served.
+    pub async fn serving(server: TestServer) -> Api {
         let addr = serve(server.router()).await;
         Api { server, addr }
     }

@@ -46,7 +46,12 @@ const JSON_SPEC: &str = r#"{
 
 /// A server with a node running a healthy `hostpath` node plugin.
 async fn server() -> Api {
-    let api = Api::start().await;
+    server_calling(testing::RecordingClientCsi::new()).await
+}
+
+/// [`server`], its calls to clients going to `calls`.
+async fn server_calling(calls: std::sync::Arc<testing::RecordingClientCsi>) -> Api {
+    let api = Api::serving(testing::TestServer::new().with_client_csi(calls)).await;
     let mut n = testing::node(NODE);
     n.csi_node_plugins.insert(
         "hostpath".into(),
@@ -271,7 +276,7 @@ async fn bad_spec_files_say_what_is_wrong_and_where() {
 }
 
 #[tokio::test]
-async fn create_delete_and_detach_reach_the_server_and_report_its_refusal() {
+async fn create_and_delete_reach_the_server_and_report_its_refusal() {
     let api = server().await;
     let dir = tempfile::tempdir().unwrap();
     let spec = write(&dir, "v.hcl", HCL_SPEC);
@@ -287,14 +292,39 @@ async fn create_delete_and_detach_reach_the_server_and_report_its_refusal() {
         .await
         .expect_code(1)
         .stderr_has("Secret must be in the format: -secret key=value");
-    api.nomad(&["volume", "register", &spec]).await.expect_code(0);
-    api.nomad(&["volume", "detach", "vol1", "4e0d"])
-        .await
-        .expect_code(1)
-        .stderr_has("Error detaching volume: Unexpected response code: 501");
-    api.nomad(&["volume", "detach", "nope", "4e0d"]).await.expect_code(1).stderr_has("No volumes(s) with prefix or ID \"nope\" found");
     let help = api.nomad(&["volume", "create", "-help"]).await;
     help.expect_code(0).stdout_has("nomad-rs servers do not create volumes yet");
+}
+
+#[tokio::test]
+async fn detach_takes_a_node_prefix_and_works_for_a_collected_node() {
+    let calls = testing::RecordingClientCsi::new();
+    let api = server_calling(calls.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    api.nomad(&["volume", "register", &write(&dir, "v.hcl", HCL_SPEC)]).await.expect_code(0);
+    claim(&api, "vol1", "a1").await;
+    let done = Allocation { id: "a1".into(), node_id: NODE.into(), client_status: ClientStatus::Failed, ..Allocation::default() };
+    api.server
+        .consensus
+        .apply(Command::AllocClientUpdate { allocs: vec![done], evals: vec![], now: nomad_proto::Timestamp::ZERO })
+        .await
+        .unwrap();
+
+    // The node by prefix: the servers ask it to unmount the finished alloc's claim.
+    let run = api.nomad(&["volume", "detach", "vol", "4e0d"]).await;
+    run.expect_code(0);
+    assert_eq!(
+        calls.calls(),
+        vec![testing::CsiCall::NodeDetach { node_id: NODE.into(), alloc_id: "a1".into(), external_id: "ext-vol1".into() }]
+    );
+
+    // Collected: no node matches, the node is found among the volume's allocs; nothing to ask.
+    let idx = api.server.store.snapshot().index + 1;
+    api.server.store.write(idx, |tx| tx.delete_node(NODE)).unwrap();
+    api.nomad(&["volume", "detach", "vol1", "4e0d"]).await.expect_code(0);
+    assert_eq!(calls.calls().len(), 1);
+    api.nomad(&["volume", "detach", "nope", "4e0d"]).await.expect_code(1).stderr_has("No volumes(s) with prefix or ID \"nope\" found");
+    api.nomad(&["volume", "detach", "vol1"]).await.expect_code(1);
 }
 
 #[tokio::test]

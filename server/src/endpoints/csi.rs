@@ -1,7 +1,7 @@
 //! `CSIVolume.Register` and `CSIVolume.Deregister` (`nomad/csi_endpoint.go`).
 //!
-//! Claims (`CSIVolume.Claim`, `Unpublish`) and `Create`/`Delete` need the server-to-client CSI
-//! RPCs and are not here yet; the FSM and `crate::csi` already hold their rules.
+//! Claims and their release are in `csi_claim.rs` and `csi_release.rs`; `Create`/`Delete`
+//! (controller create and delete through `ClientCsi`) are not here yet.
 
 use nomad_proto::csi::{CsiVolume, CsiVolumeAccessMode, CsiVolumeAttachmentMode};
 use nomad_proto::limits::MAX_CSI_VOLUMES_PER_REQUEST;

@@ -1,19 +1,15 @@
 //! `CSIVolume.Claim` and `CSIVolume.Unpublish`: the node RPCs that take and release claims
 //! (`nomad/csi_endpoint.go`).
 //!
-//! A node claims only for its own allocs. The release walks the claim through
-//! `crate::csi::unpublish` from the state it arrives in, checkpointing every step with a
-//! `CsiVolumeClaim` command, so a release that stops anywhere resumes where it stopped. The node
-//! step is the calling client's own report (it unpublished before calling); controller publish
-//! and unpublish need server-to-client RPCs that nomad-rs does not have yet, so a volume that
-//! needs them is refused with a clear error instead of being half claimed.
+//! A node claims and releases only for its own allocs. The release is the servers' one walk
+//! (`super::csi_release`), with the calling client's report as the node step (it unpublished
+//! before calling); the controller step goes to a controller through `ClientCsi`.
 
-use nomad_proto::csi::{CsiVolumeClaim, CsiVolumeClaimMode, CsiVolumeClaimState};
+use nomad_proto::csi::{CsiVolumeClaimMode, CsiVolumeClaimState};
 use nomad_proto::rpc::{CsiVolumeClaimRequest, CsiVolumeClaimResponse, CsiVolumeUnpublishRequest, GenericResponse};
 
+use super::csi_release::ReleaseBy;
 use super::{EndpointError, Endpoints};
-use crate::csi::unpublish::{ControllerDetachPlan, UnpublishStep, next_step, plan_controller_detach};
-use crate::fsm::Command;
 
 /// Nomad's `ErrUnknownAllocationPrefix`.
 const UNKNOWN_ALLOCATION: &str = "Unknown allocation";
@@ -70,7 +66,8 @@ impl Endpoints {
     }
 
     /// A client reports that it unpublished an alloc's volume (`CSIVolume.Unpublish`); the claim
-    /// is walked on from the state it arrives in to `ready-to-free`, each step checkpointed.
+    /// is walked on from the state it arrives in to `ready-to-free`, each step checkpointed
+    /// (`Endpoints::csi_release_claim`).
     pub async fn csi_volume_unpublish(&self, req: CsiVolumeUnpublishRequest) -> Result<GenericResponse, EndpointError> {
         let snap = self.store.snapshot();
         let node = self.authenticate_node(&snap, &req.node_id, &req.secret_id)?;
@@ -89,61 +86,8 @@ impl Endpoints {
             return Err(EndpointError::PermissionDenied(format!("alloc {} is not on node {}", a.id, node.id)));
         }
         claim.node_id = node.id.to_string();
-        // A release never takes: a claim sent as `taken` starts the release.
-        if claim.state == CsiVolumeClaimState::Taken {
-            claim.state = CsiVolumeClaimState::Unpublishing;
-        }
-        // Checkpoint what arrived first, so a failure below still leaves a past claim.
-        self.write_claim(&namespace, &req.volume_id, claim.clone()).await?;
-        let mut step = next_step(claim.state);
-        loop {
-            match step {
-                UnpublishStep::NodeDetach => {
-                    // The caller is the claim's node and unpublished before it called.
-                    claim.state = CsiVolumeClaimState::NodeDetached;
-                    self.write_claim(&namespace, &req.volume_id, claim.clone()).await?;
-                    step = UnpublishStep::ControllerDetach;
-                }
-                UnpublishStep::ControllerDetach => {
-                    let snap = self.store.snapshot();
-                    let Some(stored) = snap.csi_volume(&namespace, &req.volume_id) else {
-                        return Err(EndpointError::NotFound("no such volume".into()));
-                    };
-                    let vol = snap.csi_volume_denormalized(stored).volume;
-                    let plugin = snap.csi_plugin(&vol.plugin_id).map(|p| &**p);
-                    let plan = plan_controller_detach(
-                        &vol,
-                        plugin,
-                        &claim,
-                        |id| snap.alloc(id).map(|a| &**a),
-                        snap.node(&claim.node_id).map(|n| &**n),
-                    )
-                    .map_err(EndpointError::Invalid)?;
-                    match plan {
-                        ControllerDetachPlan::NotNeeded | ControllerDetachPlan::StillUsedOnNode { .. } => step = UnpublishStep::Release,
-                        ControllerDetachPlan::Detach { .. } => {
-                            // Left at node-detached: a later release resumes here.
-                            return Err(EndpointError::Unsupported(format!(
-                                "controller unpublish: volume {:?} of plugin {:?} must be unpublished by a controller, and controller unpublish is not supported by nomad-rs yet",
-                                vol.id, vol.plugin_id
-                            )));
-                        }
-                    }
-                }
-                UnpublishStep::Release => {
-                    claim.state = CsiVolumeClaimState::ReadyToFree;
-                    let index = self.write_claim(&namespace, &req.volume_id, claim).await?;
-                    return Ok(GenericResponse { index });
-                }
-            }
-        }
-    }
-
-    async fn write_claim(&self, namespace: &str, volume_id: &str, claim: CsiVolumeClaim) -> Result<u64, EndpointError> {
-        Ok(self
-            .consensus
-            .apply(Command::CsiVolumeClaim { namespace: namespace.to_string(), volume_id: volume_id.to_string(), claim })
-            .await?)
+        let index = self.csi_release_claim(&namespace, &req.volume_id, claim, ReleaseBy::ClaimNode).await?;
+        Ok(GenericResponse { index })
     }
 }
 
@@ -151,11 +95,13 @@ impl Endpoints {
 mod tests {
     use nomad_proto::csi::{
         CsiControllerInfo, CsiInfo, CsiNodeInfo, CsiVolume, CsiVolumeAccessMode, CsiVolumeAttachmentMode, CsiVolumeCapability,
+        CsiVolumeClaim,
     };
     use nomad_proto::{Allocation, ClientStatus, Node};
 
     use super::*;
     use crate::consensus::Consensus;
+    use crate::fsm::Command;
     use crate::testing::{TestServer, job, node};
 
     /// A node running the `hostpath` plugin; `controller`: also a controller that attaches.
@@ -329,24 +275,31 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn unpublish_stops_at_node_detached_when_a_controller_must_detach_and_resumes_there() {
-        let ts = TestServer::new();
+    async fn unpublish_stops_at_node_detached_when_the_controller_fails_and_resumes_there() {
+        let calls = crate::testing::RecordingClientCsi::new();
+        let ts = TestServer::new().with_client_csi(calls.clone());
         let n1 = plugin_node(&ts, "n1", true).await;
+        let idx = ts.store.snapshot().index + 1;
+        ts.store.write(idx, |tx| tx.update_node_status("n1", nomad_proto::NodeStatus::Ready, None, 0).map(|_| ())).unwrap();
         let multi = CsiVolumeAccessMode::MultiNodeMultiWriter;
         register_volume_with(&ts, "vol", multi).await;
         let a = place_alloc(&ts, "n1", ClientStatus::Complete).await;
-        // Taken by a path that did the controller publish (not the RPC, which refuses it).
+        // Taken by a path that did the controller publish.
         let mut claim = claim_req(&n1, &a.id, "vol").to_claim();
         claim.access_mode = multi;
         ts.consensus.apply(Command::CsiVolumeClaim { namespace: "default".into(), volume_id: "vol".into(), claim }).await.unwrap();
+        calls.fail("n1", crate::csi::ClientCallError::Failed("rpc error: code = Internal desc = controller down".into()), None);
         for state in [CsiVolumeClaimState::Unpublishing, CsiVolumeClaimState::NodeDetached] {
             let e = ts.endpoints.csi_volume_unpublish(unpublish_req(&n1, &a.id, "vol", state)).await.unwrap_err();
-            let EndpointError::Unsupported(m) = e else { panic!("{e:?}") };
-            assert!(m.contains("controller unpublish is not supported by nomad-rs yet"), "{m}");
+            let EndpointError::Internal(m) = e else { panic!("{e:?}") };
+            assert!(m.starts_with("could not detach from controller: controller detach volume: rpc error"), "{m}");
             let vol = stored(&ts, "vol");
             assert_eq!(vol.past_claims[&a.id].state, CsiVolumeClaimState::NodeDetached, "checkpointed, not freed");
             assert!(vol.write_allocs.contains(&a.id));
         }
+        // The client's report is the node step: only controller calls were made.
+        assert!(calls.calls().iter().all(|c| matches!(c, crate::testing::CsiCall::ControllerDetach { .. })), "{:?}", calls.calls());
+        let tried = calls.calls().len();
         // With the volume held by a second live alloc on the node, no controller call is needed.
         let b = place_alloc(&ts, "n1", ClientStatus::Running).await;
         let mut claim = claim_req(&n1, &b.id, "vol").to_claim();
@@ -357,5 +310,21 @@ mod tests {
         let vol = stored(&ts, "vol");
         assert!(!vol.write_allocs.contains(&a.id) && !vol.past_claims.contains_key(&a.id));
         assert!(vol.read_allocs.contains(&b.id));
+        assert_eq!(calls.calls().len(), tried, "no controller call while b uses the volume on n1");
+
+        // b ends and its client reports: the controller (back now) unpublishes from n1.
+        calls.heal("n1");
+        let mut report = unpublish_req(&n1, &b.id, "vol", CsiVolumeClaimState::Unpublishing);
+        report.claim.as_mut().unwrap().mode = CsiVolumeClaimMode::Read;
+        ts.endpoints.csi_volume_unpublish(report).await.unwrap();
+        assert!(!stored(&ts, "vol").in_use());
+        assert_eq!(
+            calls.calls().last(),
+            Some(&crate::testing::CsiCall::ControllerDetach {
+                controller_node_id: "n1".into(),
+                volume_id: "vol".into(),
+                client_csi_node_id: "ext-n1".into()
+            })
+        );
     }
 }

@@ -8,6 +8,7 @@
 mod alloc;
 mod csi;
 mod csi_claim;
+mod csi_release;
 mod drain;
 mod eligibility;
 mod error;
@@ -22,6 +23,7 @@ mod services;
 use std::sync::Arc;
 
 pub use alloc::AllocStopResponse;
+pub use csi_release::{CSI_CLIENT_RETRYABLE, ReleaseBy, UNKNOWN_NODE, controller_nodes};
 pub use drain::{DrainRequest, DrainSpec, NodeWriteResponse};
 pub use error::EndpointError;
 pub use job::{JobDeregisterResponse, JobRegisterOptions, JobRegisterResponse, JobValidateResponse};
@@ -77,6 +79,8 @@ pub struct Endpoints {
     clock: Clock,
     /// Controller and node plugin calls on clients (`ClientCSI.*`).
     client_csi: Arc<dyn crate::csi::ClientCsi>,
+    /// One controller call per plugin at a time (`serializedControllerRPC`).
+    controller_calls: Arc<csi_release::ControllerCalls>,
 }
 
 impl Endpoints {
@@ -91,6 +95,7 @@ impl Endpoints {
             scheduler: None,
             clock: Arc::new(nomad_proto::Timestamp::now),
             client_csi: crate::csi::NoClientCalls::shared(),
+            controller_calls: Arc::default(),
         }
     }
 

@@ -2,8 +2,9 @@
 //! (`command/agent/csi_endpoint.go`).
 //!
 //! Reads answer from this server's state, writes go through the endpoints (and, on a follower,
-//! to the leader like every other write). `create`, `delete` and `detach` need the CSI RPCs to
-//! clients and are refused with 501 until nomad-rs has them.
+//! to the leader like every other write). `detach` runs the servers' release walk
+//! (`Endpoints::csi_volume_detach`); `create` and `delete` are refused with 501 until the
+//! controller create and delete calls are wired.
 
 use axum::body::Body;
 use axum::extract::State;
@@ -82,7 +83,8 @@ pub async fn volumes(State(s): State<HttpState>, method: Method, uri: Uri, body:
     .await
 }
 
-/// `GET|PUT|DELETE /v1/volume/csi/<id>`, and the refused `create`, `delete`, `detach`.
+/// `GET|PUT|DELETE /v1/volume/csi/<id>`, `DELETE /v1/volume/csi/<id>/detach?node=`, and the
+/// refused `create`, `delete`.
 pub async fn volume_specific(State(s): State<HttpState>, method: Method, uri: Uri, body: Body) -> Response {
     super::respond(async {
         let q = QueryOptions::parse(&uri)?;
@@ -102,12 +104,13 @@ pub async fn volume_specific(State(s): State<HttpState>, method: Method, uri: Ur
             ([_], _) => Err(HttpError::invalid_method()),
             ([_, "create"], &Method::PUT) => Err(not_supported("creating a volume (CSIVolume.Create)")),
             ([_, "delete"], &Method::DELETE) => Err(not_supported("deleting a volume (CSIVolume.Delete)")),
-            ([_, "detach"], &Method::DELETE) => {
-                if q.params.get("node").is_none_or(|n| n.is_empty()) {
-                    return Err(HttpError::bad_request("detach requires node ID"));
-                }
-                Err(not_supported("detaching a volume (CSIVolume.Unpublish)"))
+            ([id, "detach"], &Method::DELETE) => {
+                let node =
+                    q.params.get("node").filter(|n| !n.is_empty()).ok_or_else(|| HttpError::bad_request("detach requires node ID"))?;
+                let index = s.endpoints.csi_volume_detach(&q.namespace, id, node).await?;
+                write_ack(&s, index)
             }
+            ([_, "detach"], _) => Err(HttpError::invalid_method()),
             ([_, _], m) if *m != Method::PUT && *m != Method::DELETE => Err(HttpError::invalid_method()),
             _ => Err(HttpError::not_found(RESOURCE_NOT_FOUND)),
         }

@@ -43,7 +43,12 @@ async fn get(ts: &TestServer, path: &str) -> Reply {
 
 /// A server with node n1 running a healthy node plugin `hostpath` (no controller).
 async fn server() -> TestServer {
-    let ts = TestServer::new();
+    server_calling(crate::testing::RecordingClientCsi::new()).await
+}
+
+/// [`server`], its calls to clients going to `calls`.
+async fn server_calling(calls: std::sync::Arc<crate::testing::RecordingClientCsi>) -> TestServer {
+    let ts = TestServer::new().with_client_csi(calls);
     let mut n = node("n1");
     n.csi_node_plugins.insert(
         "hostpath".into(),
@@ -325,7 +330,7 @@ async fn plugins_are_listed_and_read_from_node_fingerprints() {
 }
 
 #[tokio::test]
-async fn routes_that_need_client_rpcs_are_refused_and_others_follow_nomads_codes() {
+async fn routes_not_wired_yet_are_refused_and_others_follow_nomads_codes() {
     let ts = server().await;
     let r = call(&ts, Method::PUT, "/v1/volume/csi/vol/create", volume_body("vol", "hostpath")).await;
     assert_eq!(r.status, StatusCode::NOT_IMPLEMENTED);
@@ -333,7 +338,15 @@ async fn routes_that_need_client_rpcs_are_refused_and_others_follow_nomads_codes
     assert_eq!(call(&ts, Method::DELETE, "/v1/volume/csi/vol/delete", Body::empty()).await.status, StatusCode::NOT_IMPLEMENTED);
     let r = call(&ts, Method::DELETE, "/v1/volume/csi/vol/detach", Body::empty()).await;
     assert_eq!((r.status, r.text().as_str()), (StatusCode::BAD_REQUEST, "detach requires node ID"));
-    assert_eq!(call(&ts, Method::DELETE, "/v1/volume/csi/vol/detach?node=n1", Body::empty()).await.status, StatusCode::NOT_IMPLEMENTED);
+    let r = call(&ts, Method::DELETE, "/v1/volume/csi/vol/detach?node=n1", Body::empty()).await;
+    assert_eq!((r.status, r.text().as_str()), (StatusCode::NOT_FOUND, "no such volume"));
+    for m in [Method::GET, Method::PUT, Method::POST] {
+        assert_eq!(
+            call(&ts, m.clone(), "/v1/volume/csi/vol/detach?node=n1", Body::empty()).await.status,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "{m}"
+        );
+    }
     assert_eq!(get(&ts, "/v1/volume/csi/vol/create").await.status, StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(call(&ts, Method::PUT, "/v1/volume/csi/vol/other", Body::empty()).await.status, StatusCode::NOT_FOUND);
     assert_eq!(get(&ts, "/v1/volume/csi/a/b/c").await.status, StatusCode::NOT_FOUND);
@@ -362,4 +375,52 @@ async fn a_blocking_volume_read_answers_when_the_volume_changes() {
     let (idx, v) = waiter.await.unwrap();
     assert!(idx > index);
     assert_eq!(v["WriteAllocs"], json!({"a1": null}));
+}
+
+#[tokio::test]
+async fn detach_releases_through_the_walk_for_a_down_node_in_the_namespace_asked() {
+    use crate::testing::{CsiCall, RecordingClientCsi};
+    let calls = RecordingClientCsi::new();
+    let ts = server_calling(calls.clone()).await;
+    let idx = ts.store.snapshot().index + 1;
+    ts.store.write(idx, |tx| tx.update_node_status("n1", nomad_proto::NodeStatus::Ready, None, 0).map(|_| ())).unwrap();
+    assert_eq!(call(&ts, Method::PUT, "/v1/namespace/other", json!({"Name": "other"}).to_string()).await.status, StatusCode::OK);
+    for ns in ["default", "other"] {
+        let r = call(&ts, Method::PUT, &format!("/v1/volume/csi/shared?namespace={ns}"), volume_body("shared", "hostpath")).await;
+        assert_eq!(r.status, StatusCode::OK, "{ns}: {}", r.text());
+    }
+    put_alloc(&ts, "a1", "other").await;
+    claim(&ts, "other", "shared", "a1").await;
+    let done = Allocation { id: "a1".into(), node_id: "n1".into(), client_status: ClientStatus::Failed, ..Allocation::default() };
+    ts.consensus.apply(Command::AllocClientUpdate { allocs: vec![done], evals: vec![], now: nomad_proto::Timestamp::ZERO }).await.unwrap();
+    let default_index = ts.store.snapshot().csi_volume("default", "shared").unwrap().modify_index;
+
+    // A live node is asked to unmount every past claim it holds.
+    let r = call(&ts, Method::DELETE, "/v1/volume/csi/shared/detach?node=n1&namespace=other", Body::empty()).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(calls.calls(), vec![CsiCall::NodeDetach { node_id: "n1".into(), alloc_id: "a1".into(), external_id: "ext-shared".into() }]);
+    let other = ts.store.snapshot().csi_volume("other", "shared").unwrap().clone();
+    assert!(r.index.unwrap() >= other.modify_index && other.modify_index > default_index, "the volume's index moved: the watcher wakes");
+    assert_eq!(other.past_claims["a1"].state, nomad_proto::csi::CsiVolumeClaimState::Unpublishing, "the watcher frees it");
+    assert_eq!(ts.store.snapshot().csi_volume("default", "shared").unwrap().modify_index, default_index, "other namespaces untouched");
+
+    // Down, or already collected: no call to it, and no error.
+    let idx = ts.store.snapshot().index + 1;
+    ts.store.write(idx, |tx| tx.update_node_status("n1", nomad_proto::NodeStatus::Down, None, 0).map(|_| ())).unwrap();
+    for node in ["n1", "gone-node"] {
+        let r = call(&ts, Method::DELETE, &format!("/v1/volume/csi/shared/detach?node={node}&namespace=other"), Body::empty()).await;
+        assert_eq!(r.status, StatusCode::OK, "{node}: {}", r.text());
+    }
+    assert_eq!(calls.calls().len(), 1);
+
+    // The watcher (the leader's) finishes: the claim is freed.
+    let watcher =
+        crate::leader::VolumeWatcher::new(std::sync::Arc::new(ts.endpoints.clone()), crate::leader::VolumeWatcherConfig::default());
+    let task = tokio::spawn(watcher.run());
+    crate::test_support::eventually(&ts, "claim freed", |s| {
+        s.csi_volume("other", "shared").is_some_and(|v| !v.in_use() && v.past_claims.is_empty())
+    })
+    .await;
+    assert_eq!(calls.calls().len(), 1, "the node is down: the watcher does not call it either");
+    task.abort();
 }

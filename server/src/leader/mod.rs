@@ -3,14 +3,20 @@
 //! Each subsystem gets only the handles it needs: the broker and the plan
 //! applier see consensus as "apply this command", the heartbeat timers see
 //! node expiry as [`HeartbeatExpiry`], the drainer sees its two writes as
-//! [`DrainWriter`], workers see the scheduler as a pure function. Nothing
-//! here holds the whole server.
+//! [`DrainWriter`], workers see the scheduler as a pure function, the volume
+//! watcher and the claim GC see CSI volumes as [`VolumeWatchHandle`] and
+//! [`ClaimGcHandle`]. Nothing here holds the whole server.
+
+pub mod csi_claim_gc;
+pub mod volume_watcher;
 
 use std::sync::Arc;
 
+pub use csi_claim_gc::{ClaimGc, ClaimGcConfig, ClaimGcHandle};
 use nomad_proto::NodeStatus;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
+pub use volume_watcher::{VolumeWatchHandle, VolumeWatcher, VolumeWatcherConfig};
 
 use crate::broker::{BlockedEvals, BrokerConfig, CANCELED_SUPERSEDED, ChangeWatcher, EvalBroker, EvalWriter, reap_failed_evals};
 use crate::consensus::Consensus;
@@ -38,6 +44,10 @@ pub struct LeaderConfig {
     pub worker: WorkerConfig,
     /// The node drainer.
     pub drainer: DrainerConfig,
+    /// The CSI volume watcher.
+    pub volume_watcher: VolumeWatcherConfig,
+    /// The CSI volume claim GC.
+    pub csi_claim_gc: ClaimGcConfig,
 }
 
 impl Default for LeaderConfig {
@@ -49,6 +59,8 @@ impl Default for LeaderConfig {
             plan_applier: PlanApplierConfig::default(),
             worker: WorkerConfig::default(),
             drainer: DrainerConfig::default(),
+            volume_watcher: VolumeWatcherConfig::default(),
+            csi_claim_gc: ClaimGcConfig::default(),
         }
     }
 }
@@ -66,6 +78,10 @@ pub struct LeaderDeps {
     pub heartbeat_expiry: Arc<dyn HeartbeatExpiry>,
     /// The schedulers.
     pub scheduler: Arc<dyn Scheduler>,
+    /// What the volume watcher sees of CSI volumes (the CSI endpoints).
+    pub volume_watch: Arc<dyn VolumeWatchHandle>,
+    /// What the claim GC sees of CSI volumes (the CSI endpoints).
+    pub claim_gc: Arc<dyn ClaimGcHandle>,
 }
 
 /// Runs the leader-only subsystems while this server leads.
@@ -125,7 +141,9 @@ impl Leader {
     }
 
     fn establish(&self) -> Term {
-        tracing::info!("leadership won: starting the eval broker, workers, plan applier, heartbeat timers and node drainer");
+        tracing::info!(
+            "leadership won: starting the eval broker, workers, plan applier, heartbeat timers, node drainer, volume watcher and claim GC"
+        );
         let d = &self.deps;
         self.broker.set_enabled(true);
         self.blocked.set_enabled(true);
@@ -162,6 +180,9 @@ impl Leader {
 
         let writer: Arc<dyn DrainWriter> = Arc::new(ConsensusDrainWriter(d.consensus.clone()));
         tasks.push(tokio::spawn(Drainer::new(d.store.clone(), writer, self.config.drainer.clone()).run()));
+
+        tasks.push(tokio::spawn(VolumeWatcher::new(d.volume_watch.clone(), self.config.volume_watcher.clone()).run()));
+        tasks.push(tokio::spawn(ClaimGc::new(d.claim_gc.clone(), self.config.csi_claim_gc.clone()).run()));
         Term { tasks }
     }
 
@@ -203,3 +224,6 @@ mod drain_tests;
 
 #[cfg(test)]
 mod node_eval_tests;
+
+#[cfg(test)]
+mod csi_tests;

@@ -48,6 +48,22 @@ impl State {
         CsiVolumeView { volume: v, allocations }
     }
 
+    /// Every volume created at or below `created_by` that has past claims once denormalized
+    /// (claims of finished or collected allocs, releases in progress): what the volume watcher
+    /// reaps and the claim GC marks.
+    pub fn csi_volumes_with_past_claims(&self, created_by: u64) -> Vec<CsiVolume> {
+        self.csi_volumes
+            .values()
+            .filter(|v| v.create_index <= created_by)
+            .map(|v| {
+                let mut v = self.csi_volume_with_plugin(v);
+                csi::denormalize_allocs(&mut v, |id| self.alloc(id).map(|a| &**a));
+                v
+            })
+            .filter(|v| !v.past_claims.is_empty())
+            .collect()
+    }
+
     /// The CSI volumes the allocs on a node want or use (`CSIVolumesByNodeID`): for allocs
     /// desired to run or running, each `csi` volume of their group; a `per_alloc` volume is the
     /// alloc's own (`source[index]`; Nomad 1.6 counts the bare source, which no volume has).

@@ -2,9 +2,9 @@
 //! (`command/volume_detach.go`).
 //!
 //! The node may be given by prefix, and may be down or already garbage collected: then the
-//! node ID is looked for among the volume's allocations, or sent as given. nomad-rs servers
-//! answer 501 until they have the CSI RPCs to clients; the command prints the server's
-//! message and exits 1.
+//! node ID is looked for among the volume's allocations, or sent as given. The servers
+//! node-detach the volume's past claims on that node (unless it is down or gone),
+//! controller-detach it, and the volume watcher frees the claims.
 
 use clap::Args;
 use nomad_proto::{AllocListStub, NodeListStub};
@@ -15,8 +15,8 @@ use crate::cli::{CmdResult, Ctx, Failure, exit, tables};
 
 /// The long help.
 pub const LONG_ABOUT: &str = "Detach a volume from a Nomad client. The node may be given by a prefix of its ID, and may be down or \
-                        already garbage collected.\n\nnomad-rs servers do not detach volumes yet (they answer 501, and this \
-                        command exits 1); against a server that does, the command works as Nomad's.";
+                        already garbage collected: the claims of the node's finished allocations are then released without \
+                        asking it.";
 
 /// Arguments of `volume detach`.
 #[derive(Debug, Args)]

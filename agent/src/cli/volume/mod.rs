@@ -1,9 +1,9 @@
 //! `nomad-rs volume ...`: CSI volumes (`command/volume_*.go`).
 //!
-//! `register`, `deregister` and `status` are served by nomad-rs; `create`, `delete` and
-//! `detach` need the servers' CSI RPCs to clients, which nomad-rs does not have yet, so its
-//! servers answer them with 501 and the commands print that and exit 1 (against Nomad they
-//! work as Nomad's do).
+//! `register`, `deregister`, `status` and `detach` are served by nomad-rs; `create` and
+//! `delete` need the controller create and delete calls to clients, which nomad-rs servers do
+//! not make yet, so they answer them with 501 and the commands print that and exit 1 (against
+//! Nomad they work as Nomad's do).
 
 pub mod create;
 pub mod delete;
@@ -51,7 +51,7 @@ pub enum VolumeCommand {
     /// Delete an external volume and deregister it (the servers must support CSIVolume.Delete).
     #[command(long_about = delete::LONG_ABOUT)]
     Delete(delete::DeleteArgs),
-    /// Detach a volume from a client node (the servers must support CSIVolume.Unpublish).
+    /// Detach a volume from a client node.
     #[command(long_about = detach::LONG_ABOUT)]
     Detach(detach::DetachArgs),
 }
