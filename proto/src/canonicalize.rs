@@ -170,10 +170,12 @@ fn canonicalize_service(s: &mut Service, default_name: &str) {
     if s.on_update.is_empty() {
         s.on_update = "require_healthy".to_string();
     }
+    let service_restart = s.check_restart.take();
     for c in &mut s.checks {
         if c.on_update.is_empty() {
             c.on_update = s.on_update.clone();
         }
+        c.check_restart = crate::service::CheckRestart::merge(service_restart.as_ref(), c.check_restart.as_ref());
     }
 }
 
