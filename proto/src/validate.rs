@@ -1001,7 +1001,7 @@ fn validate_service(s: &Service, g: &TaskGroup, task: Option<&Task>) -> Vec<Stri
                 errs.push(format!("Check {name} invalid: timeout ({}) is lower than required minimum timeout 1s", go_duration(c.timeout)));
             }
             if task.is_none() && s.task_name.is_empty() && c.task_name.is_empty() {
-                errs.push(format!("Service [{}]->{} or Check {} must specify task parameter", g.name, s.name, c.name));
+                errs.push(format!("Service [{}]->{} or Check {name} must specify task parameter", shown(&g.name), shown(&s.name)));
             }
         }
     }
