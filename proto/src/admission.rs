@@ -894,7 +894,7 @@ pub fn sample_job_using(feature: Feature) -> Job {
         Feature::ServiceCheckNomad => g.services = vec![Service { checks: vec![tcp_check()], ..nomad_service() }],
         Feature::ServiceCheckScript => {
             let check = ServiceCheck { check_type: "script".into(), command: "/bin/true".into(), ..tcp_check() };
-            g.services = vec![Service { checks: vec![check], ..consul_service() }]
+            t.services = vec![Service { checks: vec![check], ..consul_service() }]
         }
         Feature::ServiceCheckExpose => {
             g.services = vec![Service { checks: vec![ServiceCheck { expose: true, ..tcp_check() }], ..consul_service() }]
