@@ -148,9 +148,10 @@ table! {
     ServiceConsulOnly: Attribute "enable_tag_override, canary_tags, canary_meta, tagged_addresses, meta" in "service" => H("registered in Consul for Consul services (canary_tags and canary_meta would only apply to canaries, which are refused); ignored for nomad services, as Nomad does"),
     ServiceCheck: Block "check" in "service" => H("http, tcp and grpc checks of Consul services, registered for the Consul agent to run"),
     ServiceCheckNomad: Value "check in a provider = \"nomad\" service" in "service" => R("the nomad-rs client does not run Nomad service checks; use a Consul service"),
-    ServiceCheckScript: Value "type = \"script\"" in "check" => R("script checks are not run by the client"),
+    ServiceCheckScript: Value "type = \"script\"" in "check" => H("run by the client in the task through its driver, reported to Consul as a TTL check"),
     ServiceCheckExpose: Attribute "expose" in "check" => R("it needs Consul Connect"),
-    CheckRestart: Block "check_restart" in "check" => R("the client does not watch check results"),
+    CheckRestart: Block "check_restart" in "service, check" => H("the client watches Consul's check statuses and restarts the task (task services)"),
+    GroupCheckRestart: Value "check_restart in a group service" in "service, check" => R("Nomad restarts the whole allocation for those; put the service in the task"),
     Connect: Block "connect" in "service" => R(""),
     ConnectSidecarService: Block "sidecar_service" in "service connect" => R(""),
     ConnectSidecarTask: Block "sidecar_task" in "service connect" => R(""),
@@ -332,6 +333,9 @@ struct Walk {
     used: Vec<Feature>,
     visited: Vec<Feature>,
 }
+
+/// [`Walk::service`] of a group's service (a task's: `!IN_GROUP`).
+const IN_GROUP: bool = true;
 
 fn named(kind: &str, name: &str) -> String {
     format!("{kind} \"{}\"", escape_unsafe_chars(name, &[]).replace('"', "\\\""))
@@ -538,7 +542,7 @@ impl Walk {
         }
         self.decide(Feature::GroupConsul, consul.as_ref().is_some_and(|c| !c.is_null()));
         for s in services {
-            self.within(named("service", &s.name), |w| w.service(s));
+            self.within(named("service", &s.name), |w| w.service(s, IN_GROUP));
         }
         for (name, v) in volumes {
             self.within(named("volume", name), |w| w.volume(v));
@@ -596,7 +600,7 @@ impl Walk {
         }
     }
 
-    fn service(&mut self, s: &Service) {
+    fn service(&mut self, s: &Service, in_group: bool) {
         let Service {
             name: _,
             task_name: _,
@@ -614,6 +618,7 @@ impl Walk {
             namespace: _,
             on_update: _,
             provider,
+            check_restart: _,
         } = s;
         let consul = provider == SERVICE_PROVIDER_CONSUL || provider.is_empty();
         self.decide(Feature::ServiceNomad, !consul);
@@ -628,7 +633,13 @@ impl Walk {
         if !known_mode(address_mode) {
             self.refuse_value(Feature::ServiceAddressMode, "address_mode", address_mode);
         }
-        for f in [Feature::ServiceCheckNomad, Feature::ServiceCheckScript, Feature::ServiceCheckExpose, Feature::CheckRestart] {
+        for f in [
+            Feature::ServiceCheckNomad,
+            Feature::ServiceCheckScript,
+            Feature::ServiceCheckExpose,
+            Feature::CheckRestart,
+            Feature::GroupCheckRestart,
+        ] {
             self.decide(f, false);
         }
         for c in checks {
@@ -662,6 +673,7 @@ impl Walk {
                 w.decide(Feature::ServiceCheckScript, check_type == "script");
                 w.decide(Feature::ServiceCheckExpose, *expose);
                 w.decide(Feature::CheckRestart, check_restart.is_some());
+                w.decide(Feature::GroupCheckRestart, in_group && check_restart.as_ref().is_some_and(|r| r.limit > 0));
                 if !known_mode(check_address_mode) || check_address_mode == "alloc" && !consul {
                     w.refuse_value(Feature::ServiceAddressMode, "address_mode", check_address_mode);
                 }
@@ -761,7 +773,7 @@ impl Walk {
         self.decide(Feature::Env, !env.is_empty());
         self.decide(Feature::Meta, !meta.is_empty());
         for s in services {
-            self.within(named("service", &s.name), |w| w.service(s));
+            self.within(named("service", &s.name), |w| w.service(s, !IN_GROUP));
         }
         self.decide(Feature::Vault, vault.as_ref().is_some_and(|v| !v.is_null()));
         for Template {
@@ -931,12 +943,16 @@ pub fn sample_job_using(feature: Feature) -> Job {
         Feature::ServiceCheckNomad => g.services = vec![Service { checks: vec![tcp_check()], ..nomad_service() }],
         Feature::ServiceCheckScript => {
             let check = ServiceCheck { check_type: "script".into(), command: "/bin/true".into(), ..tcp_check() };
-            g.services = vec![Service { checks: vec![check], ..consul_service() }]
+            t.services = vec![Service { checks: vec![check], ..consul_service() }]
         }
         Feature::ServiceCheckExpose => {
             g.services = vec![Service { checks: vec![ServiceCheck { expose: true, ..tcp_check() }], ..consul_service() }]
         }
         Feature::CheckRestart => {
+            let check = ServiceCheck { check_restart: Some(CheckRestart { limit: 3, ..CheckRestart::default() }), ..tcp_check() };
+            t.services = vec![Service { checks: vec![check], ..consul_service() }]
+        }
+        Feature::GroupCheckRestart => {
             let check = ServiceCheck { check_restart: Some(CheckRestart { limit: 3, ..CheckRestart::default() }), ..tcp_check() };
             g.services = vec![Service { checks: vec![check], ..consul_service() }]
         }

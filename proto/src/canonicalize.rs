@@ -170,10 +170,12 @@ fn canonicalize_service(s: &mut Service, default_name: &str) {
     if s.on_update.is_empty() {
         s.on_update = "require_healthy".to_string();
     }
+    let service_restart = s.check_restart.take();
     for c in &mut s.checks {
         if c.on_update.is_empty() {
             c.on_update = s.on_update.clone();
         }
+        c.check_restart = crate::service::CheckRestart::merge(service_restart.as_ref(), c.check_restart.as_ref());
     }
 }
 
@@ -251,5 +253,27 @@ mod tests {
         job.canonicalize();
         assert_eq!(job, before, "canonicalize is idempotent");
         assert_eq!(serde_json::to_value(&job).unwrap()["TaskGroups"][0]["RestartPolicy"]["Interval"], batch.interval);
+    }
+
+    #[test]
+    fn a_services_check_restart_is_merged_into_its_checks_as_nomads_api_does() {
+        let mut job: Job = lenient::from_slice(
+            br#"{"ID":"j","TaskGroups":[{"Name":"g","Tasks":[{"Name":"t","Driver":"raw_exec","Services":[{"Name":"s",
+                "CheckRestart":{"Limit":3,"Grace":90000000000},
+                "Checks":[{"Name":"a"},{"Name":"b","CheckRestart":{"Limit":0,"IgnoreWarnings":true}},
+                          {"Name":"c","CheckRestart":{"Limit":5,"Grace":0}}]}]}]}]}"#,
+        )
+        .unwrap();
+        job.canonicalize();
+        let s = &job.task_groups[0].tasks[0].services[0];
+        let of = |i: usize| s.checks[i].check_restart.clone().map(|r| (r.limit, r.grace, r.ignore_warnings));
+        assert_eq!(of(0), Some((3, 90_000_000_000, false)), "the service's, as it is");
+        assert_eq!(of(1), Some((3, 90_000_000_000, true)), "a zero limit keeps the service's; true ignore_warnings wins");
+        assert_eq!(of(2), Some((5, 0, false)), "a given limit and grace win");
+        assert!(s.check_restart.is_none(), "merged, then gone");
+        assert!(serde_json::to_value(s).unwrap().get("CheckRestart").is_none(), "never sent");
+        // Without a grace, Nomad's default of 1s.
+        let lone: crate::service::CheckRestart = lenient::from_slice(br#"{"Limit":2}"#).unwrap();
+        assert_eq!(lone.grace, 1_000_000_000);
     }
 }

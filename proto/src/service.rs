@@ -45,6 +45,10 @@ pub struct Service {
     pub on_update: String,
     /// `consul` or `nomad`.
     pub provider: String,
+    /// The API's service-level `CheckRestart`: canonicalization merges it into every check
+    /// (Nomad's `api.Service.Canonicalize`) and clears it, so it is never stored or sent.
+    #[serde(skip_serializing)]
+    pub check_restart: Option<CheckRestart>,
 }
 
 /// A health check of a service.
@@ -104,7 +108,7 @@ pub struct ServiceCheck {
 }
 
 /// Restart a task when its checks fail.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "PascalCase")]
 pub struct CheckRestart {
     /// Failures before restart.
@@ -113,6 +117,39 @@ pub struct CheckRestart {
     pub grace: i64,
     /// Treat warnings as passing.
     pub ignore_warnings: bool,
+}
+
+/// Nomad's `api.CheckRestart.Canonicalize` default grace: 1 s.
+pub const DEFAULT_CHECK_RESTART_GRACE: i64 = 1_000_000_000;
+
+impl Default for CheckRestart {
+    /// No limit; a grace of 1 s when none is given (Nomad's canonicalized default).
+    fn default() -> Self {
+        CheckRestart { limit: 0, grace: DEFAULT_CHECK_RESTART_GRACE, ignore_warnings: false }
+    }
+}
+
+impl CheckRestart {
+    /// Nomad's `api.CheckRestart.Merge`: `o`'s positive limit, set grace and true
+    /// ignore_warnings over `base`.
+    pub fn merge(base: Option<&CheckRestart>, o: Option<&CheckRestart>) -> Option<CheckRestart> {
+        let Some(base) = base else { return o.cloned() };
+        let mut out = base.clone();
+        if let Some(o) = o {
+            if o.limit > 0 {
+                out.limit = o.limit;
+            }
+            // The API's Grace is a pointer (nil: keep the service's); here a check that gives
+            // none has the 1 s default, which therefore does not override.
+            if o.grace != DEFAULT_CHECK_RESTART_GRACE {
+                out.grace = o.grace;
+            }
+            if o.ignore_warnings {
+                out.ignore_warnings = true;
+            }
+        }
+        Some(out)
+    }
 }
 
 /// The `connect {}` block of a service.

@@ -983,6 +983,27 @@ fn validate_service(s: &Service, g: &TaskGroup, task: Option<&Task>) -> Vec<Stri
         if c.check_type != "script" && c.interval <= 0 && !c.check_type.is_empty() {
             errs.push(format!("check {:?} needs an interval", &c.name));
         }
+        if c.check_type == "script" {
+            // Nomad's validateCommon, for the checks the client runs itself.
+            const MIN: i64 = 1_000_000_000;
+            let name = shown(&c.name);
+            if c.command.is_empty() {
+                errs.push(format!("Check {name} invalid: script type must have a valid script path"));
+            }
+            if c.interval == 0 {
+                errs.push(format!("Check {name} invalid: missing required value interval. Interval cannot be less than 1s"));
+            } else if c.interval < MIN {
+                errs.push(format!("Check {name} invalid: interval ({}) cannot be lower than 1s", go_duration(c.interval)));
+            }
+            if c.timeout == 0 {
+                errs.push(format!("Check {name} invalid: missing required value timeout. Timeout cannot be less than 1s"));
+            } else if c.timeout < MIN {
+                errs.push(format!("Check {name} invalid: timeout ({}) is lower than required minimum timeout 1s", go_duration(c.timeout)));
+            }
+            if task.is_none() && s.task_name.is_empty() && c.task_name.is_empty() {
+                errs.push(format!("Service [{}]->{} or Check {name} must specify task parameter", shown(&g.name), shown(&s.name)));
+            }
+        }
     }
     errs
 }

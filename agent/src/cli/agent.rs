@@ -11,6 +11,8 @@ use nomad_server::http::AgentInfo;
 use nomad_server::server::{Server, ServerConfig};
 use tokio::net::TcpListener;
 
+use crate::client::consul::sync::ConsulServices;
+use crate::client::consul::{ConsulApi, ConsulClient};
 use crate::client::driver::{DriverOptions, DriverRegistry};
 use crate::client::http::{AllocLocator, ClientHttp, StateLocator};
 use crate::client::{Client, ClientConfig};
@@ -202,6 +204,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
             router = router.merge(crate::http_forward::router(Arc::new(c.clone()), me));
         }
     }
+    let advertised = advertise_in_consul(&cfg, http_addr, server.as_ref(), client.as_ref());
     router = router.merge(nomad_server::http::health::router(agent_health(server.as_ref(), client.as_ref())));
     let locator = server.as_ref().map(|s| Arc::new(StateLocator(s.store().clone())) as Arc<dyn AllocLocator>);
     router =
@@ -228,6 +231,13 @@ pub async fn run(args: AgentArgs) -> Result<()> {
             Some(message)
         }
     };
+    if let Some((sync, stop)) = advertised {
+        // Bounded: a Consul that does not answer must not hold the agent's exit.
+        let _ = tokio::time::timeout(cfg.consul.timeout * 2, sync.deregister_agent()).await;
+        if let Some(stop) = stop {
+            stop.cancel();
+        }
+    }
     http.abort();
     if let Some(client) = client {
         if cfg.dev {
@@ -246,6 +256,44 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         None => Ok(()),
         Some(message) => Err(anyhow::anyhow!("{message}")),
     }
+}
+
+/// `consul { auto_advertise }`: the agent's own `nomad`/`nomad-client` services go to the
+/// client's Consul sync, or to one of the agent's own for a server-only agent (its stop token is
+/// returned with it). `None` when nothing is advertised.
+fn advertise_in_consul(
+    cfg: &AgentConfig,
+    http_bound: SocketAddr,
+    server: Option<&Server>,
+    client: Option<&Client>,
+) -> Option<(Arc<ConsulServices>, Option<tokio_util::sync::CancellationToken>)> {
+    use crate::client::consul::agent_services::{AgentAddrs, Role, agent_registrations};
+    if !cfg.consul.auto_advertise {
+        return None;
+    }
+    let (sync, stop) = match client.and_then(Client::consul_services) {
+        Some(sync) => (sync, None),
+        None => {
+            let api: Arc<dyn ConsulApi> = Arc::new(ConsulClient::new(&cfg.consul));
+            let sync = ConsulServices::new(api, crate::client::consul::sync::SYNC_PERIOD, Duration::ZERO);
+            let stop = tokio_util::sync::CancellationToken::new();
+            tokio::spawn(sync.clone().run(stop.clone()));
+            (sync, Some(stop))
+        }
+    };
+    let addrs = AgentAddrs {
+        http_advertise: cfg.advertise_http.clone(),
+        http_check: http_bound.to_string(),
+        rpc_advertise: cfg.advertise_rpc.clone(),
+        rpc_check: server.map(|s| s.rpc_addr().to_string()).unwrap_or_default(),
+    };
+    if server.is_some() {
+        sync.set_agent("server", agent_registrations(&cfg.consul, Role::Server, &addrs));
+    }
+    if client.is_some() {
+        sync.set_agent("client", agent_registrations(&cfg.consul, Role::Client, &addrs));
+    }
+    Some((sync, stop))
 }
 
 /// `/v1/agent/health` for the roles this agent runs, judged as Nomad does: a server is healthy

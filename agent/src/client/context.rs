@@ -52,6 +52,8 @@ pub struct ClientContext {
     pub csi_connect: Connector,
     /// The Consul service sync, when the agent has a `consul {}` block.
     pub consul_services: Option<Arc<crate::client::consul::sync::ConsulServices>>,
+    /// Consul check statuses for `check_restart`, and the API script checks report through.
+    pub consul_checks: Option<Arc<crate::client::consul::checks::CheckWatcher>>,
 }
 
 impl ClientContext {

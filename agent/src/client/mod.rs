@@ -216,6 +216,7 @@ impl Client {
         let csi_manager = csi::CsiManager::new(csi::FINGERPRINT_INTERVAL, csi_connect.clone());
         let consul_services =
             consul.as_ref().map(|api| ConsulServices::new(api.clone(), config.consul_sync_interval, config.consul_deregister_probation));
+        let consul_checks = consul.as_ref().map(|api| consul::checks::CheckWatcher::new(api.clone(), consul::checks::POLL_PERIOD));
         let ctx = Arc::new(ClientContext {
             state: state.clone(),
             drivers,
@@ -234,6 +235,7 @@ impl Client {
             csi_plugins: csi_manager.clone(),
             csi_connect,
             consul_services: consul_services.clone(),
+            consul_checks: consul_checks.clone(),
         });
         let inner = Arc::new(ClientInner {
             servers,
@@ -273,6 +275,9 @@ impl Client {
         }
         if let Some(sync) = consul_services {
             ctx.tracker.spawn(sync.run(ctx.shutdown.clone()));
+        }
+        if let Some(watcher) = consul_checks {
+            ctx.tracker.spawn(watcher.run(ctx.shutdown.clone()));
         }
         Ok(Client { inner })
     }

@@ -81,8 +81,55 @@ pub struct Prepared {
     hostname: String,
     cgroup_procs: Vec<PathBuf>,
     cwd: CString,
+    identity: Identity,
+}
+
+/// Who the task's processes run as: the user and the capability sets, resolved on the host
+/// side (the host's user database) before fork. Shared by the task's start and by commands run
+/// in the task's context later ([`super::enter`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Identity {
     ids: Option<(Uid, Gid)>,
     capabilities: Option<Capabilities>,
+}
+
+impl Identity {
+    /// The spec's user (looked up now) and capabilities.
+    pub fn resolve(spec: &IsolationSpec) -> Result<Identity, String> {
+        let ids = match &spec.user {
+            None => None,
+            Some(name) => {
+                let user = User::from_name(name)
+                    .map_err(|e| format!("look up user {name:?}: {e}"))?
+                    .ok_or_else(|| format!("user {name:?} does not exist on this host"))?;
+                Some((user.uid, user.gid))
+            }
+        };
+        Ok(Identity { ids, capabilities: spec.capabilities.map(|keep| Capabilities { keep, last: last_capability() }) })
+    }
+
+    /// Child side, the last step before exec: narrows the capability bounding set, switches
+    /// user, and sets the capability sets. Makes only system calls (runs after fork).
+    pub fn apply(&self) -> Result<(), StepError> {
+        if let Some(caps) = self.capabilities {
+            caps.bound().map_err(|e| ("drop capabilities from the bounding set".to_string(), e))?;
+        }
+        if let Some((uid, gid)) = self.ids {
+            if self.capabilities.is_some() {
+                // Keep the permitted set across setuid; the ambient set then carries it over exec.
+                prctl(libc::PR_SET_KEEPCAPS, 1).map_err(|e| ("keep capabilities".to_string(), e))?;
+            }
+            setgroups(&[gid]).map_err(|e| ("setgroups".to_string(), e))?;
+            setgid(gid).map_err(|e| ("setgid".to_string(), e))?;
+            setuid(uid).map_err(|e| ("setuid".to_string(), e))?;
+            if let Some(caps) = self.capabilities {
+                caps.grant_unprivileged()?;
+            }
+        } else if let Some(caps) = self.capabilities {
+            capset(caps.keep, caps.keep, 0).map_err(|e| ("set capabilities".to_string(), e))?;
+        }
+        Ok(())
+    }
 }
 
 /// The capability sets the child applies, resolved before fork.
@@ -130,15 +177,7 @@ pub fn prepare(spec: &IsolationSpec) -> Result<Prepared, String> {
     for dir in ["proc", "tmp"] {
         make_mount_point(&root, Path::new(dir), true)?;
     }
-    let ids = match &spec.user {
-        None => None,
-        Some(name) => {
-            let user = User::from_name(name)
-                .map_err(|e| format!("look up user {name:?}: {e}"))?
-                .ok_or_else(|| format!("user {name:?} does not exist on this host"))?;
-            Some((user.uid, user.gid))
-        }
-    };
+    let identity = Identity::resolve(spec)?;
     Ok(Prepared {
         root: cstring(&spec.root)?,
         binds,
@@ -147,8 +186,7 @@ pub fn prepare(spec: &IsolationSpec) -> Result<Prepared, String> {
         hostname: spec.hostname.clone(),
         cgroup_procs: spec.cgroup_procs.clone(),
         cwd: cstring(&spec.cwd)?,
-        ids,
-        capabilities: spec.capabilities.map(|keep| Capabilities { keep, last: last_capability() }),
+        identity,
     })
 }
 
@@ -257,24 +295,7 @@ impl Prepared {
         }
         chroot(self.root.as_c_str()).map_err(|e| ("chroot".to_string(), e))?;
         chdir(self.cwd.as_c_str()).map_err(|e| (format!("chdir {}", self.cwd.to_string_lossy()), e))?;
-        if let Some(caps) = self.capabilities {
-            caps.bound().map_err(|e| ("drop capabilities from the bounding set".to_string(), e))?;
-        }
-        if let Some((uid, gid)) = self.ids {
-            if self.capabilities.is_some() {
-                // Keep the permitted set across setuid; the ambient set then carries it over exec.
-                prctl(libc::PR_SET_KEEPCAPS, 1).map_err(|e| ("keep capabilities".to_string(), e))?;
-            }
-            setgroups(&[gid]).map_err(|e| ("setgroups".to_string(), e))?;
-            setgid(gid).map_err(|e| ("setgid".to_string(), e))?;
-            setuid(uid).map_err(|e| ("setuid".to_string(), e))?;
-            if let Some(caps) = self.capabilities {
-                caps.grant_unprivileged()?;
-            }
-        } else if let Some(caps) = self.capabilities {
-            capset(caps.keep, caps.keep, 0).map_err(|e| ("set capabilities".to_string(), e))?;
-        }
-        Ok(())
+        self.identity.apply()
     }
 }
 

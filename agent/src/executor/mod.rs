@@ -9,6 +9,7 @@
 //! Kept single-threaded and without an async runtime: its memory is the per-task overhead.
 
 pub mod cgroups;
+pub mod enter;
 pub mod isolation;
 pub mod logs;
 pub mod process;
@@ -148,7 +149,11 @@ impl ExitResult {
 
 /// Entry point of the `nomad-rs-executor` binary.
 pub fn main() {
-    let code = match std::env::args_os().nth(1) {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == enter::EXEC_SUBCOMMAND) {
+        std::process::exit(enter::exec_main(&args[2..]));
+    }
+    let code = match args.get(1) {
         Some(spec) => match supervise(Path::new(&spec)) {
             Ok(()) => 0,
             Err(e) => {

@@ -279,3 +279,41 @@ async fn fingerprint_reports_exec_with_its_cgroup_version() {
     assert_eq!(info.attributes.get("driver.exec").map(String::as_str), Some("1"));
     assert!(info.attributes.contains_key("driver.exec.cgroups"));
 }
+
+/// A command run in an exec task joins the task: its PID namespace (it sees the task as PID 1),
+/// its private /tmp, its root (not the host's), its cgroup, its user and capabilities.
+#[tokio::test]
+async fn exec_task_enters_the_tasks_namespaces_root_cgroup_and_user() {
+    require_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let mut task =
+        task(dir.path(), "joined", json!({"command": "/bin/sh", "args": ["-c", "echo inside > /tmp/marker; echo ready; sleep 600"]}));
+    task.env.insert("TASK_VAR".into(), "from-task".into());
+    let driver = exec_driver(&options(false));
+    let handle = driver.start(&task).await.unwrap();
+    wait_for_output(&task, "ready").await;
+    let script = "echo pid1=$(cat /proc/1/cmdline | tr '\\0' ' '); echo tmp=$(cat /tmp/marker); echo uid=$(id -u); \
+                  echo var=$TASK_VAR; test -e /work || test -e /root/.cargo || echo host-fs-hidden; \
+                  echo caps=$(grep CapEff /proc/self/status); cat /proc/self/cgroup";
+    let args = vec!["-c".to_string(), script.to_string()];
+    let out = driver.exec_task(&handle, "/bin/sh", &args, std::time::Duration::from_secs(20)).await.unwrap();
+    let text = String::from_utf8_lossy(&out.output).into_owned();
+    assert_eq!(out.exit_code, 0, "{text}");
+    assert!(text.contains("pid1=/bin/sh -c echo inside"), "the task is PID 1 here: {text}");
+    assert!(text.contains("tmp=inside"), "the task's own /tmp: {text}");
+    assert!(text.contains("uid=65534"), "as nobody, like the task: {text}");
+    assert!(text.contains("var=from-task"), "{text}");
+    assert!(text.contains("host-fs-hidden"), "{text}");
+    let task_caps = fs::read_to_string(format!("/proc/{}/status", handle.task.pid)).unwrap();
+    let task_eff = task_caps.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap().trim().to_string();
+    assert!(text.contains(&format!("caps=CapEff: {task_eff}")), "the task's capabilities ({task_eff}): {text}");
+    let cgroup_name = task.unique_name();
+    assert!(text.contains(&cgroup_name), "in the task's cgroup {cgroup_name}: {text}");
+
+    let out = driver.exec_task(&handle, "no-such-command", &[], std::time::Duration::from_secs(20)).await.unwrap();
+    assert_eq!(out.exit_code, 127, "{:?}", String::from_utf8_lossy(&out.output));
+
+    driver.destroy(&handle).await.unwrap();
+    let err = driver.exec_task(&handle, "/bin/true", &[], std::time::Duration::from_secs(5)).await.unwrap_err();
+    assert!(err.to_string().contains("is not running"), "{err}");
+}

@@ -303,3 +303,22 @@ fn an_oci_config_without_an_image_names_the_key() {
     let message = oci_driver(&oci_options(dir.path())).validate_config(&task).unwrap_err().to_string();
     assert!(message.contains("image"), "{message}");
 }
+
+#[tokio::test]
+async fn exec_task_runs_inside_the_container() {
+    require_oci_host!();
+    let dir = tempfile::tempdir().unwrap();
+    let rootfs = busybox_rootfs(dir.path());
+    let task = task(
+        dir.path(),
+        "boxed",
+        json!({"image": rootfs, "command": "/bin/sh", "args": ["-c", "echo x > /tmp/mark; echo ready; sleep 600"]}),
+    );
+    let driver = oci_driver(&oci_options(dir.path()));
+    let handle = driver.start(&task).await.unwrap();
+    wait_for_output(&task, "ready").await;
+    let args = vec!["-c".to_string(), "cat /tmp/mark; ls /bin/busybox; exit 1".to_string()];
+    let out = driver.exec_task(&handle, "/bin/sh", &args, Duration::from_secs(20)).await.unwrap();
+    assert_eq!((out.exit_code, String::from_utf8_lossy(&out.output).as_ref()), (1, "x\n/bin/busybox\n"));
+    driver.destroy(&handle).await.unwrap();
+}

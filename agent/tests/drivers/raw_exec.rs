@@ -133,3 +133,27 @@ async fn raw_exec_is_off_unless_enabled() {
     assert!(enabled.detected && enabled.healthy);
     assert_eq!(enabled.attributes.get("driver.raw_exec").map(String::as_str), Some("1"));
 }
+
+#[tokio::test]
+async fn exec_task_runs_in_the_task_dir_with_the_tasks_env_and_refuses_a_stopped_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut task = task(dir.path(), "web", json!({"command": "sh", "args": ["-c", "echo ready; sleep 600"]}));
+    task.env.insert("ONLY_IN_TASK".into(), "yes".into());
+    let driver = raw_exec();
+    let handle = driver.start(&task).await.unwrap();
+    wait_for_output(&task, "ready").await;
+    let args = vec!["-c".to_string(), "echo cwd=$(pwd) env=$ONLY_IN_TASK; echo err >&2; exit 1".to_string()];
+    let out = driver.exec_task(&handle, "sh", &args, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(out.exit_code, 1);
+    let text = String::from_utf8_lossy(&out.output).into_owned();
+    assert!(text.contains(&format!("cwd={} env=yes\n", task.task_dir().display())), "{text}");
+    assert!(text.contains("err\n"), "stderr is kept with stdout: {text}");
+    let err = driver.exec_task(&handle, "sleep", &["30".to_string()], Duration::from_millis(300)).await.unwrap_err();
+    assert!(matches!(err, DriverError::ExecTimedOut(_)), "{err}");
+
+    driver.stop(&handle, Signal::SIGKILL, Duration::from_secs(5)).await.unwrap();
+    driver.wait(&handle).await.unwrap();
+    let err = driver.exec_task(&handle, "true", &[], Duration::from_secs(5)).await.unwrap_err();
+    assert!(err.to_string().contains("task \"web\" is not running"), "{err}");
+    driver.destroy(&handle).await.unwrap();
+}

@@ -3,6 +3,7 @@
 mod cli;
 mod client_agent;
 mod client_restore;
+mod consul_checks;
 mod consul_standin;
 mod csi_plugin;
 mod disconnect;

@@ -78,17 +78,23 @@ fn messages_name_the_path_as_the_issue_shows() {
 }
 
 #[test]
-fn consul_services_and_their_checks_are_admitted_and_nomad_checks_script_checks_and_driver_mode_are_not() {
+fn consul_services_and_their_checks_are_admitted_and_nomad_checks_group_check_restart_and_driver_mode_are_not() {
     // A service without a provider is a Consul service; it and its tcp check are admitted.
     admitted(sample_job_using(Feature::ServiceConsul)).unwrap();
     admitted(sample_job_using(Feature::ServiceCheck)).unwrap();
     admitted(sample_job_using(Feature::ServiceNomad)).unwrap();
     let msg = admitted(sample_job_using(Feature::ServiceCheckNomad)).unwrap_err();
     assert!(msg.contains("service \"redis\": check in a provider = \"nomad\" service is not supported"), "{msg}");
-    let msg = admitted(sample_job_using(Feature::ServiceCheckScript)).unwrap_err();
-    assert!(msg.contains("service \"redis\" check \"alive\": type = \"script\" is not supported"), "{msg}");
-    let msg = admitted(sample_job_using(Feature::CheckRestart)).unwrap_err();
-    assert!(msg.contains("check \"alive\": the \"check_restart\" block is not supported"), "{msg}");
+    // Script checks and a task service's check_restart are run by the client.
+    admitted(sample_job_using(Feature::ServiceCheckScript)).unwrap();
+    admitted(sample_job_using(Feature::CheckRestart)).unwrap();
+    // A group service's check_restart would restart the whole allocation in Nomad: refused.
+    let msg = admitted(sample_job_using(Feature::GroupCheckRestart)).unwrap_err();
+    assert!(msg.contains("service \"redis\" check \"alive\": check_restart in a group service is not supported"), "{msg}");
+    // A check_restart without a limit restarts nothing, so it is no group restart either.
+    let mut job = sample_job_using(Feature::GroupCheckRestart);
+    job.task_groups[0].services[0].checks[0].check_restart.as_mut().unwrap().limit = 0;
+    admitted(job).unwrap();
 
     // alloc for Consul services and their checks; never driver; nomad services only auto/host.
     let mut job = sample_job_using(Feature::ServiceCheck);

@@ -133,15 +133,17 @@ impl CheckRestartOverrides {
         Ok(o)
     }
 
+    /// Nomad's `api.CheckRestart.Merge`: the check's positive limit, given grace and true
+    /// ignore_warnings win over the service's.
     fn apply(&self, c: &mut CheckRestart) {
-        if let Some(v) = self.limit {
+        if let Some(v) = self.limit.filter(|v| *v > 0) {
             c.limit = v;
         }
         if let Some(v) = self.grace {
             c.grace = v;
         }
-        if let Some(v) = self.ignore_warnings {
-            c.ignore_warnings = v;
+        if self.ignore_warnings == Some(true) {
+            c.ignore_warnings = true;
         }
     }
 }

@@ -530,3 +530,30 @@ fn a_csi_plugin_needs_an_id_usable_as_a_directory_and_one_of_nomads_types() {
         "CSIPluginConfig PluginType must be one of 'node', 'controller', or 'monolith', got: \"sidecar\"",
     );
 }
+
+#[test]
+fn script_checks_need_a_command_intervals_of_a_second_and_in_group_services_a_task() {
+    let with_checks = |group: bool, checks: &str| {
+        let service = format!(r#"{{"Name":"s","Checks":[{checks}]}}"#);
+        let body = if group {
+            format!(r#"{{"ID":"j","TaskGroups":[{{"Name":"g","Services":[{service}],"Tasks":[{{"Name":"t","Driver":"raw_exec"}}]}}]}}"#)
+        } else {
+            format!(r#"{{"ID":"j","TaskGroups":[{{"Name":"g","Tasks":[{{"Name":"t","Driver":"raw_exec","Services":[{service}]}}]}}]}}"#)
+        };
+        job(&body)
+    };
+    let good = r#"{"Name":"c","Type":"script","Command":"/bin/true","Interval":1000000000,"Timeout":1000000000}"#;
+    with_checks(false, good).validate().unwrap();
+    let task_named = r#"{"Name":"c","Type":"script","Command":"/bin/true","Interval":1000000000,"Timeout":1000000000,"TaskName":"t"}"#;
+    with_checks(true, task_named).validate().unwrap();
+    assert_refused(&with_checks(true, good), "Service [g]->s or Check c must specify task parameter");
+    let bad = r#"{"Name":"c","Type":"script","Interval":500000000}"#;
+    let j = with_checks(false, bad);
+    for needle in [
+        "Check c invalid: script type must have a valid script path",
+        "Check c invalid: interval (500ms) cannot be lower than 1s",
+        "Check c invalid: missing required value timeout. Timeout cannot be less than 1s",
+    ] {
+        assert_refused(&j, needle);
+    }
+}

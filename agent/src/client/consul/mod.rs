@@ -21,6 +21,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub mod agent_services;
+pub mod checks;
 pub mod services;
 pub mod sync;
 

@@ -13,9 +13,11 @@
 //!   is a canary.
 //! - Address and port from `address_mode` ([`get_address`]); checks default to the host address
 //!   unless the service has a custom address.
-//! - http, tcp and grpc checks are registered for Consul to run. Script checks and Connect are
-//!   refused at admission; a service carrying one is skipped with an error here (never
-//!   registered half).
+//! - http, tcp and grpc checks are registered for Consul to run; script checks as TTL checks
+//!   (TTL = interval + 31 s, Nomad's `ttlCheckBuffer`) that the task runner feeds by running the
+//!   script in the task ([`task_checks`] lists them with their IDs; `client/consul/checks.rs`
+//!   runs them). Connect is refused at admission; a service carrying it is skipped with an
+//!   error here (never registered half).
 
 use std::collections::BTreeMap;
 
@@ -247,15 +249,6 @@ fn check(
     custom: &str,
     c: &JobCheck,
 ) -> Result<ServiceCheck, String> {
-    let label = if c.port_label.is_empty() { service_port_label } else { c.port_label.as_str() };
-    // A check follows a custom service address; otherwise it probes the host's.
-    let mode = match c.address_mode.as_str() {
-        "" if !s.address.is_empty() => "auto",
-        "" => "host",
-        m => m,
-    };
-    let (host, port) = get_address(alloc, node, task, mode, label, custom).map_err(|e| format!("error getting address: {e}"))?;
-    let host_port = join_host_port(&host, port);
     let mut out = ServiceCheck {
         check_id: check_id(service_id, c),
         name: c.name.clone(),
@@ -266,6 +259,22 @@ fn check(
         failures_before_critical: c.failures_before_critical,
         ..ServiceCheck::default()
     };
+    if c.check_type == "script" {
+        // Consul refuses a TTL with an interval; the client reports the script's results.
+        out.ttl = go_duration(script_ttl(c.interval).as_nanos() as i64);
+        out.interval.clear();
+        out.timeout.clear();
+        return Ok(out);
+    }
+    let label = if c.port_label.is_empty() { service_port_label } else { c.port_label.as_str() };
+    // A check follows a custom service address; otherwise it probes the host's.
+    let mode = match c.address_mode.as_str() {
+        "" if !s.address.is_empty() => "auto",
+        "" => "host",
+        m => m,
+    };
+    let (host, port) = get_address(alloc, node, task, mode, label, custom).map_err(|e| format!("error getting address: {e}"))?;
+    let host_port = join_host_port(&host, port);
     if port == 0 && matches!(c.check_type.as_str(), "http" | "tcp" | "grpc") {
         return Err(format!("{} checks require an address", c.check_type));
     }
@@ -284,10 +293,79 @@ fn check(
             out.grpc_use_tls = c.grpc_use_tls;
             out.tls_skip_verify = c.tls_skip_verify;
         }
-        "script" => return Err("script checks are not supported by this client".into()),
         other => return Err(format!("check type {other:?} not valid")),
     }
     Ok(out)
+}
+
+/// Nomad's `ttlCheckBuffer`: how much later than its interval a script check may report.
+pub const TTL_CHECK_BUFFER: std::time::Duration = std::time::Duration::from_secs(31);
+
+/// The TTL a script check is registered with: its interval plus [`TTL_CHECK_BUFFER`].
+pub fn script_ttl(interval_ns: i64) -> std::time::Duration {
+    std::time::Duration::from_nanos(interval_ns.max(0) as u64) + TTL_CHECK_BUFFER
+}
+
+/// What a task's run does for one of its Consul checks: a script to run and report, and/or a
+/// `check_restart` to watch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskCheck {
+    /// The check ID registered in Consul.
+    pub check_id: String,
+    /// The check's name (for events and logs).
+    pub name: String,
+    /// For a script check: the command and args, interpolated with the task's environment.
+    pub script: Option<(String, Vec<String>)>,
+    /// Interval and timeout.
+    pub interval: std::time::Duration,
+    pub timeout: std::time::Duration,
+    /// `check_restart` with `limit > 0` (Nomad's `TriggersRestarts`).
+    pub restart: Option<nomad_proto::service::CheckRestart>,
+}
+
+/// The Consul checks the runs of `task` are responsible for: the checks of its own services,
+/// and of group services when the check (or, without a check `task`, its service) names the task
+/// (Nomad's `scriptCheckHook.associated`). Only script checks and checks with a
+/// `check_restart` limit are listed. IDs are computed exactly as [`build_consul`] registers them.
+pub fn task_checks(alloc: &Allocation, node: &Node, region: &str, task: &Task) -> Vec<TaskCheck> {
+    let mut out = Vec::new();
+    let Some(group) = alloc.job.as_ref().and_then(|j| j.lookup_task_group(&alloc.task_group)) else { return out };
+    let task_env = env_for(alloc, task, node, region);
+    let task_interp = Interpolator { env: &task_env, node, region };
+    let mut group_env = env_for(alloc, &Task::default(), node, region);
+    group_env.remove("NOMAD_TASK_NAME");
+    let group_interp = Interpolator { env: &group_env, node, region };
+    let group_id_task = group_task_name(&group.name);
+    let own = task.services.iter().filter(|s| is_consul(s)).map(|s| (s, &task_interp, task.name.as_str()));
+    let grouped = group.services.iter().filter(|s| is_consul(s)).map(|s| (s, &group_interp, group_id_task.as_str()));
+    for (s, interp, id_task) in own.chain(grouped) {
+        let is_group = id_task != task.name;
+        let name = interp.replace(&s.name);
+        let port_label = interp.replace(&s.port_label);
+        let service_id = registration_id(&alloc.id, id_task, &name, &port_label);
+        for c in &s.checks {
+            if is_group && !(c.task_name == task.name || (c.task_name.is_empty() && s.task_name == task.name)) {
+                continue;
+            }
+            let restart = c.check_restart.clone().filter(|r| r.limit > 0);
+            if c.check_type != "script" && restart.is_none() {
+                continue;
+            }
+            let registered = interpolate_check(interp, c);
+            let script = (c.check_type == "script")
+                .then(|| (task_interp.replace(&c.command), c.args.iter().map(|a| task_interp.replace(a)).collect()));
+            let ns = |v: i64| std::time::Duration::from_nanos(v.max(0) as u64);
+            out.push(TaskCheck {
+                check_id: check_id(&service_id, &registered),
+                name: registered.name.clone(),
+                script,
+                interval: ns(c.interval),
+                timeout: ns(c.timeout),
+                restart,
+            });
+        }
+    }
+    out
 }
 
 /// Go's `net.JoinHostPort`: IPv6 hosts in brackets.

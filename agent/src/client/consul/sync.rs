@@ -59,6 +59,8 @@ struct Wanted {
     by_alloc: BTreeMap<String, BTreeMap<String, ServiceRegistration>>,
     /// Service IDs an alloc of this agent stopped wanting: removed even in probation.
     removed: BTreeSet<String>,
+    /// The agent's own services (`auto_advertise`), by role, then by service ID.
+    agent: BTreeMap<&'static str, BTreeMap<String, ServiceRegistration>>,
 }
 
 /// See the module docs.
@@ -115,6 +117,33 @@ impl ConsulServices {
         self.kick.notify_one();
     }
 
+    /// The agent's own services for `role` ("client" or "server"; see `agent_services`). They
+    /// are registered like an alloc's, but never removed by a pass (as Nomad's sync leaves
+    /// agent services alone); [`ConsulServices::deregister_agent`] removes them.
+    pub fn set_agent(&self, role: &'static str, regs: Vec<ServiceRegistration>) {
+        let regs: BTreeMap<String, ServiceRegistration> = regs.into_iter().map(|r| (r.id.clone(), r)).collect();
+        let mut w = self.wanted();
+        if w.agent.get(role) == Some(&regs) {
+            return;
+        }
+        w.agent.insert(role, regs);
+        drop(w);
+        self.kick.notify_one();
+    }
+
+    /// Removes the agent's own services from Consul (the agent is shutting down), as Nomad's
+    /// `ServiceClient.Shutdown` does. Best effort: errors are logged.
+    pub async fn deregister_agent(&self) {
+        let ids: Vec<String> = std::mem::take(&mut self.wanted().agent).into_values().flat_map(BTreeMap::into_keys).collect();
+        for id in ids {
+            if let Err(e) = self.api.service_deregister(&id).await
+                && e.status() != Some(404)
+            {
+                tracing::warn!(service_id = %id, error = %e, "deregistering the agent's service from Consul failed");
+            }
+        }
+    }
+
     /// `alloc_id` wants nothing any more. Returns the pass count to wait beyond
     /// ([`ConsulServices::wait_pass_after`]) for the first attempt to remove its services.
     pub fn remove(&self, alloc_id: &str) -> u64 {
@@ -162,6 +191,8 @@ impl ConsulServices {
                 }
                 // An agent with no Consul services and no Consul (the common case without
                 // Consul) only says so at debug level: nothing is lost, nothing waits.
+                // The agent's own services alone do not make it louder: Nomad agents advertise by
+                // default, with or without a Consul.
                 Err(e) if self.wanted().by_alloc.values().all(BTreeMap::is_empty) => {
                     tracing::debug!(error = %e, "consul unreachable; no services to register");
                 }
@@ -190,7 +221,7 @@ impl ConsulServices {
         let in_probation = Instant::now() < self.probation_until;
         let (wanted, removed) = {
             let w = self.wanted();
-            let all: BTreeMap<String, ServiceRegistration> = w.by_alloc.values().flat_map(|m| m.clone()).collect();
+            let all: BTreeMap<String, ServiceRegistration> = w.by_alloc.values().chain(w.agent.values()).flat_map(|m| m.clone()).collect();
             (all, w.removed.clone())
         };
         let may_remove = |id: &str| !in_probation || removed.contains(id);

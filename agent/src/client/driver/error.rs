@@ -71,6 +71,16 @@ pub enum DriverError {
     /// where the task must not put one); the message says what and where.
     #[error("{0}")]
     TaskFiles(#[from] crate::fs_beneath::FsError),
+    /// The driver cannot run commands in its tasks.
+    #[error("driver {0} does not support exec")]
+    ExecUnsupported(&'static str),
+    /// A command run in the task's context did not finish in time (it was killed).
+    #[error("exec timed out after {0:?}")]
+    ExecTimedOut(std::time::Duration),
+    /// The command could not be run in the task's context (the task is gone, its namespaces
+    /// could not be entered, ...).
+    #[error("exec in the task: {0}")]
+    ExecFailed(String),
     /// File-system work failed.
     #[error("{context}: {source}")]
     Io {

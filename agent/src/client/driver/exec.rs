@@ -230,6 +230,18 @@ impl Driver for ExecDriver {
         })
     }
 
+    fn exec_command(&self, handle: &TaskHandle, command: &str, args: &[String]) -> Result<tokio::process::Command, DriverError> {
+        handle.check_driver(NAME)?;
+        super::task_exec::require_running(handle)?;
+        // The helper reads what to enter from the launch spec itself; it is read here only to
+        // fail early and clearly on a task started without one.
+        super::task_exec::launch_spec_of(handle)?;
+        let spec = handle.state_dir.join(super::launch::SPEC_FILE);
+        let mut cmd = tokio::process::Command::new(&self.executor_path);
+        cmd.args(crate::executor::enter::exec_args(&spec, handle.task, command, args)).env_clear();
+        Ok(cmd)
+    }
+
     fn destroy<'a>(&'a self, handle: &'a TaskHandle) -> BoxFuture<'a, Result<(), DriverError>> {
         Box::pin(async move {
             handle.check_driver(NAME)?;

@@ -12,7 +12,7 @@ use super::{DriverError, DriverState, ProcessRef, TaskConfig, TaskHandle};
 use crate::executor::{EXIT_FILE, LaunchMode, LaunchSpec, StartReport};
 
 /// Name of the launch spec in the task's state directory.
-const SPEC_FILE: &str = "launch.json";
+pub(super) const SPEC_FILE: &str = "launch.json";
 /// The executor's own diagnostics (the task's output goes to the task's logs).
 const EXECUTOR_LOG: &str = "executor.log";
 /// An executor that has not reported within this time is considered hung. Generous because

@@ -12,6 +12,7 @@ mod launch;
 pub mod oci;
 mod oci_image;
 pub mod raw_exec;
+pub mod task_exec;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -30,6 +31,7 @@ pub use crate::executor::process::{ProcessRef, parse_signal};
 pub use error::DriverError;
 use handle::stop_with_escalation;
 pub use handle::{DriverState, Recovered, TaskHandle, TaskStatus};
+pub use task_exec::{CHECK_BUF_SIZE, ExecOutput};
 
 /// A task driver. Object-safe: the registry holds `Arc<dyn Driver>`.
 pub trait Driver: Send + Sync {
@@ -82,6 +84,30 @@ pub trait Driver: Send + Sync {
         Box::pin(async move {
             handle.check_driver(self.name())?;
             handle.signal_group(signal)
+        })
+    }
+
+    /// The process that runs `command` with `args` in the running task's context (its
+    /// directory and environment, and for isolated drivers its namespaces, root, cgroups, user
+    /// and capabilities), not yet spawned: callers choose its stdio. See `task_exec`.
+    fn exec_command(&self, handle: &TaskHandle, command: &str, args: &[String]) -> Result<tokio::process::Command, DriverError> {
+        let _ = (handle, command, args);
+        Err(DriverError::ExecUnsupported(self.name()))
+    }
+
+    /// Runs `command` in the running task's context and waits at most `timeout` for it (then it
+    /// is killed): the last 4 KiB of its output and its exit code.
+    fn exec_task<'a>(
+        &'a self,
+        handle: &'a TaskHandle,
+        command: &'a str,
+        args: &'a [String],
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<ExecOutput, DriverError>> {
+        Box::pin(async move {
+            handle.check_driver(self.name())?;
+            let cmd = self.exec_command(handle, command, args)?;
+            task_exec::run_bounded(cmd, timeout).await
         })
     }
 }

@@ -402,4 +402,16 @@ impl Driver for OciDriver {
             container.kill(handle, signal).await
         })
     }
+
+    /// `runc exec`: the command joins the container, with the process settings of its
+    /// config.json (user, capabilities, environment, cwd, no_new_privileges), as `runc exec`
+    /// takes them when given no `--process`. runc stays in the foreground as the command's
+    /// parent, in the command's process group, so a timeout's kill reaches both.
+    fn exec_command(&self, handle: &TaskHandle, command: &str, args: &[String]) -> Result<tokio::process::Command, DriverError> {
+        let container = self.container(handle)?;
+        super::task_exec::require_running(handle)?;
+        let mut cmd = tokio::process::Command::new(&container.runtime);
+        cmd.arg("--root").arg(&container.root).arg("exec").arg(&container.id).arg(command).args(args);
+        Ok(cmd)
+    }
 }

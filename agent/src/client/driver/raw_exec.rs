@@ -88,6 +88,17 @@ impl Driver for RawExecDriver {
         })
     }
 
+    fn exec_command(&self, handle: &TaskHandle, command: &str, args: &[String]) -> Result<tokio::process::Command, DriverError> {
+        handle.check_driver(NAME)?;
+        super::task_exec::require_running(handle)?;
+        let LaunchMode::Process(spec) = super::task_exec::launch_spec_of(handle)?.mode else {
+            return Err(DriverError::ExecFailed("the task's launch spec is not a process".into()));
+        };
+        let mut cmd = tokio::process::Command::new(command);
+        cmd.args(args).env_clear().envs(&spec.env).current_dir(&spec.cwd);
+        Ok(cmd)
+    }
+
     fn destroy<'a>(&'a self, handle: &'a TaskHandle) -> BoxFuture<'a, Result<(), DriverError>> {
         Box::pin(async move {
             handle.check_driver(NAME)?;

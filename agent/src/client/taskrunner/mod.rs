@@ -69,6 +69,8 @@ pub struct TaskRunner {
     kill: CancellationToken,
     restart: Notify,
     restart_pending: AtomicBool,
+    /// The pending restart counts as a failure (check_restart).
+    restart_failure: AtomicBool,
     changed: Arc<Notify>,
     finished: watch::Sender<bool>,
 }
@@ -94,6 +96,8 @@ enum How {
     Natural,
     Killed,
     Restart,
+    /// Restarted by `check_restart`: counts as a failure.
+    RestartFailure,
 }
 
 /// Why a start failed.
@@ -147,6 +151,7 @@ impl TaskRunner {
             kill: CancellationToken::new(),
             restart: Notify::new(),
             restart_pending: AtomicBool::new(false),
+            restart_failure: AtomicBool::new(false),
             changed,
             finished: watch::channel(false).0,
         });
@@ -218,9 +223,36 @@ impl TaskRunner {
             return Err(NotRunning);
         }
         self.append_event(event);
+        self.restart_failure.store(false, Ordering::SeqCst);
         self.restart_pending.store(true, Ordering::SeqCst);
         self.restart.notify_one();
         Ok(())
+    }
+
+    /// Restarts a running task because a check with `check_restart` stayed unhealthy; it counts
+    /// against the restart policy (Nomad's `Restart(ctx, event, failure = true)`).
+    pub fn restart_unhealthy(&self, check_name: &str) {
+        if lock(&self.local).handle.is_none() || self.kill.is_cancelled() {
+            return;
+        }
+        self.append_event(events::restart_signaled(&format!("healthcheck: check {check_name:?} unhealthy")));
+        self.restart_failure.store(true, Ordering::SeqCst);
+        self.restart_pending.store(true, Ordering::SeqCst);
+        self.restart.notify_one();
+    }
+
+    /// Starts the script checks and check_restart watches of this run (see
+    /// `client/consul/checks.rs`); the token ends them.
+    fn start_checks(self: &Arc<Self>, driver: &Arc<dyn Driver>, handle: &TaskHandle) -> Option<CancellationToken> {
+        let watcher = self.ctx.consul_checks.clone()?;
+        let checks = crate::client::consul::services::task_checks(&self.alloc(), &self.ctx.node(), &self.ctx.region, &self.task());
+        if checks.is_empty() {
+            return None;
+        }
+        let stop = CancellationToken::new();
+        let me: Arc<dyn crate::client::consul::checks::TaskRestarter> = Arc::new(Restarting(Arc::downgrade(self)));
+        tokio::spawn(crate::client::consul::checks::run_task_checks(watcher, driver.clone(), handle.clone(), checks, me, stop.clone()));
+        Some(stop)
     }
 
     /// Records an event.
@@ -442,7 +474,12 @@ impl TaskRunner {
                     }
                 }
             };
-            let (exit, how) = match self.wait_task(driver.as_ref(), &handle).await {
+            let checks = self.start_checks(&driver, &handle);
+            let ended = self.wait_task(driver.as_ref(), &handle).await;
+            if let Some(stop) = checks {
+                stop.cancel();
+            }
+            let (exit, how) = match ended {
                 Some(ended) => ended,
                 None => return Flow::Shutdown,
             };
@@ -450,6 +487,7 @@ impl TaskRunner {
             let decision = match how {
                 How::Killed => Decision::Killed,
                 How::Restart => tracker.restart_requested(),
+                How::RestartFailure => tracker.restart_failed(Instant::now(), rand::random()),
                 How::Natural if self.kill.is_cancelled() => Decision::Killed,
                 How::Natural => tracker.exited(&exit, Instant::now(), rand::random()),
             };
@@ -569,7 +607,9 @@ impl TaskRunner {
                 r = &mut wait => return Some((exited(r), How::Natural)),
                 _ = self.kill.cancelled() => break How::Killed,
                 // A stale wake-up (the request was for an earlier run) is ignored.
-                _ = self.restart.notified() => if self.restart_pending.swap(false, Ordering::SeqCst) { break How::Restart },
+                _ = self.restart.notified() => if self.restart_pending.swap(false, Ordering::SeqCst) {
+                    break if self.restart_failure.swap(false, Ordering::SeqCst) { How::RestartFailure } else { How::Restart };
+                },
                 _ = self.ctx.shutdown.cancelled() => return None,
             }
         };
@@ -673,6 +713,17 @@ impl TaskRunner {
                     _ = self.ctx.shutdown.cancelled() => Flow::Shutdown,
                 }
             }
+        }
+    }
+}
+
+/// The task runner as its checks see it (weak: the checks never keep a runner alive).
+struct Restarting(std::sync::Weak<TaskRunner>);
+
+impl crate::client::consul::checks::TaskRestarter for Restarting {
+    fn restart_unhealthy(&self, check_name: &str) {
+        if let Some(runner) = self.0.upgrade() {
+            runner.restart_unhealthy(check_name);
         }
     }
 }

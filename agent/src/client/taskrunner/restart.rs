@@ -130,6 +130,12 @@ impl RestartTracker {
         self.decide(None, now, jitter)
     }
 
+    /// A restart asked for as a failure (an unhealthy check's `check_restart`): counted and
+    /// decided as a failed exit, as Nomad's `SetRestartTriggered(failure = true)`.
+    pub fn restart_failed(&mut self, now: Instant, jitter: f64) -> Decision {
+        self.decide(Some(false), now, jitter)
+    }
+
     /// A user asked for a restart: at once, not counted.
     pub fn restart_requested(&self) -> Decision {
         Decision::Restart { delay: Duration::ZERO, reason: String::new() }

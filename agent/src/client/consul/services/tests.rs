@@ -263,9 +263,6 @@ fn tcp_and_grpc_checks() {
 
 #[test]
 fn services_that_cannot_be_registered_are_skipped_with_a_reason() {
-    let mut script = svc("s", "http");
-    script.checks = vec![JobCheck { name: "sh".into(), check_type: "script".into(), command: "true".into(), ..JobCheck::default() }];
-    assert!(err(script).contains("script checks are not supported"));
     let mut noport = svc("np", "");
     noport.checks = vec![http_check("h")];
     assert!(err(noport).contains("http checks require an address"));
@@ -288,4 +285,54 @@ fn task_services_only_for_running_tasks_and_nomad_services_left_out() {
     assert!(built.registrations.values().all(|r| r.namespace == "team-a"));
     let built = build_consul(&alloc, &node, "global", "", Which::Running(&["server"]));
     assert!(built.registrations.contains_key("_nomad-task-a1b2-server-tsk-server-http"));
+}
+
+#[test]
+fn script_checks_are_registered_as_ttl_checks_and_listed_for_their_task() {
+    use nomad_proto::service::CheckRestart;
+    let script = JobCheck {
+        name: "sh-${NOMAD_TASK_NAME}".into(),
+        check_type: "script".into(),
+        command: "/bin/check".into(),
+        args: vec!["${NOMAD_ALLOC_INDEX}".into()],
+        interval: 10_000_000_000,
+        timeout: 2_000_000_000,
+        task_name: "server".into(),
+        ..JobCheck::default()
+    };
+    // A group service without a port: a script check needs no address.
+    let mut group = svc("grp", "");
+    group.checks = vec![script.clone(), JobCheck { task_name: "other".into(), ..script.clone() }];
+    let mut task_svc = svc("tsk", "http");
+    task_svc.checks = vec![
+        JobCheck { name: "own".into(), task_name: String::new(), ..script.clone() },
+        JobCheck { check_restart: Some(CheckRestart { limit: 3, grace: 1_000_000_000, ignore_warnings: true }), ..http_check("h") },
+        http_check("plain"),
+    ];
+    let (alloc, node) = fixture(vec![group], vec![task_svc]);
+    let built = build_consul(&alloc, &node, "global", "", Which::All);
+    assert!(built.errors.is_empty(), "{:?}", built.errors);
+    let g = &built.registrations["_nomad-task-a1b2-group-front-grp-"];
+    let ttl = &g.checks[0];
+    // Nomad's createCheckReg: TTL = interval + 31s, no Interval or Timeout (Consul refuses both).
+    assert_eq!((ttl.ttl.as_str(), ttl.interval.as_str(), ttl.timeout.as_str()), ("41s", "", ""));
+    assert!(ttl.http.is_empty() && ttl.tcp.is_empty());
+    let body = serde_json::to_value(ttl).unwrap();
+    assert_eq!(body.as_object().unwrap().keys().collect::<Vec<_>>(), ["CheckID", "Name", "TTL"]);
+
+    let task = alloc.job.as_ref().unwrap().task_groups[0].tasks[0].clone();
+    let listed = task_checks(&alloc, &node, "global", &task);
+    let t = &built.registrations["_nomad-task-a1b2-server-tsk-http"];
+    // The task's own script, its check_restart check, and the group script naming it; not the
+    // plain http check, not the group script of task "other".
+    let ids: Vec<&str> = listed.iter().map(|c| c.check_id.as_str()).collect();
+    assert_eq!(ids, [t.checks[0].check_id.as_str(), t.checks[1].check_id.as_str(), g.checks[0].check_id.as_str()]);
+    assert_eq!(listed[0].script, Some(("/bin/check".to_string(), vec!["3".to_string()])));
+    assert_eq!(listed[0].interval, std::time::Duration::from_secs(10));
+    assert_eq!(listed[0].timeout, std::time::Duration::from_secs(2));
+    assert!(listed[1].script.is_none());
+    assert_eq!(listed[1].restart.as_ref().map(|r| (r.limit, r.ignore_warnings)), Some((3, true)));
+    // The group check's name is interpolated as registered (the group has no task name).
+    assert_eq!(listed[2].name, g.checks[0].name);
+    assert_eq!(g.checks[0].name, "sh-${NOMAD_TASK_NAME}");
 }
