@@ -8,6 +8,7 @@
 mod alloc;
 mod csi;
 mod csi_claim;
+mod csi_controller;
 mod drain;
 mod eligibility;
 mod error;
@@ -22,6 +23,7 @@ mod services;
 use std::sync::Arc;
 
 pub use alloc::AllocStopResponse;
+pub use csi_controller::{CSI_CLIENT_RETRYABLE, UNKNOWN_NODE, controller_nodes, passes_on};
 pub use drain::{DrainRequest, DrainSpec, NodeWriteResponse};
 pub use error::EndpointError;
 pub use job::{JobDeregisterResponse, JobRegisterOptions, JobRegisterResponse, JobValidateResponse};
@@ -77,6 +79,8 @@ pub struct Endpoints {
     clock: Clock,
     /// Controller and node plugin calls on clients (`ClientCSI.*`).
     client_csi: Arc<dyn crate::csi::ClientCsi>,
+    /// One controller RPC per plugin at a time.
+    controller_locks: csi_controller::ControllerLocks,
 }
 
 impl Endpoints {
@@ -91,6 +95,7 @@ impl Endpoints {
             scheduler: None,
             clock: Arc::new(nomad_proto::Timestamp::now),
             client_csi: crate::csi::NoClientCalls::shared(),
+            controller_locks: Default::default(),
         }
     }
 
@@ -154,6 +159,8 @@ impl Endpoints {
     }
 }
 
+#[cfg(test)]
+pub(crate) use csi_controller::fake as fake_client_csi;
 #[cfg(test)]
 mod admission_tests;
 #[cfg(test)]
