@@ -4,6 +4,7 @@ mod cli;
 mod client_agent;
 mod client_restore;
 mod consul_standin;
+mod csi_controller;
 mod csi_plugin;
 mod disconnect;
 mod drain;

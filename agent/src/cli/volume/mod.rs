@@ -1,9 +1,8 @@
 //! `nomad-rs volume ...`: CSI volumes (`command/volume_*.go`).
 //!
-//! `register`, `deregister` and `status` are served by nomad-rs; `create`, `delete` and
-//! `detach` need the servers' CSI RPCs to clients, which nomad-rs does not have yet, so its
-//! servers answer them with 501 and the commands print that and exit 1 (against Nomad they
-//! work as Nomad's do).
+//! `register`, `deregister`, `status`, `create` and `delete` are served by nomad-rs (the last two
+//! through a controller of the volume's plugin); its servers answer `detach` with 501 for now, and
+//! the command prints that and exits 1 (against Nomad it works as Nomad's does).
 
 pub mod create;
 pub mod delete;
