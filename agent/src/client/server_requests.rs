@@ -27,6 +27,9 @@ pub const MAX_CONCURRENT: usize = 16;
 /// How often an open stream checks whether the client moved to another server.
 const FAILOVER_CHECK: Duration = Duration::from_secs(5);
 
+/// A stream up this long counts as having worked (the backoff starts over).
+const STEADY: Duration = Duration::from_secs(5);
+
 /// Longest wait for the server to take a reply.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -96,13 +99,22 @@ pub async fn run(
     let turns = Arc::new(Semaphore::new(MAX_CONCURRENT));
     let mut wait = backoff.initial;
     loop {
+        let started = tokio::time::Instant::now();
         let opened = serve_one(&servers, &creds, &handler, &turns, &shutdown).await;
         if shutdown.is_cancelled() {
             return;
         }
         match opened {
-            // It was up: try again at once (a failover, the server going away).
-            Ok(()) => wait = backoff.initial,
+            // It was up a while: open it again at once (a failover, the server going away).
+            Ok(()) if started.elapsed() >= STEADY => wait = backoff.initial,
+            // Ended as soon as it opened: not a loop of reconnects.
+            Ok(()) => {
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = shutdown.cancelled() => return,
+                }
+                wait = (wait * 2).min(backoff.max);
+            }
             Err(e) => {
                 tracing::debug!(error = %e, retry_in = ?wait, "the server-request stream could not be opened");
                 tokio::select! {
