@@ -13,6 +13,18 @@ fn unary(name: &str, route: &str, input: &str, output: &str) -> Method {
         .build()
 }
 
+/// A server-streaming call: one request, a stream of replies.
+fn server_streaming(name: &str, route: &str, input: &str, output: &str) -> Method {
+    Method::builder()
+        .name(name)
+        .route_name(route)
+        .input_type(format!("crate::rpc::{input}"))
+        .output_type(format!("crate::rpc::{output}"))
+        .codec_path("crate::rpc::codec::NodeRpcCodec")
+        .server_streaming()
+        .build()
+}
+
 fn main() {
     let node = Service::builder()
         .name("Node")
@@ -22,6 +34,11 @@ fn main() {
         .method(unary("update_status", "UpdateStatus", "NodeUpdateStatusRequest", "NodeUpdateResponse"))
         .method(unary("update_alloc", "UpdateAlloc", "AllocUpdateRequest", "GenericResponse"))
         .method(unary("get_client_allocs", "GetClientAllocs", "NodeSpecificRequest", "NodeClientAllocsResponse"))
+        // The channel servers call the client over (servers never dial clients): the client
+        // keeps this stream open to the server it talks to and answers each request with
+        // `ServerRequestReply` on the same connection.
+        .method(server_streaming("server_requests", "ServerRequests", "NodeServerRequestsRequest", "ServerRequest"))
+        .method(unary("server_request_reply", "ServerRequestReply", "ServerRequestReply", "GenericResponse"))
         .build();
     let alloc = Service::builder()
         .name("Alloc")

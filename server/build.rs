@@ -1,4 +1,4 @@
-//! Generates the server-to-server gRPC services (Raft, Forward). Messages are serde types
+//! Generates the server-to-server gRPC services (Raft, Forward, ClientConn). Messages are serde types
 //! (openraft's own RPC structs plus a few of ours in `src/raft/rpc.rs`)
 //! carried by the JSON codec, so there is no protobuf copy of any of them.
 
@@ -37,5 +37,11 @@ fn main() {
         .comment("A follower hands an API request it may not answer (a write, a plan) to the leader, with the caller's credentials.")
         .method(unary("http", "Http", "crate::http::forward::ForwardedRequest", "crate::http::forward::ForwardedResponse"))
         .build();
-    Builder::new().compile(&[raft, forward]);
+    let client_conn = Service::builder()
+        .name("ClientConn")
+        .package("nomad.server")
+        .comment("A server asks another to pass a call to a client whose request stream that server holds (one hop).")
+        .method(unary("call", "Call", "crate::client_conn::ForwardedCall", "crate::client_conn::ForwardedCallReply"))
+        .build();
+    Builder::new().compile(&[raft, forward, client_conn]);
 }

@@ -1,6 +1,7 @@
 //! The nomad-rs server role.
 
 pub mod broker;
+pub mod client_conn;
 pub mod consensus;
 pub mod csi;
 pub mod drainer;

@@ -15,13 +15,14 @@ use nomad_proto::rpc::codec::MAX_MESSAGE_BYTES;
 use nomad_proto::rpc::{
     AllocClient, AllocRpc, AllocServer, AllocUpdateRequest, AllocsGetRequest, AllocsGetResponse, CsiVolumeClaimRequest,
     CsiVolumeClaimResponse, CsiVolumeClient, CsiVolumeRpc, CsiVolumeServer, CsiVolumeUnpublishRequest, GenericResponse, NodeClient,
-    NodeClientAllocsResponse, NodeRegisterRequest, NodeRpc, NodeServer, NodeSpecificRequest, NodeUpdateResponse, NodeUpdateStatusRequest,
-    ServiceRegistrationClient, ServiceRegistrationDeleteByIdRequest, ServiceRegistrationDeleteRequest, ServiceRegistrationRpc,
-    ServiceRegistrationServer, ServiceRegistrationUpsertRequest,
+    NodeClientAllocsResponse, NodeRegisterRequest, NodeRpc, NodeServer, NodeServerRequestsRequest, NodeSpecificRequest, NodeUpdateResponse,
+    NodeUpdateStatusRequest, ServerRequestReply, ServiceRegistrationClient, ServiceRegistrationDeleteByIdRequest,
+    ServiceRegistrationDeleteRequest, ServiceRegistrationRpc, ServiceRegistrationServer, ServiceRegistrationUpsertRequest,
 };
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
+use crate::client_conn::{ClientConns, RequestStream};
 use crate::endpoints::Endpoints;
 use crate::rpc_auth::{AuthenticatedServer, ClusterAuth, NODE_PEER_HEADER, Stamp};
 
@@ -71,12 +72,20 @@ impl Peers {
 pub struct ClientRpc {
     endpoints: Endpoints,
     peers: Peers,
+    /// The nodes' request streams to this server (`Node.ServerRequests`).
+    conns: Arc<ClientConns>,
 }
 
 impl ClientRpc {
     /// Services over `endpoints`.
     pub fn new(endpoints: Endpoints, peers: Peers) -> ClientRpc {
-        ClientRpc { endpoints, peers }
+        ClientRpc { endpoints, peers, conns: ClientConns::new() }
+    }
+
+    /// These services, keeping the nodes' request streams in `conns`.
+    pub fn with_conns(mut self, conns: Arc<ClientConns>) -> ClientRpc {
+        self.conns = conns;
+        self
     }
 
     /// The tonic services, ready to add to a server.
@@ -140,6 +149,30 @@ fn node_client(ch: Channel) -> NodeClient<Channel> {
 
 #[tonic::async_trait]
 impl NodeRpc for ClientRpc {
+    type ServerRequestsStream = RequestStream;
+
+    /// Never forwarded: the stream stays on the server the node dialed, which is the server
+    /// that can reach it (`crate::client_conn`).
+    async fn server_requests(&self, req: Request<NodeServerRequestsRequest>) -> Result<Response<RequestStream>, Status> {
+        let r = req.into_inner();
+        self.endpoints.authenticate_node_rpc(&r.node_id, &r.secret_id)?;
+        Ok(Response::new(self.conns.open(&r.node_id)))
+    }
+
+    /// Never forwarded: the answer belongs to the server that sent the request, over the
+    /// stream the node holds to it.
+    async fn server_request_reply(&self, req: Request<ServerRequestReply>) -> Result<Response<GenericResponse>, Status> {
+        let r = req.into_inner();
+        self.endpoints.authenticate_node_rpc(&r.node_id, &r.secret_id)?;
+        let answer = match (r.result, r.error) {
+            (_, Some(error)) => Err(error),
+            (Some(result), None) => Ok(result),
+            (None, None) => Ok(serde_json::Value::Null),
+        };
+        self.conns.reply(&r.node_id, r.id, answer)?;
+        Ok(Response::new(GenericResponse::default()))
+    }
+
     async fn register(&self, req: Request<NodeRegisterRequest>) -> Result<Response<NodeUpdateResponse>, Status> {
         if let Some(ch) = self.forward_target(&req)? {
             return node_client(ch).register(self.forwarded(req)).await;

@@ -49,10 +49,13 @@ pub const RPC_TABLE: &[(&str, Requires)] = &[
     ("/nomad.server.Forward/Http", Requires::Server),
     ("/nomad.raft.Raft/Join", Requires::Server),
     ("/nomad.raft.Raft/Info", Requires::Server),
+    ("/nomad.server.ClientConn/Call", Requires::Server),
     ("/nomad.Node/Register", Requires::Node),
     ("/nomad.Node/UpdateStatus", Requires::Node),
     ("/nomad.Node/UpdateAlloc", Requires::Node),
     ("/nomad.Node/GetClientAllocs", Requires::Node),
+    ("/nomad.Node/ServerRequests", Requires::Node),
+    ("/nomad.Node/ServerRequestReply", Requires::Node),
     ("/nomad.Alloc/GetAllocs", Requires::Node),
     ("/nomad.ServiceRegistration/Upsert", Requires::Node),
     ("/nomad.ServiceRegistration/DeleteByAlloc", Requires::Node),
@@ -372,6 +375,7 @@ mod tests {
         let generated = [
             include_str!(concat!(env!("OUT_DIR"), "/nomad.raft.Raft.rs")),
             include_str!(concat!(env!("OUT_DIR"), "/nomad.server.Forward.rs")),
+            include_str!(concat!(env!("OUT_DIR"), "/nomad.server.ClientConn.rs")),
         ];
         let mut routes = Vec::new();
         for code in generated {
@@ -381,7 +385,7 @@ mod tests {
                 }
             }
         }
-        assert!(routes.len() >= 6, "{routes:?}");
+        assert!(routes.len() >= 7, "{routes:?}");
         for route in routes {
             assert_eq!(requirement(route), Some(Requires::Server), "{route} must be in RPC_TABLE, for servers only");
         }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+use crate::client_conn::{ClientCalls, ClientConnService, ClientConns, RpcClientCsi};
 use crate::consensus::{Consensus, RaftConsensus};
 use crate::endpoints::{EndpointConfig, Endpoints};
 use crate::events::EventBroker;
@@ -148,7 +149,13 @@ impl Server {
         .with_events(events)
         .with_scheduler(scheduler.clone());
         let peers = Peers::new(auth.clone());
-        let client_rpc = ClientRpc::new(endpoints.clone(), peers.clone());
+        // Calls to clients go over the streams clients keep open to their server; a stream held
+        // by another server is reached through it (`client_conn`).
+        let conns = ClientConns::new();
+        let client_calls = ClientCalls::new(conns.clone(), consensus.clone(), peers.clone(), &cfg.rpc_advertise);
+        let endpoints = endpoints.with_client_csi(Arc::new(RpcClientCsi::new(client_calls)));
+        let client_conn_svc = ClientConnService::server(conns.clone());
+        let client_rpc = ClientRpc::new(endpoints.clone(), peers.clone()).with_conns(conns);
         let (node_svc, alloc_svc) = client_rpc.services();
         let service_svc = client_rpc.service_registration();
         let csi_volume_svc = client_rpc.csi_volume();
@@ -157,10 +164,15 @@ impl Server {
         let rpc_limits = cfg.rpc_limits;
         let rpc = tokio::spawn(async move {
             let served = tonic::transport::Server::builder()
+                // Pings find a client gone without a word (a partition), so its request
+                // stream ends and calls to it fail instead of waiting out their deadline.
+                .http2_keepalive_interval(Some(Duration::from_secs(20)))
+                .http2_keepalive_timeout(Some(Duration::from_secs(20)))
                 // Who may call what: one table (`rpc_auth::RPC_TABLE`) in front of every service.
                 .layer(RpcAuthLayer::new(auth))
                 .add_service(raft.service())
                 .add_service(forward_svc)
+                .add_service(client_conn_svc)
                 .add_service(node_svc)
                 .add_service(alloc_svc)
                 .add_service(service_svc)

@@ -27,6 +27,7 @@ pub mod heartbeat;
 pub mod http;
 pub mod reconnect;
 pub mod register;
+pub mod server_requests;
 pub mod servers;
 pub mod services;
 pub mod state;
@@ -269,6 +270,21 @@ impl Client {
         ctx.tracker.spawn(inner.clone().sync_allocs(updates_rx));
         ctx.tracker.spawn(inner.clone().fingerprint_drivers());
         ctx.tracker.spawn(csi_manager.clone().run(ctx.shutdown.clone()));
+        // The servers' calls to this client (CSI controller and node detach), over the stream it
+        // keeps to its server. The node detach goes to the volume manager once there is one.
+        let node_detach: Arc<dyn csi::endpoint::NodeDetach> = Arc::new(csi::endpoint::NoVolumeManager);
+        let handler =
+            Arc::new(server_requests::ServerRequestHandler::new(csi::endpoint::CsiEndpoint::new(csi_manager.clone(), node_detach)));
+        let creds =
+            server_requests::NodeCredentials { node_id: inner.identity.node_id.clone(), secret_id: inner.identity.secret_id.clone() };
+        ctx.tracker.spawn(server_requests::run(
+            inner.servers.clone(),
+            creds,
+            handler,
+            inner.registered.subscribe(),
+            server_requests::Backoff::default(),
+            ctx.shutdown.clone(),
+        ));
         ctx.tracker.spawn(inner.clone().apply_csi_plugins(csi_manager.subscribe()));
         if let Some(api) = consul {
             ctx.tracker.spawn(inner.clone().fingerprint_consul(api, consul_seen));

@@ -159,6 +159,11 @@ impl Servers {
         lock(&self.http).clone()
     }
 
+    /// The cached connection to `addr` (a stream and the replies to what came over it share it).
+    pub fn channel_to(&self, addr: &str) -> Result<Channel, RpcError> {
+        self.channel(addr)
+    }
+
     fn channel(&self, addr: &str) -> Result<Channel, RpcError> {
         let mut map = lock(&self.channels);
         if let Some(c) = map.get(addr) {

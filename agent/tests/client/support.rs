@@ -59,6 +59,18 @@ struct GatedRpc {
 
 #[tonic::async_trait]
 impl NodeRpc for GatedRpc {
+    type ServerRequestsStream = futures::stream::Empty<Result<nomad_proto::rpc::ServerRequest, Status>>;
+
+    /// These tests' server calls no client: the client's stream is refused (it retries quietly).
+    async fn server_requests(
+        &self,
+        _: Request<nomad_proto::rpc::NodeServerRequestsRequest>,
+    ) -> Result<Response<Self::ServerRequestsStream>, Status> {
+        Err(Status::unimplemented("this test server calls no client"))
+    }
+    async fn server_request_reply(&self, _: Request<nomad_proto::rpc::ServerRequestReply>) -> Result<Response<GenericResponse>, Status> {
+        Err(Status::unimplemented("this test server calls no client"))
+    }
     async fn register(&self, req: Request<NodeRegisterRequest>) -> Result<Response<NodeUpdateResponse>, Status> {
         Ok(Response::new(self.endpoints.node_register(req.into_inner()).await?))
     }

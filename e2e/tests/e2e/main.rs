@@ -5,6 +5,7 @@ mod client_agent;
 mod client_restore;
 mod consul_checks;
 mod consul_standin;
+mod csi_controller;
 mod csi_plugin;
 mod disconnect;
 mod drain;

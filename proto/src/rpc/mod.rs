@@ -35,8 +35,9 @@ macro_rules! decode_limits {
 
 decode_limits!(
     requests: NodeRegisterRequest, NodeUpdateStatusRequest, AllocUpdateRequest, NodeSpecificRequest, AllocsGetRequest,
-        ServiceRegistrationUpsertRequest, ServiceRegistrationDeleteRequest, ServiceRegistrationDeleteByIdRequest, CsiVolumeClaimRequest, CsiVolumeUnpublishRequest;
-    replies: NodeUpdateResponse, GenericResponse, NodeClientAllocsResponse, AllocsGetResponse, CsiVolumeClaimResponse
+        ServiceRegistrationUpsertRequest, ServiceRegistrationDeleteRequest, ServiceRegistrationDeleteByIdRequest, CsiVolumeClaimRequest, CsiVolumeUnpublishRequest,
+        NodeServerRequestsRequest, ServerRequestReply;
+    replies: NodeUpdateResponse, GenericResponse, NodeClientAllocsResponse, AllocsGetResponse, CsiVolumeClaimResponse, ServerRequest
 );
 
 pub use generated::alloc_client::AllocClient;
@@ -325,4 +326,60 @@ pub struct CsiVolumeUnpublishRequest {
     /// The node's secret.
     #[serde(rename = "SecretID")]
     pub secret_id: String,
+}
+
+/// Largest request body a server sends a client over `Node.ServerRequests` (a CSI volume create
+/// with its parameters, secrets and topologies is far smaller), and the largest result a client
+/// sends back: both sides refuse to send more, and the client reads the stream with this limit
+/// (plus [`SERVER_REQUEST_ENVELOPE_BYTES`]).
+pub const MAX_SERVER_REQUEST_BYTES: usize = 4 * 1024 * 1024;
+
+/// Room for the envelope (`ID`, `Method`) around a server request's body.
+pub const SERVER_REQUEST_ENVELOPE_BYTES: usize = 4096;
+
+/// `Node.ServerRequests`: a client opens the channel servers send it requests over. It stays
+/// open on the server the client talks to (never forwarded), for as long as the client keeps it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct NodeServerRequestsRequest {
+    /// The calling node.
+    #[serde(rename = "NodeID")]
+    pub node_id: String,
+    /// The node's secret.
+    #[serde(rename = "SecretID")]
+    pub secret_id: String,
+}
+
+/// One request a server sends a client over `Node.ServerRequests` (Nomad's server-to-client
+/// RPCs, e.g. `CSI.ControllerAttachVolume`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct ServerRequest {
+    /// Unique on the sending server; the client's reply names it.
+    #[serde(rename = "ID")]
+    pub id: u64,
+    /// The client RPC (`CSI.ControllerAttachVolume`, ...).
+    pub method: String,
+    /// Its request (the method's request type, as JSON).
+    pub body: serde_json::Value,
+}
+
+/// `Node.ServerRequestReply`: the client's answer to one [`ServerRequest`], sent to the server
+/// that sent it. Accepted only from the node the request went to.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct ServerRequestReply {
+    /// The calling node.
+    #[serde(rename = "NodeID")]
+    pub node_id: String,
+    /// The node's secret.
+    #[serde(rename = "SecretID")]
+    pub secret_id: String,
+    /// The request answered.
+    #[serde(rename = "ID")]
+    pub id: u64,
+    /// The method's response (as JSON), when it succeeded.
+    pub result: Option<serde_json::Value>,
+    /// Why it failed (Nomad's error text, e.g. with `CSI client error (retryable)`).
+    pub error: Option<String>,
 }

@@ -16,7 +16,7 @@ use nomad_proto::rpc::client_csi::{
 use crate::consensus::BoxFuture;
 
 /// Why a call to a client did not succeed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum ClientCallError {
     /// The node has no connection to any server right now (down, disconnected, or never
     /// connected): the caller may pick another node or retry later.

@@ -19,22 +19,17 @@
 //! one in `PastClaims`, where whoever resends the stored claim resumes at
 //! `csi::unpublish::next_step`.
 
-use nomad_proto::csi::{CsiPlugin, CsiVolume, CsiVolumeClaim, CsiVolumeClaimMode, CsiVolumeClaimState};
+use nomad_proto::csi::{CsiVolume, CsiVolumeClaim, CsiVolumeClaimMode, CsiVolumeClaimState};
 use nomad_proto::rpc::client_csi::{ClientCsiControllerDetachRequest, ClientCsiNodeDetachRequest, CsiControllerQuery};
-use nomad_proto::{NamespacedId, NodeStatus};
-use rand::seq::SliceRandom;
+use nomad_proto::NamespacedId;
 
+use super::csi_controller::UNKNOWN_NODE;
 use super::{EndpointError, Endpoints};
 use crate::consensus::BoxFuture;
 use crate::csi::ClientCallError;
 use crate::csi::unpublish::{ControllerDetachPlan, NodeDetachPlan, UnpublishStep, next_step, plan_controller_detach, plan_node_detach};
 use crate::fsm::Command;
 use crate::state::{State, Table};
-
-/// Nomad's `ErrUnknownNode` text: a client call that answers it counts as a detached node.
-pub const UNKNOWN_NODE: &str = "Unknown node";
-/// Nomad's `ErrCSIClientRPCRetryable` text.
-pub const CSI_CLIENT_RETRYABLE: &str = "CSI client error (retryable)";
 
 /// Who asks for a release, which decides the node step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,72 +42,7 @@ pub enum ReleaseBy {
     Server,
 }
 
-/// Whether a controller call failed in a way another controller may not (Nomad's
-/// `isRetryable`): the client has no path, does not know the node, or said retryable.
-fn try_next_controller(e: &ClientCallError) -> bool {
-    match e {
-        ClientCallError::NoPath { .. } => true,
-        ClientCallError::Failed(m) => m.contains(CSI_CLIENT_RETRYABLE) || m.contains(UNKNOWN_NODE),
-        ClientCallError::Timeout { .. } => false,
-    }
-}
-
-/// The nodes to send a controller call for `plugin` to (`clientIDsForController`): every
-/// healthy controller instance whose node is ready, in random order.
-pub fn controller_nodes(snap: &State, plugin: &CsiPlugin) -> Result<Vec<String>, String> {
-    if plugin.controllers.is_empty() {
-        return Err(format!("failed to find instances of controller plugin {:?}", plugin.id));
-    }
-    let mut why = Vec::new();
-    let mut ids = Vec::new();
-    for (node_id, info) in &plugin.controllers {
-        if info.controller_info.is_none() {
-            why.push(format!("plugin instance {:?} is not a controller but was registered as one - this is always a bug", info.alloc_id));
-        } else if !info.healthy {
-            why.push(format!("plugin instance {:?} is not healthy", info.alloc_id));
-        } else {
-            match snap.node(node_id) {
-                None => why.push(format!("cannot find node {node_id:?} for plugin instance {:?}", info.alloc_id)),
-                Some(n) if n.status != NodeStatus::Ready => {
-                    why.push(format!("node {node_id:?} for plugin instance {:?} is not ready", info.alloc_id))
-                }
-                Some(_) => ids.push(node_id.clone()),
-            }
-        }
-    }
-    if ids.is_empty() {
-        return Err(format!("failed to find clients running controller plugin {:?}: {}", plugin.id, why.join("\n")));
-    }
-    ids.shuffle(&mut rand::rng());
-    Ok(ids)
-}
-
-/// One controller call per plugin at a time, on this server (Nomad's `serializedControllerRPC`:
-/// many plugins do not handle concurrent requests as the spec says they should).
-#[derive(Default)]
-pub struct ControllerCalls {
-    locks: std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<tokio::sync::Mutex<()>>>>,
-}
-
-impl ControllerCalls {
-    /// Waits for the plugin's turn; the turn ends when the guard drops.
-    pub async fn turn(&self, plugin_id: &str) -> tokio::sync::OwnedMutexGuard<()> {
-        let lock = {
-            let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
-            // Plugins nobody waits for take no memory.
-            locks.retain(|_, l| std::sync::Arc::strong_count(l) > 1);
-            locks.entry(plugin_id.to_string()).or_default().clone()
-        };
-        lock.lock_owned().await
-    }
-}
-
 impl Endpoints {
-    /// Waits for `plugin_id`'s turn to call a controller (one call per plugin at a time).
-    pub async fn controller_turn(&self, plugin_id: &str) -> tokio::sync::OwnedMutexGuard<()> {
-        self.controller_calls.turn(plugin_id).await
-    }
-
     /// Walks `claim` on `namespace/volume_id` from the state it carries to `ready-to-free`
     /// (see the module docs). Returns the index of the last write.
     pub async fn csi_release_claim(
@@ -239,30 +169,22 @@ impl Endpoints {
         };
         // Recorded on the claim, so the checkpoint keeps it for a node that is GC'd later.
         claim.external_node_id = external_node_id.clone();
-        let Some(plugin) = plugin else { return Err(EndpointError::Internal(format!("no such plugin: {:?}", vol.plugin_id))) };
+        if plugin.is_none() {
+            return Err(EndpointError::Internal(format!("no such plugin: {:?}", vol.plugin_id)));
+        }
         let fail = |e: String| EndpointError::Internal(format!("could not detach from controller: controller detach volume: {e}"));
-        let nodes = controller_nodes(&snap, plugin).map_err(fail)?;
-        let mut last = None;
-        for node_id in nodes {
+        self.call_controller(&vol.plugin_id, |node_id| {
             let req = ClientCsiControllerDetachRequest {
-                controller: CsiControllerQuery { controller_node_id: node_id.clone(), plugin_id: vol.plugin_id.clone() },
+                controller: CsiControllerQuery { controller_node_id: node_id, plugin_id: vol.plugin_id.clone() },
                 volume_id: vol.remote_id().to_string(),
                 client_csi_node_id: external_node_id.clone(),
                 secrets: vol.secrets.clone(),
             };
-            let turn = self.controller_turn(&vol.plugin_id).await;
-            let answer = self.client_csi.controller_detach(req).await;
-            drop(turn);
-            match answer {
-                Ok(()) => return Ok(true),
-                Err(e) if try_next_controller(&e) => {
-                    tracing::debug!(node = %node_id, error = %e, "failed to reach controller on client");
-                    last = Some(e);
-                }
-                Err(e) => return Err(fail(e.to_string())),
-            }
-        }
-        Err(fail(last.map(|e| e.to_string()).unwrap_or_default()))
+            self.client_csi.controller_detach(req)
+        })
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+        Ok(true)
     }
 
     pub(super) async fn write_claim(&self, namespace: &str, volume_id: &str, claim: CsiVolumeClaim) -> Result<u64, EndpointError> {

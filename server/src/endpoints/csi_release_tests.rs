@@ -11,6 +11,7 @@ use nomad_proto::{Allocation, ClientStatus, Node, NodeStatus};
 use super::*;
 use crate::consensus::Consensus;
 use crate::csi::ClientCallError;
+use crate::endpoints::CSI_CLIENT_RETRYABLE;
 use crate::testing::{CsiCall, RecordingClientCsi, TestServer, job, node};
 
 const MODE: CsiVolumeAccessMode = CsiVolumeAccessMode::MultiNodeMultiWriter;
@@ -344,18 +345,4 @@ async fn a_claim_released_meanwhile_is_not_brought_back() {
     assert_freed(&ts, "resent");
     let e = ts.endpoints.csi_release_claim("default", "nope", claim_of(&a, CsiVolumeClaimState::Unpublishing), ReleaseBy::Server).await;
     assert_eq!(e, Err(EndpointError::NotFound("no such volume".into())));
-}
-
-#[tokio::test]
-async fn controller_calls_take_turns_per_plugin() {
-    let calls = ControllerCalls::default();
-    let first = calls.turn("p").await;
-    // Another plugin is not held up.
-    drop(calls.turn("q").await);
-    let mut second = Box::pin(calls.turn("p"));
-    assert!(futures::poll!(&mut second).is_pending(), "p's second caller waits for the first");
-    drop(first);
-    drop(second.await);
-    let _r = calls.turn("r").await;
-    assert_eq!(calls.locks.lock().unwrap().keys().collect::<Vec<_>>(), ["r"], "unused plugins are forgotten");
 }

@@ -8,6 +8,7 @@
 mod alloc;
 mod csi;
 mod csi_claim;
+mod csi_controller;
 mod csi_release;
 mod drain;
 mod eligibility;
@@ -23,7 +24,8 @@ mod services;
 use std::sync::Arc;
 
 pub use alloc::AllocStopResponse;
-pub use csi_release::{CSI_CLIENT_RETRYABLE, ReleaseBy, UNKNOWN_NODE, controller_nodes};
+pub use csi_controller::{CSI_CLIENT_RETRYABLE, UNKNOWN_NODE, controller_nodes, passes_on};
+pub use csi_release::ReleaseBy;
 pub use drain::{DrainRequest, DrainSpec, NodeWriteResponse};
 pub use error::EndpointError;
 pub use job::{JobDeregisterResponse, JobRegisterOptions, JobRegisterResponse, JobValidateResponse};
@@ -79,8 +81,8 @@ pub struct Endpoints {
     clock: Clock,
     /// Controller and node plugin calls on clients (`ClientCSI.*`).
     client_csi: Arc<dyn crate::csi::ClientCsi>,
-    /// One controller call per plugin at a time (`serializedControllerRPC`).
-    controller_calls: Arc<csi_release::ControllerCalls>,
+    /// One controller RPC per plugin at a time (`serializedControllerRPC`).
+    controller_locks: csi_controller::ControllerLocks,
 }
 
 impl Endpoints {
@@ -95,7 +97,7 @@ impl Endpoints {
             scheduler: None,
             clock: Arc::new(nomad_proto::Timestamp::now),
             client_csi: crate::csi::NoClientCalls::shared(),
-            controller_calls: Arc::default(),
+            controller_locks: Default::default(),
         }
     }
 
@@ -159,6 +161,8 @@ impl Endpoints {
     }
 }
 
+#[cfg(test)]
+pub(crate) use csi_controller::fake as fake_client_csi;
 #[cfg(test)]
 mod admission_tests;
 #[cfg(test)]

@@ -55,6 +55,13 @@ impl Endpoints {
         Ok(node)
     }
 
+    /// Checks a node RPC's NodeID and SecretID against this server's state (no write, so a
+    /// follower answers it itself).
+    pub fn authenticate_node_rpc(&self, node_id: &str, secret: &str) -> Result<(), EndpointError> {
+        let snap = self.store.snapshot();
+        self.authenticate_node(&snap, node_id, secret).map(drop)
+    }
+
     fn servers(&self) -> Vec<NodeServerInfo> {
         self.consensus
             .peers()

@@ -2,13 +2,14 @@
 //! (`command/agent/csi_endpoint.go`).
 //!
 //! Reads answer from this server's state, writes go through the endpoints (and, on a follower,
-//! to the leader like every other write). `detach` runs the servers' release walk
-//! (`Endpoints::csi_volume_detach`); `create` and `delete` are refused with 501 until the
-//! controller create and delete calls are wired.
+//! to the leader like every other write). `create` and `delete` go through a controller of the
+//! volume's plugin; `detach` runs the servers' release walk (`Endpoints::csi_volume_detach`).
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{Method, StatusCode, Uri};
+use std::collections::BTreeMap;
+
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
 use nomad_proto::csi::{CsiPluginListStub, CsiVolListStub, CsiVolumeRegisterRequest};
 
@@ -32,13 +33,6 @@ fn list_type(q: &QueryOptions) -> ListType {
         None => ListType::Missing,
         Some(t) if t == "csi" => ListType::Csi,
         Some(_) => ListType::Other,
-    }
-}
-
-fn not_supported(what: &str) -> HttpError {
-    HttpError {
-        code: StatusCode::NOT_IMPLEMENTED,
-        message: format!("{what} needs the CSI controller and node RPCs to clients, which are not supported by nomad-rs yet"),
     }
 }
 
@@ -83,9 +77,9 @@ pub async fn volumes(State(s): State<HttpState>, method: Method, uri: Uri, body:
     .await
 }
 
-/// `GET|PUT|DELETE /v1/volume/csi/<id>`, `DELETE /v1/volume/csi/<id>/detach?node=`, and the
-/// refused `create`, `delete`.
-pub async fn volume_specific(State(s): State<HttpState>, method: Method, uri: Uri, body: Body) -> Response {
+/// `GET|PUT|DELETE /v1/volume/csi/<id>`, `PUT|POST .../create`, `DELETE .../delete`, and
+/// `DELETE .../detach?node=`.
+pub async fn volume_specific(State(s): State<HttpState>, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
     super::respond(async {
         let q = QueryOptions::parse(&uri)?;
         let path = super::jobs::decode_path(uri.path().strip_prefix("/v1/volume/csi/").unwrap_or_default())?;
@@ -102,15 +96,18 @@ pub async fn volume_specific(State(s): State<HttpState>, method: Method, uri: Ur
                 write_ack(&s, index)
             }
             ([_], _) => Err(HttpError::invalid_method()),
-            ([_, "create"], &Method::PUT) => Err(not_supported("creating a volume (CSIVolume.Create)")),
-            ([_, "delete"], &Method::DELETE) => Err(not_supported("deleting a volume (CSIVolume.Delete)")),
+            ([_, "create"], &Method::PUT | &Method::POST) => create(&s, &q, body).await,
+            ([id, "delete"], &Method::DELETE) => {
+                let index = s.endpoints.csi_volume_delete(&q.namespace, vec![id.to_string()], csi_secrets(&headers)).await?;
+                write_ack(&s, index)
+            }
             ([id, "detach"], &Method::DELETE) => {
                 let node =
                     q.params.get("node").filter(|n| !n.is_empty()).ok_or_else(|| HttpError::bad_request("detach requires node ID"))?;
                 let index = s.endpoints.csi_volume_detach(&q.namespace, id, node).await?;
                 write_ack(&s, index)
             }
-            ([_, "detach"], _) => Err(HttpError::invalid_method()),
+            ([_, "create"], _) | ([_, "detach"], _) => Err(HttpError::invalid_method()),
             ([_, _], m) if *m != Method::PUT && *m != Method::DELETE => Err(HttpError::invalid_method()),
             _ => Err(HttpError::not_found(RESOURCE_NOT_FOUND)),
         }
@@ -134,6 +131,21 @@ async fn get_volume(s: &HttpState, q: &QueryOptions, id: &str) -> super::util::H
         .await;
     let view = view.ok_or_else(|| HttpError::not_found("volume not found"))?;
     json_response(&view.volume.to_api_value(&view.allocations), Some(s.meta(index)), q.pretty)
+}
+
+/// Nomad's `parseCSISecrets`: `X-Nomad-CSI-Secrets: k=v,k2=v2` (pairs without `=` dropped).
+fn csi_secrets(headers: &HeaderMap) -> BTreeMap<String, String> {
+    let Some(raw) = headers.get("X-Nomad-CSI-Secrets").and_then(|v| v.to_str().ok()) else { return BTreeMap::new() };
+    raw.split(',').filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+/// `CSIVolume.Create`: answers with the volumes as created (`CSIVolumeCreateResponse`).
+async fn create(s: &HttpState, q: &QueryOptions, body: Body) -> super::util::HttpResult {
+    let bytes = read_body(body).await?;
+    let req: CsiVolumeRegisterRequest = decode_body(&bytes)?;
+    let (volumes, index) = s.endpoints.csi_volume_create(&q.namespace, req.volumes).await?;
+    let volumes: Vec<serde_json::Value> = volumes.iter().map(|v| v.to_api_value(&[])).collect();
+    json_response(&serde_json::json!({ "Volumes": volumes, "Index": index }), Some(s.meta(index)), q.pretty)
 }
 
 async fn register(s: &HttpState, q: &QueryOptions, body: Body) -> super::util::HttpResult {

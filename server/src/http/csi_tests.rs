@@ -332,10 +332,11 @@ async fn plugins_are_listed_and_read_from_node_fingerprints() {
 #[tokio::test]
 async fn routes_not_wired_yet_are_refused_and_others_follow_nomads_codes() {
     let ts = server().await;
+    // The fixture's plugin has no controller to create or delete with.
     let r = call(&ts, Method::PUT, "/v1/volume/csi/vol/create", volume_body("vol", "hostpath")).await;
-    assert_eq!(r.status, StatusCode::NOT_IMPLEMENTED);
-    assert!(r.text().contains("not supported by nomad-rs yet"), "{}", r.text());
-    assert_eq!(call(&ts, Method::DELETE, "/v1/volume/csi/vol/delete", Body::empty()).await.status, StatusCode::NOT_IMPLEMENTED);
+    assert_eq!((r.status, r.text().as_str()), (StatusCode::INTERNAL_SERVER_ERROR, "plugin has no controller"));
+    let r = call(&ts, Method::DELETE, "/v1/volume/csi/vol/delete", Body::empty()).await;
+    assert_eq!((r.status, r.text().as_str()), (StatusCode::NOT_FOUND, "volume not found: vol"));
     let r = call(&ts, Method::DELETE, "/v1/volume/csi/vol/detach", Body::empty()).await;
     assert_eq!((r.status, r.text().as_str()), (StatusCode::BAD_REQUEST, "detach requires node ID"));
     let r = call(&ts, Method::DELETE, "/v1/volume/csi/vol/detach?node=n1", Body::empty()).await;
@@ -423,4 +424,126 @@ async fn detach_releases_through_the_walk_for_a_down_node_in_the_namespace_asked
     .await;
     assert_eq!(calls.calls().len(), 1, "the node is down: the watcher does not call it either");
     task.abort();
+}
+
+/// A node running a healthy controller (create/delete) and node instance of `hostpath`, ready.
+async fn controller_server() -> TestServer {
+    let ts = TestServer::new();
+    let mut n = node("n1");
+    let info = CsiInfo {
+        plugin_id: "hostpath".into(),
+        alloc_id: "plugin-alloc".into(),
+        healthy: true,
+        health_description: "healthy".into(),
+        provider: "hostpath.csi.k8s.io".into(),
+        provider_version: "1.11.0".into(),
+        requires_controller_plugin: true,
+        ..CsiInfo::default()
+    };
+    n.csi_node_plugins.insert(
+        "hostpath".into(),
+        CsiInfo { node_info: Some(CsiNodeInfo { id: "ext-n1".into(), max_volumes: 10, ..CsiNodeInfo::default() }), ..info.clone() },
+    );
+    let caps = nomad_proto::csi::CsiControllerInfo { supports_create_delete: true, ..Default::default() };
+    n.csi_controller_plugins.insert("hostpath".into(), CsiInfo { controller_info: Some(caps), ..info });
+    let n = ts.register_node(n).await;
+    let hb = nomad_proto::rpc::NodeUpdateStatusRequest {
+        node_id: n.id.clone(),
+        secret_id: n.secret_id.clone(),
+        status: nomad_proto::NodeStatus::Ready,
+        ..Default::default()
+    };
+    ts.endpoints.node_update_status(hb).await.unwrap();
+    ts
+}
+
+async fn call_with(router: &axum::Router, method: Method, path: &str, headers: &[(&str, &str)], body: impl Into<Body>) -> Reply {
+    let mut req = Request::builder().method(method).uri(path);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = router.clone().oneshot(req.body(body.into()).unwrap()).await.unwrap();
+    let status = resp.status();
+    let index = resp.headers().get("x-nomad-index").map(|v| v.to_str().unwrap().parse().unwrap());
+    let body = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap().to_vec();
+    Reply { status, index, body }
+}
+
+#[tokio::test]
+async fn create_asks_a_controller_then_registers_and_delete_asks_it_then_deregisters() {
+    use crate::endpoints::fake_client_csi::{FakeClientCsi, Seen};
+    let ts = controller_server().await;
+    let fake = std::sync::Arc::new(FakeClientCsi::default());
+    *fake.created.lock().unwrap() = nomad_proto::rpc::client_csi::ClientCsiControllerCreateResponse {
+        external_volume_id: "hp-123".into(),
+        capacity_bytes: 1 << 30,
+        volume_context: [("path".to_string(), "/srv/hp-123".to_string())].into(),
+        topologies: vec![],
+    };
+    let endpoints = ts.endpoints.clone().with_client_csi(fake.clone());
+    let router = crate::http::router(crate::http::HttpState {
+        endpoints,
+        agent: std::sync::Arc::new(crate::http::AgentInfo { name: "test".into(), region: "global".into(), ..Default::default() }),
+        forwarder: None,
+    });
+    let mut body: Value = serde_json::from_str(&volume_body("vol", "hostpath")).unwrap();
+    body["Volumes"][0]["ExternalID"] = json!("");
+    body["Volumes"][0]["RequestedCapacityMin"] = json!(1 << 20);
+    let r = call_with(&router, Method::PUT, "/v1/volume/csi/vol/create", &[], body.to_string()).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let created = r.json();
+    assert_eq!(created["Volumes"][0]["ExternalID"], "hp-123", "{created}");
+    assert_eq!(created["Volumes"][0]["Secrets"], Value::Null, "no secrets in the reply: {created}");
+    assert!(r.index.unwrap() > 0);
+    let Seen::Create(asked) = &fake.seen()[0] else { panic!("{:?}", fake.seen()) };
+    assert_eq!(asked.controller.controller_node_id, "n1");
+    assert_eq!(asked.controller.plugin_id, "hostpath");
+    assert_eq!(asked.name, "vol name");
+    assert_eq!(asked.secrets["password"], "hunter2");
+    assert_eq!(asked.parameters["size"], "1G");
+    assert_eq!(asked.volume_capabilities.len(), 1);
+    let vol = get(&ts, "/v1/volume/csi/vol").await.json();
+    assert_eq!((vol["ExternalID"].as_str(), vol["Capacity"].as_i64()), (Some("hp-123"), Some(1 << 30)), "{vol}");
+    assert_eq!(vol["Context"]["path"], "/srv/hp-123");
+
+    // In use: refused before the controller is asked.
+    put_alloc(&ts, "a1", "default").await;
+    let taken = CsiVolumeClaim {
+        allocation_id: "a1".into(),
+        node_id: "n1".into(),
+        mode: CsiVolumeClaimMode::Write,
+        access_mode: CsiVolumeAccessMode::SingleNodeWriter,
+        attachment_mode: CsiVolumeAttachmentMode::FileSystem,
+        ..CsiVolumeClaim::default()
+    };
+    ts.consensus
+        .apply(Command::CsiVolumeClaim { namespace: "default".into(), volume_id: "vol".into(), claim: taken.clone() })
+        .await
+        .unwrap();
+    let r = call_with(&router, Method::DELETE, "/v1/volume/csi/vol/delete", &[], Body::empty()).await;
+    assert_eq!((r.status, r.text().as_str()), (StatusCode::INTERNAL_SERVER_ERROR, "volume in use: vol"));
+    assert_eq!(fake.seen().len(), 1, "the controller was not asked");
+
+    // Released: the controller deletes it (the request's secrets over the volume's), then it goes.
+    let freed = CsiVolumeClaim { state: nomad_proto::csi::CsiVolumeClaimState::ReadyToFree, ..taken };
+    ts.consensus.apply(Command::CsiVolumeClaim { namespace: "default".into(), volume_id: "vol".into(), claim: freed }).await.unwrap();
+    let secrets = [("X-Nomad-CSI-Secrets", "password=s3cret,token=t,junk")];
+    let r = call_with(&router, Method::DELETE, "/v1/volume/csi/vol/delete", &secrets, Body::empty()).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let Seen::Delete(asked) = &fake.seen()[1] else { panic!("{:?}", fake.seen()) };
+    assert_eq!(asked.external_volume_id, "hp-123");
+    assert_eq!(asked.controller.controller_node_id, "n1");
+    assert_eq!(asked.secrets, [("password".to_string(), "s3cret".to_string()), ("token".to_string(), "t".to_string())].into());
+    assert_eq!(get(&ts, "/v1/volume/csi/vol").await.status, StatusCode::NOT_FOUND);
+
+    // A controller failure leaves the volume registered.
+    let r = call_with(&router, Method::PUT, "/v1/volume/csi/vol/create", &[], body.to_string()).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    fake.fail_next(crate::csi::ClientCallError::Failed(
+        "CSI.ControllerDeleteVolume: rpc error: code = Internal desc = disk on fire".into(),
+    ));
+    let r = call_with(&router, Method::DELETE, "/v1/volume/csi/vol/delete", &[], Body::empty()).await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(r.text().starts_with("controller delete volume: CSI.ControllerDeleteVolume"), "{}", r.text());
+    assert_eq!(get(&ts, "/v1/volume/csi/vol").await.status, StatusCode::OK);
 }

@@ -1,7 +1,6 @@
 //! `nomad-rs volume create <file>`: `PUT /v1/volume/csi/<id>/create` (`command/volume_create.go`).
 //!
-//! nomad-rs servers answer 501 until they have the CSI controller RPCs to clients; the command
-//! prints the server's message and exits 1.
+//! The servers ask a controller of the volume's plugin to create it, then register it.
 
 use clap::Args;
 use nomad_proto::csi::CsiVolume;
@@ -13,9 +12,7 @@ use crate::cli::{CmdResult, Ctx, Failure, exit};
 
 /// The long help.
 pub const LONG_ABOUT: &str = "Creates a volume in an external storage provider and registers it in Nomad.\n\nIf the supplied path is \
-                        \"-\" the volume file is read from stdin. Otherwise, it is read from the file at the supplied path.\n\n\
-                        nomad-rs servers do not create volumes yet (they answer 501, and this command exits 1); against a \
-                        server that does, the command works as Nomad's.";
+                        \"-\" the volume file is read from stdin. Otherwise, it is read from the file at the supplied path.";
 
 /// Arguments of `volume create`.
 #[derive(Debug, Args)]

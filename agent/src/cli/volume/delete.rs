@@ -1,8 +1,7 @@
 //! `nomad-rs volume delete [-secret k=v]... <id>`: `DELETE /v1/volume/csi/<id>/delete`
 //! (`command/volume_delete.go`); the secrets travel in `X-Nomad-CSI-Secrets`.
 //!
-//! nomad-rs servers answer 501 until they have the CSI controller RPCs to clients; the command
-//! prints the server's message and exits 1.
+//! The servers ask a controller of the volume's plugin to delete it, then deregister it.
 
 use clap::Args;
 
@@ -14,8 +13,7 @@ use crate::cli::{CmdResult, Ctx, Failure, exit};
 pub const LONG_ABOUT: &str = "Delete a volume from an external storage provider. The volume must still be registered with Nomad in \
                         order to be deleted. Deleting will fail if the volume is still in use by an allocation or in the \
                         process of being unpublished. If the volume no longer exists, this command will silently return \
-                        without an error.\n\nnomad-rs servers do not delete volumes yet (they answer 501, and this command \
-                        exits 1); against a server that does, the command works as Nomad's.";
+                        without an error (Nomad 1.6's servers, and nomad-rs's, answer \"volume not found\" instead).";
 
 /// Arguments of `volume delete`.
 #[derive(Debug, Args)]

@@ -1,9 +1,7 @@
 //! `nomad-rs volume ...`: CSI volumes (`command/volume_*.go`).
 //!
-//! `register`, `deregister`, `status` and `detach` are served by nomad-rs; `create` and
-//! `delete` need the controller create and delete calls to clients, which nomad-rs servers do
-//! not make yet, so they answer them with 501 and the commands print that and exit 1 (against
-//! Nomad they work as Nomad's do).
+//! Every command is served by nomad-rs: `create` and `delete` through a controller of the
+//! volume's plugin, `detach` for nodes that are down or already collected too.
 
 pub mod create;
 pub mod delete;

@@ -142,6 +142,23 @@ impl CsiManager {
         })
     }
 
+    /// The client of the registered instance of `side`/`plugin_id` (connected on first use), or
+    /// why there is none.
+    pub fn plugin_client(&self, side: PluginSide, plugin_id: &str) -> Result<Arc<dyn CsiPluginClient>, String> {
+        let mut instances = lock(&self.instances);
+        let Some(i) = instances.get_mut(&(side, plugin_id.to_string())) else {
+            return Err(format!("{} plugin {plugin_id:?} is not running on this client", side.registry_type()));
+        };
+        match &i.client {
+            Some(c) => Ok(c.clone()),
+            None => {
+                let c = (self.connect)(&i.reg.socket)?;
+                i.client = Some(c.clone());
+                Ok(c)
+            }
+        }
+    }
+
     /// The node's maps, as they change.
     pub fn subscribe(&self) -> watch::Receiver<CsiMaps> {
         self.maps.subscribe()
@@ -350,6 +367,7 @@ async fn side_fingerprint(client: &dyn CsiPluginClient, side: PluginSide, base: 
     Ok(info)
 }
 
+pub mod endpoint;
 #[cfg(test)]
 pub(crate) mod fake;
 #[cfg(test)]
