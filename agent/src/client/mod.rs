@@ -213,7 +213,7 @@ impl Client {
         let servers = Arc::new(Servers::new(config.settings.servers.clone()));
         let registrar = Arc::new(services::RpcRegistrar::new(servers.clone(), &identity.node_id, &identity.secret_id));
         let csi_connect = csi::grpc_connector();
-        let csi_manager = csi::CsiManager::new(csi::FINGERPRINT_INTERVAL, csi_connect.clone());
+        let csi_manager = csi::CsiManager::new(csi::FINGERPRINT_INTERVAL, csi_connect.clone(), s.state_dir.join("csi"));
         let consul_services =
             consul.as_ref().map(|api| ConsulServices::new(api.clone(), config.consul_sync_interval, config.consul_deregister_probation));
         let ctx = Arc::new(ClientContext {
@@ -233,6 +233,9 @@ impl Client {
             csi_root: s.state_dir.join("csi"),
             csi_plugins: csi_manager.clone(),
             csi_connect,
+            csi_volumes: csi_manager.clone(),
+            csi_rpc: Arc::new(allocrunner::hooks::RpcCsiClaims::new(servers.clone(), &identity.secret_id)),
+            node_id: identity.node_id.clone(),
             consul_services: consul_services.clone(),
         });
         let inner = Arc::new(ClientInner {

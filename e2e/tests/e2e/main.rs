@@ -5,6 +5,7 @@ mod client_agent;
 mod client_restore;
 mod consul_standin;
 mod csi_plugin;
+mod csi_volume;
 mod disconnect;
 mod drain;
 mod events;

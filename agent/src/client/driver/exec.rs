@@ -134,6 +134,10 @@ impl ExecDriver {
         let (user, caps) = self.identity(task, config)?;
         let (mut binds, symlinks) = self.chroot_entries()?;
         binds.push(BindMount { source: task.shared_dir(), target: PathBuf::from("/alloc"), read_only: false });
+        // CSI volumes, made inside the task's mount namespace after its own dirs.
+        for m in &task.mounts {
+            binds.push(BindMount { source: m.host_path.clone(), target: PathBuf::from(&m.task_path), read_only: m.read_only });
+        }
         let hostname: String = task.task_name.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(63).collect();
         Ok(IsolationSpec {
             root: task.task_dir(),

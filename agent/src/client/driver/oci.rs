@@ -174,6 +174,19 @@ impl OciDriver {
                     .map_err(|e| built("mount", e))?,
             );
         }
+        // CSI volumes: host paths the agent made (the plugin's publish targets), not the task's.
+        for m in &task.mounts {
+            let mode = if m.read_only { "ro" } else { "rw" };
+            mounts.push(
+                MountBuilder::default()
+                    .destination(&m.task_path)
+                    .typ("bind")
+                    .source(&m.host_path)
+                    .options(vec!["rbind".to_string(), mode.to_string()])
+                    .build()
+                    .map_err(|e| built("mount", e))?,
+            );
+        }
         mounts.push(
             MountBuilder::default()
                 .destination("/tmp")
