@@ -207,7 +207,12 @@ fn a_csi_volume_moves_between_nodes_with_its_data_and_its_claims() {
     http.put_json("/v1/volume/csi/vol1", &vol).unwrap_or_else(|e| panic!("register: {e}\n{}", logs(&cluster)));
 
     // 1. A writer on client1.
-    run_job(server, dir.path(), "writer1", &consumer_job("writer1", "client1", "service", "echo written-by-writer1 > /data/out.txt; exec sleep 600"));
+    run_job(
+        server,
+        dir.path(),
+        "writer1",
+        &consumer_job("writer1", "client1", "service", "echo written-by-writer1 > /data/out.txt; exec sleep 600"),
+    );
     let first = alloc_with_status(&cluster, "writer1", "running");
     wait_for("the writer's file in the volume", SETTLE, || {
         std::fs::read_to_string(volume_dir.join("out.txt")).ok().filter(|s| s.trim() == "written-by-writer1")
@@ -218,7 +223,12 @@ fn a_csi_volume_moves_between_nodes_with_its_data_and_its_claims() {
     assert!(publishes(&cluster.clients[0]) >= 1, "client1's plugin published the volume");
 
     // 2. A second writer on client2: no free write claim, so a blocked eval.
-    run_job(server, dir.path(), "writer2", &consumer_job("writer2", "client2", "service", "cat /data/out.txt > /data/seen.txt; exec sleep 600"));
+    run_job(
+        server,
+        dir.path(),
+        "writer2",
+        &consumer_job("writer2", "client2", "service", "cat /data/out.txt > /data/seen.txt; exec sleep 600"),
+    );
     wait_for("writer2's blocked eval", SETTLE, || {
         let evals = http.get_json("/v1/job/writer2/evaluations").ok()?;
         evals.as_array()?.iter().any(|e| e["Status"] == "blocked").then_some(())

@@ -349,16 +349,21 @@ impl CsiManager {
         Ok(MountInfo { source: self.csi_root.join(&plugin.root).join(&paths.target) })
     }
 
-    async fn unmount(&self, plugin_id: &str, volume_id: &str, external_id: &str, alloc_id: &str, usage: &UsageOptions) -> Result<(), VolumeError> {
+    async fn unmount(
+        &self,
+        plugin_id: &str,
+        volume_id: &str,
+        external_id: &str,
+        alloc_id: &str,
+        usage: &UsageOptions,
+    ) -> Result<(), VolumeError> {
         let plugin = self.node_plugin(plugin_id).ok_or_else(|| VolumeError::PluginNotFound { plugin: plugin_id.to_string() })?;
         let paths = VolumePaths::new(volume_id, alloc_id, usage)?;
         let root = self.csi_root_dir()?;
         let remote_id = if external_id.is_empty() { volume_id } else { external_id };
         let host_target = plugin.root.join(&paths.target);
-        let rpc = plugin
-            .client
-            .node_unpublish_volume(remote_id.to_string(), plugin.plugin_root.join(&paths.target).display().to_string())
-            .await;
+        let rpc =
+            plugin.client.node_unpublish_volume(remote_id.to_string(), plugin.plugin_root.join(&paths.target).display().to_string()).await;
         let exists = match root.stat(&host_target, crate::fs_beneath::Links::Refuse) {
             Ok(_) => true,
             Err(e) if e.is_not_found() => false,

@@ -247,3 +247,22 @@ impl Driver for ExecDriver {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::driver::{CgroupVersion, MountConfig};
+
+    #[test]
+    fn csi_volume_mounts_are_bound_in_the_chroot_after_the_tasks_own_dirs() {
+        let mut task = crate::client::taskrunner::hooks::tests_support::config();
+        task.mounts = vec![MountConfig { host_path: "/state/csi/per-alloc/a/v/ro".into(), task_path: "/data".into(), read_only: true }];
+        let driver = ExecDriver::new("/nonexistent/executor".into(), ExecOptions::default());
+        let config = ExecConfig { command: "/bin/true".into(), args: Vec::new(), cap_add: Vec::new(), cap_drop: Vec::new() };
+        let cgroup = TaskCgroup { version: CgroupVersion::V2, dirs: Vec::new() };
+        let spec = driver.isolation(&task, &config, &cgroup).unwrap();
+        let n = spec.binds.len();
+        assert_eq!(spec.binds[n - 2].target, PathBuf::from("/alloc"));
+        assert_eq!(spec.binds[n - 1], BindMount { source: "/state/csi/per-alloc/a/v/ro".into(), target: "/data".into(), read_only: true });
+    }
+}

@@ -423,7 +423,9 @@ impl Release {
             }
             match self.unmount(stub).await {
                 Ok(()) => return Ok(()),
-                Err(e) => tracing::debug!(alloc_id = %self.alloc_id, volume = %stub.volume_id, error = %e, retry_in = ?backoff, "volume could not be unmounted"),
+                Err(e) => {
+                    tracing::debug!(alloc_id = %self.alloc_id, volume = %stub.volume_id, error = %e, retry_in = ?backoff, "volume could not be unmounted")
+                }
             }
         }
     }
@@ -452,12 +454,12 @@ impl Release {
     }
 
     async fn release(&self, stub: &VolumeStub) {
-        if stub.mount_info.is_some() {
-            if let Err(e) = self.unmount(stub).await {
-                tracing::warn!(alloc_id = %self.alloc_id, volume = %stub.volume_id, error = %e, "volume could not be unmounted: retrying in the background");
-                if let Err(e) = self.unmount_with_retry(stub).await {
-                    tracing::error!(alloc_id = %self.alloc_id, volume = %stub.volume_id, error = %e, "volume could not be unmounted");
-                }
+        if stub.mount_info.is_some()
+            && let Err(e) = self.unmount(stub).await
+        {
+            tracing::warn!(alloc_id = %self.alloc_id, volume = %stub.volume_id, error = %e, "volume could not be unmounted: retrying in the background");
+            if let Err(e) = self.unmount_with_retry(stub).await {
+                tracing::error!(alloc_id = %self.alloc_id, volume = %stub.volume_id, error = %e, "volume could not be unmounted");
             }
         }
         self.unpublish(stub).await;

@@ -111,7 +111,6 @@ fn health_timeout(config: &CsiPluginConfig) -> Duration {
     if config.health_timeout > 0 { Duration::from_nanos(config.health_timeout as u64) } else { DEFAULT_HEALTH_TIMEOUT }
 }
 
-
 /// See the module docs.
 pub struct CsiPluginSupervisorHook {
     csi_root: PathBuf,

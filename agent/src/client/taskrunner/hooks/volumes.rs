@@ -89,7 +89,12 @@ mod tests {
             name: "t".into(),
             driver: driver.into(),
             volume_mounts: vec![
-                VolumeMount { volume: "data".into(), destination: "/srv/data".into(), read_only: mount_read_only, ..VolumeMount::default() },
+                VolumeMount {
+                    volume: "data".into(),
+                    destination: "/srv/data".into(),
+                    read_only: mount_read_only,
+                    ..VolumeMount::default()
+                },
                 VolumeMount { volume: "cfg".into(), destination: "/etc/cfg".into(), ..VolumeMount::default() },
             ],
             ..Task::default()
