@@ -159,7 +159,7 @@ table! {
     ConnectGateway: Block "gateway" in "service connect" => R(""),
     // volume (group).
     HostVolume: Value "type = \"host\"" in "volume" => Fate::Constrained("missing compatible host volumes"),
-    CsiVolume: Value "type = \"csi\"" in "volume" => R(""),
+    CsiVolume: Value "type = \"csi\"" in "volume" => H("claimed through CSIVolume.Claim (retried while the volume has no free claim), staged and published by the node plugin, bound into exec and oci tasks by volume_mount, unpublished and released when the alloc stops; the plugin must need no controller publish"),
     // Task.
     Driver: Attribute "driver" in "task" => Fate::Constrained("missing drivers"),
     User: Attribute "user" in "task" => H("exec and oci drivers"),
@@ -176,7 +176,8 @@ table! {
     Template: Block "template" in "task" => R(""),
     Artifact: Block "artifact" in "task" => R(""),
     DispatchPayload: Block "dispatch_payload" in "task" => R("jobs cannot be dispatched"),
-    VolumeMount: Block "volume_mount" in "task" => R("volumes are not mounted into tasks"),
+    VolumeMount: Block "volume_mount" in "task" => R("only CSI volumes are mounted into tasks: host volumes are not"),
+    VolumeMountCsi: Value "volume_mount of a type = \"csi\" volume" in "task" => H("bound at destination (read_only honoured) for exec and oci tasks; refused when the task's driver takes no mounts (raw_exec)"),
     TaskKind: Attribute "kind" in "task" => R("it marks Consul Connect tasks"),
     CsiPlugin: Block "csi_plugin" in "task" => H("raw_exec tasks: the plugin supervisor gives the task CSI_ENDPOINT, probes it and registers it with the client's CSI manager, which fingerprints it into the node"),
     CsiPluginIsolated: Value "csi_plugin with a driver other than \"raw_exec\"" in "task" => R("the plugin supervisor does not yet mount the socket and staging dirs into an isolated task: run the plugin with driver = \"raw_exec\""),
@@ -332,6 +333,8 @@ struct Walk {
     refused: Vec<String>,
     used: Vec<Feature>,
     visited: Vec<Feature>,
+    /// The CSI volumes of the group being walked, by name (`volume_mount` onto them is run).
+    csi_volumes: Vec<String>,
 }
 
 /// [`Walk::service`] of a group's service (a task's: `!IN_GROUP`).
@@ -547,6 +550,7 @@ impl Walk {
         for (name, v) in volumes {
             self.within(named("volume", name), |w| w.volume(v));
         }
+        self.csi_volumes = volumes.iter().filter(|(_, v)| v.volume_type == "csi").map(|(name, _)| name.clone()).collect();
         self.decide(Feature::ShutdownDelay, shutdown_delay.is_some());
         self.decide(Feature::StopAfterClientDisconnect, stop_after_client_disconnect.is_some());
         self.decide(Feature::MaxClientDisconnect, max_client_disconnect.is_some());
@@ -804,7 +808,10 @@ impl Walk {
         self.decide(Feature::Leader, *leader);
         self.decide(Feature::ShutdownDelay, *shutdown_delay != 0);
         for VolumeMount { volume: _, destination: _, read_only: _, propagation_mode: _ } in volume_mounts {}
-        self.decide(Feature::VolumeMount, !volume_mounts.is_empty());
+        let csi = |m: &VolumeMount| self.csi_volumes.contains(&m.volume);
+        let (on_csi, other) = (volume_mounts.iter().any(csi), volume_mounts.iter().any(|m| !csi(m)));
+        self.decide(Feature::VolumeMountCsi, on_csi);
+        self.decide(Feature::VolumeMount, other);
         self.decide(Feature::Scaling, scaling_policies.iter().any(|s| !s.is_null()));
         self.decide(Feature::KillSignal, !kill_signal.is_empty());
         self.decide(Feature::TaskKind, !kind.is_empty());
@@ -1020,6 +1027,22 @@ pub fn sample_job_using(feature: Feature) -> Job {
             t.artifacts = vec![TaskArtifact { getter_source: "https://example.com/x.tgz".into(), ..TaskArtifact::default() }]
         }
         Feature::DispatchPayload => t.dispatch_payload = Some(json!({"File": "input.txt"})),
+        Feature::VolumeMountCsi => {
+            g.volumes.insert(
+                "data".into(),
+                VolumeRequest {
+                    name: "data".into(),
+                    volume_type: "csi".into(),
+                    source: "data".into(),
+                    access_mode: "single-node-writer".into(),
+                    attachment_mode: "file-system".into(),
+                    ..VolumeRequest::default()
+                },
+            );
+            let t = &mut g.tasks[0];
+            t.driver = "exec".into();
+            t.volume_mounts = vec![VolumeMount { volume: "data".into(), destination: "/data".into(), ..VolumeMount::default() }];
+        }
         Feature::VolumeMount => {
             g.volumes.insert(
                 "data".into(),

@@ -11,7 +11,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::csi::{Connector, CsiPlugins};
+use super::allocrunner::hooks::CsiClaimRpc;
+use super::csi::{Connector, CsiPlugins, CsiVolumes};
 use super::driver::DriverRegistry;
 use super::services::ServiceRegistrar;
 use super::state::StateDb;
@@ -50,6 +51,12 @@ pub struct ClientContext {
     pub csi_plugins: Arc<dyn CsiPlugins>,
     /// Makes the client for a CSI plugin's socket.
     pub csi_connect: Connector,
+    /// The CSI manager's volumes: what the `csi` alloc hook mounts through.
+    pub csi_volumes: Arc<dyn CsiVolumes>,
+    /// `CSIVolume.Claim` and `CSIVolume.Unpublish`.
+    pub csi_rpc: Arc<dyn CsiClaimRpc>,
+    /// This node's ID.
+    pub node_id: String,
     /// The Consul service sync, when the agent has a `consul {}` block.
     pub consul_services: Option<Arc<crate::client::consul::sync::ConsulServices>>,
     /// Consul check statuses for `check_restart`, and the API script checks report through.

@@ -214,7 +214,7 @@ impl Client {
         let servers = Arc::new(Servers::new(config.settings.servers.clone()));
         let registrar = Arc::new(services::RpcRegistrar::new(servers.clone(), &identity.node_id, &identity.secret_id));
         let csi_connect = csi::grpc_connector();
-        let csi_manager = csi::CsiManager::new(csi::FINGERPRINT_INTERVAL, csi_connect.clone());
+        let csi_manager = csi::CsiManager::new(csi::FINGERPRINT_INTERVAL, csi_connect.clone(), s.state_dir.join("csi"));
         let consul_services =
             consul.as_ref().map(|api| ConsulServices::new(api.clone(), config.consul_sync_interval, config.consul_deregister_probation));
         let consul_checks = consul.as_ref().map(|api| consul::checks::CheckWatcher::new(api.clone(), consul::checks::POLL_PERIOD));
@@ -235,6 +235,9 @@ impl Client {
             csi_root: s.state_dir.join("csi"),
             csi_plugins: csi_manager.clone(),
             csi_connect,
+            csi_volumes: csi_manager.clone(),
+            csi_rpc: Arc::new(allocrunner::hooks::RpcCsiClaims::new(servers.clone(), &identity.secret_id)),
+            node_id: identity.node_id.clone(),
             consul_services: consul_services.clone(),
             consul_checks: consul_checks.clone(),
         });
@@ -271,8 +274,8 @@ impl Client {
         ctx.tracker.spawn(inner.clone().fingerprint_drivers());
         ctx.tracker.spawn(csi_manager.clone().run(ctx.shutdown.clone()));
         // The servers' calls to this client (CSI controller and node detach), over the stream it
-        // keeps to its server. The node detach goes to the volume manager once there is one.
-        let node_detach: Arc<dyn csi::endpoint::NodeDetach> = Arc::new(csi::endpoint::NoVolumeManager);
+        // keeps to its server. A node detach is the volume manager's unmount.
+        let node_detach: Arc<dyn csi::endpoint::NodeDetach> = Arc::new(csi::endpoint::VolumeManagerDetach(csi_manager.clone()));
         let handler =
             Arc::new(server_requests::ServerRequestHandler::new(csi::endpoint::CsiEndpoint::new(csi_manager.clone(), node_detach)));
         let creds =

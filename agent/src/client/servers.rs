@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use nomad_proto::rpc::codec::MAX_MESSAGE_BYTES;
-use nomad_proto::rpc::{AllocClient, NodeClient, NodeServerInfo, ServiceRegistrationClient};
+use nomad_proto::rpc::{AllocClient, CsiVolumeClient, NodeClient, NodeServerInfo, ServiceRegistrationClient};
 use tokio::sync::watch;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
@@ -222,6 +222,16 @@ impl Servers {
         Fut: Future<Output = Result<tonic::Response<R>, Status>>,
     {
         let client = |ch| AllocClient::new(ch).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES);
+        self.call(timeout, client, f).await
+    }
+
+    /// A `CSIVolume.*` call to the current server.
+    pub async fn csi_volume<R, Fut>(&self, timeout: Duration, f: impl FnOnce(CsiVolumeClient<Channel>) -> Fut) -> Result<R, RpcError>
+    where
+        Fut: Future<Output = Result<tonic::Response<R>, Status>>,
+    {
+        let client =
+            |ch| CsiVolumeClient::new(ch).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES);
         self.call(timeout, client, f).await
     }
 

@@ -7,6 +7,7 @@ mod consul_checks;
 mod consul_standin;
 mod csi_controller;
 mod csi_plugin;
+mod csi_volume;
 mod disconnect;
 mod drain;
 mod events;

@@ -105,12 +105,13 @@ impl AllocRunner {
         let (gates_tx, gates_rx) = watch::channel(Gates::default());
         let changed = Arc::new(Notify::new());
         let mut stored_tasks = stored_tasks;
+        let csi_mounts = hooks::CsiMounts::default();
         let tasks: Vec<Arc<TaskRunner>> = group
             .iter()
             .flat_map(|g| g.tasks.iter())
             .map(|t| {
                 let restored = stored_tasks.remove(&t.name);
-                TaskRunner::new(ctx.clone(), alloc.clone(), t.clone(), restored, gates_rx.clone(), changed.clone())
+                TaskRunner::new(ctx.clone(), alloc.clone(), t.clone(), restored, gates_rx.clone(), changed.clone(), csi_mounts.clone())
             })
             .collect();
         let states: BTreeMap<String, TaskState> = tasks.iter().map(|t| (t.name().to_string(), t.state())).collect();
@@ -135,6 +136,22 @@ impl AllocRunner {
                 consul: ctx.consul_services.clone(),
                 node: Arc::new(move || node_ctx.upgrade().map(|c| c.node()).unwrap_or_default()),
                 region: ctx.region.clone(),
+                csi: hooks::CsiDeps {
+                    volumes: ctx.csi_volumes.clone(),
+                    rpc: ctx.csi_rpc.clone(),
+                    node_id: ctx.node_id.clone(),
+                    mounts: csi_mounts.clone(),
+                    save: {
+                        let (state, alloc_id) = (Arc::downgrade(&ctx.state), alloc.id.clone());
+                        Arc::new(move |hook, hook_state| {
+                            if let Some(db) = state.upgrade()
+                                && let Err(e) = db.put_alloc_hook(&alloc_id, hook, hook_state)
+                            {
+                                tracing::error!(alloc_id, hook, error = %e, "persisting hook state failed");
+                            }
+                        })
+                    },
+                },
             };
             AllocRunner {
                 id: alloc.id.clone(),
@@ -232,7 +249,11 @@ impl AllocRunner {
             }
         } else if !alloc.terminal() && !all_dead {
             let mut states = lock(&self.hook_states).clone();
-            let result = run_prerun(&self.hooks, &alloc, &alloc_dir, &mut states);
+            let result = tokio::select! {
+                r = run_prerun(&self.hooks, &alloc, &alloc_dir, &mut states) => r,
+                // Cut short (a CSI claim waiting): the next start runs prerun again.
+                _ = self.ctx.shutdown.cancelled() => return,
+            };
             self.save_hook_states(&states);
             if let Err((hook, e)) = result {
                 tracing::error!(alloc_id = %self.id, hook, error = %e, "alloc prerun failed");

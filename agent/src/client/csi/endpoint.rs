@@ -53,6 +53,27 @@ impl NodeDetach for NoVolumeManager {
     }
 }
 
+/// The volume manager as the servers reach it: a node detach is the alloc's unmount, with the
+/// usage the claim was mounted with (so the same target and staging dirs are found).
+pub struct VolumeManagerDetach(pub Arc<dyn super::CsiVolumes>);
+
+impl NodeDetach for VolumeManagerDetach {
+    fn node_detach(&self, req: ClientCsiNodeDetachRequest) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            let usage = super::UsageOptions {
+                read_only: req.read_only,
+                attachment_mode: req.attachment_mode,
+                access_mode: req.access_mode,
+                mount_options: None,
+            };
+            self.0
+                .unmount_volume(&req.plugin_id, &req.volume_id, &req.external_id, &req.alloc_id, &usage)
+                .await
+                .map_err(|e| format!("CSI.NodeDetachVolume: {e}"))
+        })
+    }
+}
+
 /// The local controller plugins, by ID (the CSI manager; a map in tests).
 pub trait ControllerPlugins: Send + Sync {
     /// The client of the controller instance of `plugin_id`, or why there is none.

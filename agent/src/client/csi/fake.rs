@@ -1,17 +1,40 @@
 //! A fake CSI plugin for the client's tests.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use futures::future::BoxFuture;
 use nomad_csi::client::{ControllerCapabilities, NodeCapabilities, NodeInfo, PluginCapabilities, PluginInfo};
 use nomad_csi::{CsiError, CsiPluginClient, v1};
 
-/// A plugin whose answers the test sets; `probe_fails` switches its health.
+/// A plugin whose answers the test sets; `probe_fails` switches its health. Node volume calls
+/// succeed and are recorded (`calls`: method, volume ID, path(s), readonly), except while
+/// `node_fails` counts down.
 #[derive(Default)]
 pub(crate) struct FakePlugin {
     pub(crate) probe_fails: AtomicBool,
     pub(crate) caps_fail: AtomicBool,
+    /// `NodeGetCapabilities` without STAGE_UNSTAGE_VOLUME.
+    pub(crate) no_staging: AtomicBool,
+    /// The next this many node volume calls fail (UNAVAILABLE).
+    pub(crate) node_fails: AtomicU32,
+    pub(crate) calls: Mutex<Vec<String>>,
+}
+
+impl FakePlugin {
+    fn node_call(&self, method: &'static str, what: String) -> BoxFuture<'_, Result<(), CsiError>> {
+        if self.node_fails.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            return fail(method);
+        }
+        self.calls.lock().unwrap().push(format!("{method} {what}"));
+        ok(())
+    }
+
+    /// The calls recorded so far.
+    pub(crate) fn calls(&self) -> Vec<String> {
+        self.calls.lock().unwrap().clone()
+    }
 }
 
 fn unavailable(method: &'static str) -> CsiError {
@@ -47,19 +70,21 @@ impl CsiPluginClient for FakePlugin {
         })
     }
     fn node_capabilities(&self) -> BoxFuture<'_, Result<NodeCapabilities, CsiError>> {
-        ok(NodeCapabilities { stage_unstage_volume: true, get_volume_stats: false, expand_volume: true, volume_condition: false })
+        let stage_unstage_volume = !self.no_staging.load(Ordering::SeqCst);
+        ok(NodeCapabilities { stage_unstage_volume, get_volume_stats: false, expand_volume: true, volume_condition: false })
     }
-    fn node_stage_volume(&self, _: v1::NodeStageVolumeRequest) -> BoxFuture<'_, Result<(), CsiError>> {
-        fail("NodeStageVolume")
+    fn node_stage_volume(&self, r: v1::NodeStageVolumeRequest) -> BoxFuture<'_, Result<(), CsiError>> {
+        self.node_call("NodeStageVolume", format!("{} {}", r.volume_id, r.staging_target_path))
     }
-    fn node_unstage_volume(&self, _: String, _: String) -> BoxFuture<'_, Result<(), CsiError>> {
-        fail("NodeUnstageVolume")
+    fn node_unstage_volume(&self, id: String, path: String) -> BoxFuture<'_, Result<(), CsiError>> {
+        self.node_call("NodeUnstageVolume", format!("{id} {path}"))
     }
-    fn node_publish_volume(&self, _: v1::NodePublishVolumeRequest) -> BoxFuture<'_, Result<(), CsiError>> {
-        fail("NodePublishVolume")
+    fn node_publish_volume(&self, r: v1::NodePublishVolumeRequest) -> BoxFuture<'_, Result<(), CsiError>> {
+        let staging = if r.staging_target_path.is_empty() { "-".to_string() } else { r.staging_target_path.clone() };
+        self.node_call("NodePublishVolume", format!("{} {staging} {} readonly={}", r.volume_id, r.target_path, r.readonly))
     }
-    fn node_unpublish_volume(&self, _: String, _: String) -> BoxFuture<'_, Result<(), CsiError>> {
-        fail("NodeUnpublishVolume")
+    fn node_unpublish_volume(&self, id: String, path: String) -> BoxFuture<'_, Result<(), CsiError>> {
+        self.node_call("NodeUnpublishVolume", format!("{id} {path}"))
     }
     fn controller_capabilities(&self) -> BoxFuture<'_, Result<ControllerCapabilities, CsiError>> {
         ok(ControllerCapabilities { create_delete_volume: true, publish_unpublish_volume: true, list_volumes: true, ..Default::default() })

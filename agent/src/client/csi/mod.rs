@@ -128,17 +128,32 @@ pub struct CsiManager {
     interval: Duration,
     connect: Connector,
     maps: watch::Sender<CsiMaps>,
+    /// `<state_dir>/csi`: every plugin's root is beneath it.
+    csi_root: PathBuf,
+    /// Which allocs use which staged volumes.
+    usage: volume::UsageTracker,
+    /// How long a mount waits for its node plugin.
+    plugin_wait: Duration,
 }
 
 impl CsiManager {
-    /// A manager fingerprinting every `interval` through clients from `connect`.
-    pub fn new(interval: Duration, connect: Connector) -> Arc<CsiManager> {
+    /// A manager fingerprinting every `interval` through clients from `connect`, with plugin
+    /// roots beneath `csi_root`.
+    pub fn new(interval: Duration, connect: Connector, csi_root: PathBuf) -> Arc<CsiManager> {
+        CsiManager::with_plugin_wait(interval, connect, csi_root, volume::PLUGIN_WAIT)
+    }
+
+    /// The same, waiting at most `plugin_wait` for a node plugin before a mount (tests).
+    pub fn with_plugin_wait(interval: Duration, connect: Connector, csi_root: PathBuf, plugin_wait: Duration) -> Arc<CsiManager> {
         Arc::new(CsiManager {
             instances: Mutex::new(BTreeMap::new()),
             wake: Notify::new(),
             interval,
             connect,
             maps: watch::channel(CsiMaps::default()).0,
+            csi_root,
+            usage: volume::UsageTracker::default(),
+            plugin_wait,
         })
     }
 
@@ -368,6 +383,10 @@ async fn side_fingerprint(client: &dyn CsiPluginClient, side: PluginSide, base: 
 }
 
 pub mod endpoint;
+pub mod volume;
+
+pub use volume::{CsiVolumes, MountInfo, MountRequest, UsageOptions, VolumeError};
+
 #[cfg(test)]
 pub(crate) mod fake;
 #[cfg(test)]

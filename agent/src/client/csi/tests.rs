@@ -19,7 +19,7 @@ fn registration(side: PluginSide, alloc_id: &str) -> PluginRegistration {
 fn manager(plugin: Arc<FakePlugin>) -> Arc<CsiManager> {
     let connect: Connector = Arc::new(move |_: &Path| Ok(plugin.clone() as Arc<dyn CsiPluginClient>));
     // Every instance is due at every call.
-    CsiManager::new(Duration::ZERO, connect)
+    CsiManager::new(Duration::ZERO, connect, PathBuf::from("/state/csi"))
 }
 
 #[tokio::test]

@@ -134,6 +134,10 @@ impl ExecDriver {
         let (user, caps) = self.identity(task, config)?;
         let (mut binds, symlinks) = self.chroot_entries()?;
         binds.push(BindMount { source: task.shared_dir(), target: PathBuf::from("/alloc"), read_only: false });
+        // CSI volumes, made inside the task's mount namespace after its own dirs.
+        for m in &task.mounts {
+            binds.push(BindMount { source: m.host_path.clone(), target: PathBuf::from(&m.task_path), read_only: m.read_only });
+        }
         let hostname: String = task.task_name.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(63).collect();
         Ok(IsolationSpec {
             root: task.task_dir(),
@@ -253,5 +257,24 @@ impl Driver for ExecDriver {
                 None => Ok(()),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::driver::{CgroupVersion, MountConfig};
+
+    #[test]
+    fn csi_volume_mounts_are_bound_in_the_chroot_after_the_tasks_own_dirs() {
+        let mut task = crate::client::taskrunner::hooks::tests_support::config();
+        task.mounts = vec![MountConfig { host_path: "/state/csi/per-alloc/a/v/ro".into(), task_path: "/data".into(), read_only: true }];
+        let driver = ExecDriver::new("/nonexistent/executor".into(), ExecOptions::default());
+        let config = ExecConfig { command: "/bin/true".into(), args: Vec::new(), cap_add: Vec::new(), cap_drop: Vec::new() };
+        let cgroup = TaskCgroup { version: CgroupVersion::V2, dirs: Vec::new() };
+        let spec = driver.isolation(&task, &config, &cgroup).unwrap();
+        let n = spec.binds.len();
+        assert_eq!(spec.binds[n - 2].target, PathBuf::from("/alloc"));
+        assert_eq!(spec.binds[n - 1], BindMount { source: "/state/csi/per-alloc/a/v/ro".into(), target: "/data".into(), read_only: true });
     }
 }

@@ -137,6 +137,20 @@ pub struct TaskConfig {
     pub kill_signal: Signal,
     /// Time between that signal and SIGKILL (`kill_timeout`).
     pub kill_timeout: Duration,
+    /// Host paths bound into the task (CSI volumes at their `volume_mount.destination`); only
+    /// drivers with a file system of their own (exec, oci) are given any.
+    pub mounts: Vec<MountConfig>,
+}
+
+/// A host path bound into the task (Nomad's `drivers.MountConfig`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountConfig {
+    /// The host path.
+    pub host_path: PathBuf,
+    /// Where the task sees it (absolute, inside the task's root).
+    pub task_path: String,
+    /// Bound read-only.
+    pub read_only: bool,
 }
 
 /// The shared dir, relative to the alloc dir.

@@ -174,6 +174,19 @@ impl OciDriver {
                     .map_err(|e| built("mount", e))?,
             );
         }
+        // CSI volumes: host paths the agent made (the plugin's publish targets), not the task's.
+        for m in &task.mounts {
+            let mode = if m.read_only { "ro" } else { "rw" };
+            mounts.push(
+                MountBuilder::default()
+                    .destination(&m.task_path)
+                    .typ("bind")
+                    .source(&m.host_path)
+                    .options(vec!["rbind".to_string(), mode.to_string()])
+                    .build()
+                    .map_err(|e| built("mount", e))?,
+            );
+        }
         mounts.push(
             MountBuilder::default()
                 .destination("/tmp")
@@ -413,5 +426,34 @@ impl Driver for OciDriver {
         let mut cmd = tokio::process::Command::new(&container.runtime);
         cmd.arg("--root").arg(&container.root).arg("exec").arg(&container.id).arg(command).args(args);
         Ok(cmd)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::driver::MountConfig;
+
+    #[test]
+    fn csi_volume_mounts_are_bound_into_the_bundle_read_only_when_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut task = crate::client::taskrunner::hooks::tests_support::config();
+        task.alloc_dir = dir.path().to_path_buf();
+        std::fs::create_dir_all(dir.path().join("alloc")).unwrap();
+        std::fs::create_dir_all(dir.path().join("t")).unwrap();
+        task.mounts = vec![
+            MountConfig { host_path: "/state/csi/node/p/per-alloc/a/v/ro".into(), task_path: "/data".into(), read_only: true },
+            MountConfig { host_path: "/state/csi/node/p/per-alloc/a/w/rw".into(), task_path: "/scratch".into(), read_only: false },
+        ];
+        let driver = OciDriver::new("/nonexistent/executor".into(), OciOptions::default());
+        let config = OciConfig { image: "/img".into(), command: Some("/bin/true".into()), args: Vec::new(), work_dir: None };
+        let spec = driver.build_spec(&task, &config, Path::new("/rootfs"), false, &ImageDefaults::default(), "c1").unwrap();
+        let mounts = spec.mounts().clone().unwrap();
+        let find = |dest: &str| mounts.iter().find(|m| m.destination() == Path::new(dest)).cloned().expect(dest);
+        let data = find("/data");
+        assert_eq!(data.source().as_deref(), Some(Path::new("/state/csi/node/p/per-alloc/a/v/ro")));
+        assert_eq!(data.typ().as_deref(), Some("bind"));
+        assert_eq!(data.options().clone().unwrap(), ["rbind", "ro"]);
+        assert_eq!(find("/scratch").options().clone().unwrap(), ["rbind", "rw"]);
     }
 }

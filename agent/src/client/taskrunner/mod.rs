@@ -73,6 +73,8 @@ pub struct TaskRunner {
     restart_failure: AtomicBool,
     changed: Arc<Notify>,
     finished: watch::Sender<bool>,
+    /// The group's CSI volumes as the `csi` alloc hook mounted them.
+    csi_mounts: crate::client::allocrunner::hooks::CsiMounts,
 }
 
 /// What the loop does next.
@@ -122,6 +124,7 @@ impl TaskRunner {
         restored: Option<LocalTaskState>,
         gates: watch::Receiver<Gates>,
         changed: Arc<Notify>,
+        csi_mounts: crate::client::allocrunner::hooks::CsiMounts,
     ) -> Arc<TaskRunner> {
         let fresh = restored.is_none();
         let local = restored.unwrap_or_else(|| {
@@ -142,7 +145,9 @@ impl TaskRunner {
                     let control: std::sync::Weak<dyn TaskControl> = me.clone();
                     CsiPluginSupervisorHook::new(ctx.csi_root.clone(), ctx.csi_plugins.clone(), ctx.csi_connect.clone(), control)
                 }),
+                csi_mounts.clone(),
             ),
+            csi_mounts,
             ctx,
             alloc: Mutex::new(alloc),
             task: Mutex::new(task),
@@ -353,6 +358,7 @@ impl TaskRunner {
         let memory = allocated.map(|a| a.memory.memory_mb).filter(|m| *m > 0).unwrap_or(task.resources.memory_mb);
         let memory_max = allocated.map(|a| a.memory.memory_max_mb).unwrap_or(task.resources.memory_max_mb);
         let kill_timeout = Duration::from_nanos(task.kill_timeout.max(0) as u64).min(self.ctx.max_kill_timeout);
+        let mounts = hooks::volume_mounts(&alloc, &task, &self.csi_mounts);
         TaskConfig {
             alloc_id: alloc.id.clone(),
             task_name: task.name.clone(),
@@ -373,6 +379,7 @@ impl TaskRunner {
             },
             kill_signal: parse_signal(&task.kill_signal).unwrap_or(DEFAULT_KILL_SIGNAL),
             kill_timeout,
+            mounts,
         }
     }
 

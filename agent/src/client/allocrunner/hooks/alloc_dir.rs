@@ -44,7 +44,13 @@ fn split<'a>(req: &AllocHookRequest<'a>) -> Result<(&'a Path, &'a str), AllocHoo
 }
 
 impl PrerunHook for AllocDirHook {
-    fn prerun(&self, req: &AllocHookRequest<'_>) -> Result<Option<HookState>, AllocHookError> {
+    fn prerun<'a>(&'a self, req: &'a AllocHookRequest<'a>) -> futures::future::BoxFuture<'a, Result<Option<HookState>, AllocHookError>> {
+        Box::pin(std::future::ready(self.prerun_now(req)))
+    }
+}
+
+impl AllocDirHook {
+    fn prerun_now(&self, req: &AllocHookRequest<'_>) -> Result<Option<HookState>, AllocHookError> {
         let (root, name) = split(req)?;
         fs::create_dir_all(root).map_err(|e| AllocHookError(format!("create {}: {e}", root.display())))?;
         let err = |e: crate::fs_beneath::FsError| AllocHookError(e.to_string());
@@ -114,7 +120,7 @@ mod tests {
         let alloc_dir = root.path().join("a1");
         let alloc = alloc("a1");
         let req = request(&alloc, &alloc_dir);
-        PrerunHook::prerun(&AllocDirHook, &req).unwrap();
+        AllocDirHook.prerun_now(&req).unwrap();
         let mode = |d: &str| fs::metadata(alloc_dir.join(d)).unwrap().permissions().mode() & 0o7777;
         for (d, m) in SHARED_DIRS {
             assert_eq!(mode(d), m, "{d}");
@@ -134,7 +140,7 @@ mod tests {
         let alloc_dir = root.path().join("a1");
         let alloc = alloc("a1");
         let req = request(&alloc, &alloc_dir);
-        PrerunHook::prerun(&AllocDirHook, &req).unwrap();
+        AllocDirHook.prerun_now(&req).unwrap();
         std::os::unix::fs::symlink(host.path(), alloc_dir.join("alloc/data/host")).unwrap();
         std::os::unix::fs::symlink(host.path().join("important"), alloc_dir.join("alloc/logs/web.stdout.0")).unwrap();
         // `alloc` itself swapped for a link to the host directory.
@@ -152,11 +158,11 @@ mod tests {
         let alloc_dir = root.path().join("a1");
         let alloc = alloc("a1");
         let req = request(&alloc, &alloc_dir);
-        PrerunHook::prerun(&AllocDirHook, &req).unwrap();
+        AllocDirHook.prerun_now(&req).unwrap();
         fs::remove_dir_all(alloc_dir.join("alloc/logs")).unwrap();
         std::os::unix::fs::symlink(host.path(), alloc_dir.join("alloc/logs")).unwrap();
         let before = fs::metadata(host.path()).unwrap().permissions().mode();
-        let err = PrerunHook::prerun(&AllocDirHook, &req).unwrap_err();
+        let err = AllocDirHook.prerun_now(&req).unwrap_err();
         assert!(err.0.contains("alloc/logs") && err.0.contains("symlink"), "{}", err.0);
         assert_eq!(fs::metadata(host.path()).unwrap().permissions().mode(), before, "the host dir was not chmodded 0777");
     }
@@ -172,7 +178,7 @@ mod tests {
             let alloc = alloc(id);
             let alloc_dir = alloc_root.join(id);
             let req = request(&alloc, &alloc_dir);
-            let err = PrerunHook::prerun(&AllocDirHook, &req).unwrap_err();
+            let err = AllocDirHook.prerun_now(&req).unwrap_err();
             assert!(err.0.starts_with(&format!("alloc ID {id:?}")), "{id:?}: {}", err.0);
             assert!(DestroyHook::destroy(&AllocDirHook, &req).is_err(), "{id:?}");
         }
@@ -182,7 +188,7 @@ mod tests {
         let alloc = alloc("a1");
         let elsewhere = root.path().join("elsewhere");
         let req = request(&alloc, &elsewhere);
-        assert!(PrerunHook::prerun(&AllocDirHook, &req).unwrap_err().0.contains("is not <alloc root>/a1"));
+        assert!(AllocDirHook.prerun_now(&req).unwrap_err().0.contains("is not <alloc root>/a1"));
     }
 
     #[test]

@@ -155,7 +155,13 @@ impl AllocHook for HealthHook {
 }
 
 impl PrerunHook for HealthHook {
-    fn prerun(&self, req: &AllocHookRequest<'_>) -> Result<Option<HookState>, AllocHookError> {
+    fn prerun<'a>(&'a self, req: &'a AllocHookRequest<'a>) -> futures::future::BoxFuture<'a, Result<Option<HookState>, AllocHookError>> {
+        Box::pin(std::future::ready(self.prerun_now(req)))
+    }
+}
+
+impl HealthHook {
+    fn prerun_now(&self, req: &AllocHookRequest<'_>) -> Result<Option<HookState>, AllocHookError> {
         let Some(cfg) = HealthConfig::for_alloc(req.alloc) else { return Ok(None) };
         let already = req.alloc.deployment_status.as_ref().and_then(|d| d.get("Healthy")).is_some_and(|h| !h.is_null());
         if already {

@@ -13,6 +13,7 @@
 //!   may run without prerun (an alloc that never started).
 
 mod alloc_dir;
+pub mod csi;
 mod health;
 mod services;
 mod shutdown_delay;
@@ -27,6 +28,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use alloc_dir::{AllocDirHook, unmount_all_under};
+pub use csi::{CsiClaimRpc, CsiHook, CsiMounts, RpcCsiClaims, SaveState};
 pub use health::{HealthConfig, HealthHook, Verdict, evaluate};
 pub use services::{NodeFn, ServicesHook};
 pub use shutdown_delay::ShutdownDelayHook;
@@ -78,7 +80,8 @@ pub trait AllocHook: Send + Sync {
 /// Runs before the tasks start.
 pub trait PrerunHook {
     /// Prepares the alloc; `Ok(Some(state))` persists the state (with `done` to skip it later).
-    fn prerun(&self, req: &AllocHookRequest<'_>) -> Result<Option<HookState>, AllocHookError>;
+    /// May wait (a CSI claim waits for a free volume).
+    fn prerun<'a>(&'a self, req: &'a AllocHookRequest<'a>) -> BoxFuture<'a, Result<Option<HookState>, AllocHookError>>;
 }
 
 /// Runs before the tasks are killed because the alloc stops.
@@ -123,6 +126,22 @@ pub struct HookEnv {
     pub node: NodeFn,
     /// Region (interpolation).
     pub region: String,
+    /// What the `csi` hook uses.
+    pub csi: CsiDeps,
+}
+
+/// What the `csi` hook gets besides the common parts.
+pub struct CsiDeps {
+    /// The node's volume manager.
+    pub volumes: Arc<dyn crate::client::csi::CsiVolumes>,
+    /// `CSIVolume.*` RPCs.
+    pub rpc: Arc<dyn CsiClaimRpc>,
+    /// This node's ID.
+    pub node_id: String,
+    /// The mounts, shared with the task runners.
+    pub mounts: CsiMounts,
+    /// Persists a hook's state.
+    pub save: SaveState,
 }
 
 /// The alloc hooks, in the order every phase runs them.
@@ -137,17 +156,36 @@ pub struct HookEnv {
 /// 3. `services` before `shutdown_delay`: when the alloc stops, its Nomad services are
 ///    deregistered first (prekill waits for that attempt), so that during the shutdown delay no
 ///    one is sent to the alloc any more and traffic drains, as in Nomad.
-/// 4. `shutdown_delay` last: it only acts in prekill, where it waits the group's
+/// 4. `csi` after `services`, as in Nomad: its prerun may wait for a claim (and the mounts),
+///    and the tasks need its mounts, so it is the last hook of prerun; its postrun releases the
+///    volumes in the background, once every task is dead.
+/// 5. `shutdown_delay` last: it only acts in prekill, where it waits the group's
 ///    `shutdown_delay` between "the alloc stops" and the first kill signal.
 pub fn init_hooks(env: HookEnv) -> Vec<Box<dyn AllocHook>> {
     let cancel = env.cancel.clone();
     let services = ServicesHook::new(&env);
-    vec![Box::new(AllocDirHook), Box::new(HealthHook::new(env)), Box::new(services), Box::new(ShutdownDelayHook::new(cancel))]
+    let csi = CsiHook::new(csi::CsiHookEnv {
+        volumes: env.csi.volumes.clone(),
+        rpc: env.csi.rpc.clone(),
+        node_id: env.csi.node_id.clone(),
+        region: env.region.clone(),
+        mounts: env.csi.mounts.clone(),
+        cancel: env.cancel.clone(),
+        shutdown: env.shutdown.clone(),
+        save: env.csi.save.clone(),
+    });
+    vec![
+        Box::new(AllocDirHook),
+        Box::new(HealthHook::new(env)),
+        Box::new(services),
+        Box::new(csi),
+        Box::new(ShutdownDelayHook::new(cancel)),
+    ]
 }
 
 /// Runs prerun: in order, skipping done hooks, stopping at the first error. New states go into
 /// `states` (the caller persists them).
-pub fn run_prerun(
+pub async fn run_prerun(
     hooks: &[Box<dyn AllocHook>],
     alloc: &Allocation,
     alloc_dir: &Path,
@@ -160,7 +198,7 @@ pub fn run_prerun(
             continue;
         }
         let req = AllocHookRequest { alloc, alloc_dir, previous };
-        if let Some(state) = phase.prerun(&req).map_err(|e| (hook.name(), e))? {
+        if let Some(state) = phase.prerun(&req).await.map_err(|e| (hook.name(), e))? {
             states.insert(hook.name().to_string(), state);
         }
     }
@@ -223,6 +261,8 @@ pub fn run_phase(
 mod tests {
     use std::sync::Mutex;
 
+    use futures::FutureExt;
+
     use super::*;
 
     struct Probe {
@@ -244,9 +284,10 @@ mod tests {
     }
 
     impl PrerunHook for Probe {
-        fn prerun(&self, _req: &AllocHookRequest<'_>) -> Result<Option<HookState>, AllocHookError> {
+        fn prerun<'a>(&'a self, _req: &'a AllocHookRequest<'a>) -> BoxFuture<'a, Result<Option<HookState>, AllocHookError>> {
             self.log.lock().unwrap().push(format!("prerun {}", self.name));
-            if self.fail { Err(AllocHookError("boom".into())) } else { Ok(Some(HookState { done: true, ..HookState::default() })) }
+            let r = if self.fail { Err(AllocHookError("boom".into())) } else { Ok(Some(HookState { done: true, ..HookState::default() })) };
+            Box::pin(std::future::ready(r))
         }
     }
 
@@ -266,12 +307,12 @@ mod tests {
             .collect();
         let alloc = Allocation::default();
         let mut states = BTreeMap::new();
-        let err = run_prerun(&hooks, &alloc, Path::new("/x"), &mut states).unwrap_err();
+        let err = run_prerun(&hooks, &alloc, Path::new("/x"), &mut states).now_or_never().unwrap().unwrap_err();
         assert_eq!(err.0, "b");
         assert_eq!(*log.lock().unwrap(), ["prerun a", "prerun b"]);
         assert!(states["a"].done);
         log.lock().unwrap().clear();
-        let _ = run_prerun(&hooks, &alloc, Path::new("/x"), &mut states);
+        let _ = run_prerun(&hooks, &alloc, Path::new("/x"), &mut states).now_or_never().unwrap();
         assert_eq!(*log.lock().unwrap(), ["prerun b"], "a is done and skipped");
         log.lock().unwrap().clear();
         let errors = run_phase(&hooks, Phase::Destroy, &alloc, Path::new("/x"), &states);
@@ -284,6 +325,6 @@ mod tests {
         let (_tx, rx) = watch::channel(BTreeMap::new());
         let env = services::tests::env(rx, Arc::new(services::tests::FakeRegistrar::default()));
         let names: Vec<_> = init_hooks(env).iter().map(|h| h.name()).collect();
-        assert_eq!(names, ["alloc_dir", "health", "services", "shutdown_delay"]);
+        assert_eq!(names, ["alloc_dir", "health", "services", "csi", "shutdown_delay"]);
     }
 }

@@ -183,7 +183,13 @@ impl AllocHook for ServicesHook {
 }
 
 impl PrerunHook for ServicesHook {
-    fn prerun(&self, req: &AllocHookRequest<'_>) -> Result<Option<HookState>, AllocHookError> {
+    fn prerun<'a>(&'a self, req: &'a AllocHookRequest<'a>) -> BoxFuture<'a, Result<Option<HookState>, AllocHookError>> {
+        Box::pin(std::future::ready(self.prerun_now(req)))
+    }
+}
+
+impl ServicesHook {
+    fn prerun_now(&self, req: &AllocHookRequest<'_>) -> Result<Option<HookState>, AllocHookError> {
         self.prerun_ran.store(true, std::sync::atomic::Ordering::SeqCst);
         if !self.has_services(req.alloc) {
             return Ok(None);

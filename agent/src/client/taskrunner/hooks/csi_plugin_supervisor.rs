@@ -111,10 +111,6 @@ fn health_timeout(config: &CsiPluginConfig) -> Duration {
     if config.health_timeout > 0 { Duration::from_nanos(config.health_timeout as u64) } else { DEFAULT_HEALTH_TIMEOUT }
 }
 
-fn stage_publish_base_dir(config: &CsiPluginConfig) -> String {
-    if config.stage_publish_base_dir.is_empty() { "/local/csi".into() } else { config.stage_publish_base_dir.clone() }
-}
-
 /// See the module docs.
 pub struct CsiPluginSupervisorHook {
     csi_root: PathBuf,
@@ -319,7 +315,10 @@ impl Supervisor {
                 provider: info.name.clone(),
                 version: info.vendor_version.clone(),
                 mount_point: self.paths.mount_point.clone(),
-                container_mount_point: stage_publish_base_dir(&self.config),
+                // A raw_exec plugin (the only driver admitted for plugins) has no file system of
+                // its own, so nothing is mounted at `stage_publish_base_dir`: it is given the host
+                // paths of its staging root, as it is given the host socket.
+                container_mount_point: self.paths.mount_point.display().to_string(),
             });
         }
         Ok(())

@@ -15,6 +15,7 @@ pub mod csi_plugin_supervisor;
 mod dispatch_payload;
 mod task_dir;
 mod validate;
+mod volumes;
 
 use std::collections::BTreeMap;
 
@@ -24,6 +25,7 @@ pub use csi_plugin_supervisor::CsiPluginSupervisorHook;
 pub use dispatch_payload::DispatchPayloadHook;
 pub use task_dir::{TaskDirHook, mount_secrets_tmpfs};
 pub use validate::ValidateHook;
+pub use volumes::{VolumesHook, volume_mounts};
 
 use crate::client::driver::{Driver, TaskConfig};
 use crate::client::state::HookState;
@@ -132,12 +134,21 @@ pub trait StopHook {
 /// 2. `task_dir` next: it builds `local/`, `secrets/` and `tmp/`, which every later hook and the
 ///    task itself write into.
 /// 3. `dispatch_payload`: it writes into the task's `local/` dir, so it needs `task_dir`.
-/// 4. `csi_plugin_supervisor` (given for a task with `csi_plugin`) last: its poststart probes
+/// 4. `volumes` (for a task with `volume_mount`s): checks that every mounted CSI volume is
+///    mounted and that the driver takes mounts; the binds themselves are in the task config.
+/// 5. `csi_plugin_supervisor` (given for a task with `csi_plugin`) last: its poststart probes
 ///    the started plugin, and nothing after it depends on it.
-pub fn init_hooks(task: &Task, csi_supervisor: Option<CsiPluginSupervisorHook>) -> Vec<Box<dyn TaskHook>> {
+pub fn init_hooks(
+    task: &Task,
+    csi_supervisor: Option<CsiPluginSupervisorHook>,
+    csi_mounts: crate::client::allocrunner::hooks::CsiMounts,
+) -> Vec<Box<dyn TaskHook>> {
     let mut hooks: Vec<Box<dyn TaskHook>> = vec![Box::new(ValidateHook), Box::new(TaskDirHook)];
     if task.dispatch_payload.is_some() {
         hooks.push(Box::new(DispatchPayloadHook));
+    }
+    if !task.volume_mounts.is_empty() {
+        hooks.push(Box::new(VolumesHook::new(csi_mounts)));
     }
     if let Some(h) = csi_supervisor {
         hooks.push(Box::new(h));
@@ -258,6 +269,7 @@ mod tests {
             logs: Default::default(),
             kill_signal: nix::sys::signal::Signal::SIGINT,
             kill_timeout: std::time::Duration::from_secs(1),
+            mounts: Vec::new(),
         };
         (Allocation::default(), task, config)
     }
@@ -287,7 +299,7 @@ mod tests {
 
     #[test]
     fn the_hook_list_is_fixed_plus_conditional_hooks() {
-        let names = |t: &Task| init_hooks(t, None).iter().map(|h| h.name()).collect::<Vec<_>>();
+        let names = |t: &Task| init_hooks(t, None, Default::default()).iter().map(|h| h.name()).collect::<Vec<_>>();
         assert_eq!(names(&Task::default()), ["validate", "task_dir"]);
         let t = Task { dispatch_payload: Some(serde_json::json!({"File": "in.txt"})), ..Task::default() };
         assert_eq!(names(&t), ["validate", "task_dir", "dispatch_payload"]);
@@ -312,6 +324,7 @@ pub(crate) mod tests_support {
             logs: Default::default(),
             kill_signal: nix::sys::signal::Signal::SIGINT,
             kill_timeout: std::time::Duration::from_secs(1),
+            mounts: Vec::new(),
         }
     }
 }

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::FutureExt;
 use futures::future::BoxFuture;
 use nomad_proto::alloc::task_state;
 use nomad_proto::resources::{AllocatedPortMapping, AllocatedResources, AllocatedSharedResources};
@@ -112,6 +113,7 @@ pub(crate) fn env(task_states: watch::Receiver<BTreeMap<String, TaskState>>, reg
         registrar,
         node: Arc::new(move || node.clone()),
         region: "global".into(),
+        csi: crate::client::allocrunner::hooks::csi::tests::no_csi(),
     }
 }
 
@@ -177,7 +179,7 @@ fn fixture() -> Fixture {
 
 impl Fixture {
     fn prerun(&self, alloc: &Allocation, states: &mut BTreeMap<String, HookState>) {
-        run_prerun(&self.hooks, alloc, &self.dir.path().join("a1"), states).unwrap();
+        run_prerun(&self.hooks, alloc, &self.dir.path().join("a1"), states).now_or_never().expect("no CSI volumes: at once").unwrap();
     }
 }
 
@@ -266,7 +268,7 @@ async fn prekill_does_not_wait_for_unreachable_servers_and_the_removal_goes_on_i
     let dir = tempfile::tempdir().unwrap();
     let a = alloc();
     let mut states = BTreeMap::new();
-    run_prerun(&hooks, &a, &dir.path().join("a1"), &mut states).unwrap();
+    run_prerun(&hooks, &a, &dir.path().join("a1"), &mut states).await.unwrap();
     registrar.wait("both services", |r| r.ids().len() == 2).await;
     registrar.fail_next.store(2, Ordering::SeqCst);
     let errors = tokio::time::timeout(Duration::from_secs(10), run_prekill(&hooks, &a, &dir.path().join("a1"), &states)).await.unwrap();
@@ -294,7 +296,7 @@ async fn a_restored_alloc_registers_again_and_drops_services_of_tasks_that_stopp
     let hooks = init_hooks(env(rx, registrar.clone()));
     let dir = tempfile::tempdir().unwrap();
     let mut states = BTreeMap::from([("services".to_string(), HookState::default())]);
-    run_prerun(&hooks, &a, &dir.path().join("a1"), &mut states).unwrap();
+    run_prerun(&hooks, &a, &dir.path().join("a1"), &mut states).await.unwrap();
     registrar.wait("the stale task service removed", |r| r.ids() == [GROUP_ID]).await;
     assert_eq!(registrar.log(), [format!("upsert {GROUP_ID}"), format!("delete {TASK_ID}")], "upserted again, stale one removed");
 

@@ -150,7 +150,8 @@ async fn a_ready_plugin_is_announced_and_registered_for_both_sides() {
         ("hostpath", "a1", "hostpath.csi.k8s.io", "1.0.0")
     );
     assert_eq!(r.socket, dir.path().join("csi/plugins/a1/csi.sock"));
-    assert_eq!(r.container_mount_point, "/local/csi");
+    assert_eq!(r.container_mount_point, r.mount_point.display().to_string(), "raw_exec sees host paths, not stage_publish_base_dir");
+    assert_eq!(r.mount_point, dir.path().join("csi/monolith/hostpath"));
     let events = lock(&rec.events).clone();
     assert_eq!(events.len(), 1);
     assert_eq!((events[0].event_type.as_str(), events[0].message.as_str()), (PLUGIN_HEALTHY, "plugin: hostpath"));
