@@ -22,6 +22,7 @@ fn main() {
         .method(unary("update_status", "UpdateStatus", "NodeUpdateStatusRequest", "NodeUpdateResponse"))
         .method(unary("update_alloc", "UpdateAlloc", "AllocUpdateRequest", "GenericResponse"))
         .method(unary("get_client_allocs", "GetClientAllocs", "NodeSpecificRequest", "NodeClientAllocsResponse"))
+        .method(unary("derive_si_token", "DeriveSIToken", "DeriveSiTokenRequest", "DeriveSiTokenResponse"))
         .build();
     let alloc = Service::builder()
         .name("Alloc")

@@ -327,6 +327,12 @@ impl TaskGroup {
     pub fn supports_disconnected_clients(&self) -> bool {
         self.max_client_disconnect.is_some()
     }
+
+    /// A group service uses Consul Connect: native, a sidecar or a gateway (Nomad's
+    /// `TaskGroup.UsesConnect`).
+    pub fn uses_connect(&self) -> bool {
+        self.services.iter().filter_map(|s| s.connect.as_ref()).any(|c| c.native || c.sidecar_service.is_some() || c.gateway.is_some())
+    }
 }
 
 /// One task: a process, container or VM run by a driver.
@@ -390,6 +396,54 @@ pub struct Task {
 
 /// Default time between the kill signal and SIGKILL: 5 s.
 pub const DEFAULT_KILL_TIMEOUT_NS: i64 = 5_000_000_000;
+
+/// Nomad's `TaskKind` prefixes of Connect tasks.
+pub mod task_kind {
+    /// An Envoy sidecar: `connect-proxy:<service>`.
+    pub const CONNECT_PROXY: &str = "connect-proxy";
+    /// A task speaking Connect itself: `connect-native:<service>`.
+    pub const CONNECT_NATIVE: &str = "connect-native";
+    /// An ingress gateway: `connect-ingress:<service>`.
+    pub const CONNECT_INGRESS: &str = "connect-ingress";
+    /// A terminating gateway: `connect-terminating:<service>`.
+    pub const CONNECT_TERMINATING: &str = "connect-terminating";
+    /// A mesh gateway: `connect-mesh:<service>`.
+    pub const CONNECT_MESH: &str = "connect-mesh";
+}
+
+impl Task {
+    /// The part of `kind` before the first `:` (`TaskKind.Name`).
+    pub fn kind_name(&self) -> &str {
+        self.kind.split_once(':').map_or("", |(n, _)| n)
+    }
+
+    /// The part of `kind` after the first `:` (`TaskKind.Value`): the Connect service.
+    pub fn kind_value(&self) -> &str {
+        self.kind.split_once(':').map_or("", |(_, v)| v)
+    }
+
+    /// `kind` is `<prefix>:<something>` (Nomad's `hasPrefix` checks).
+    fn kind_is(&self, prefix: &str) -> bool {
+        self.kind.strip_prefix(prefix).and_then(|r| r.strip_prefix(':')).is_some_and(|v| !v.is_empty())
+    }
+
+    /// A Connect native task (`TaskKind.IsConnectNative`).
+    pub fn is_connect_native(&self) -> bool {
+        self.kind_is(task_kind::CONNECT_NATIVE)
+    }
+
+    /// An Envoy sidecar or gateway task (`Task.UsesConnectSidecar`).
+    pub fn uses_connect_sidecar(&self) -> bool {
+        [task_kind::CONNECT_PROXY, task_kind::CONNECT_INGRESS, task_kind::CONNECT_TERMINATING, task_kind::CONNECT_MESH]
+            .iter()
+            .any(|p| self.kind_is(p))
+    }
+
+    /// A Connect task of any kind (`Task.UsesConnect`): the ones that get SI tokens.
+    pub fn uses_connect(&self) -> bool {
+        self.is_connect_native() || self.uses_connect_sidecar()
+    }
+}
 
 impl Default for Task {
     fn default() -> Self {

@@ -2,6 +2,7 @@
 
 pub mod broker;
 pub mod consensus;
+pub mod consul;
 pub mod csi;
 pub mod drainer;
 pub mod endpoints;

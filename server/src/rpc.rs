@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex};
 use nomad_proto::rpc::codec::MAX_MESSAGE_BYTES;
 use nomad_proto::rpc::{
     AllocClient, AllocRpc, AllocServer, AllocUpdateRequest, AllocsGetRequest, AllocsGetResponse, CsiVolumeClaimRequest,
-    CsiVolumeClaimResponse, CsiVolumeClient, CsiVolumeRpc, CsiVolumeServer, CsiVolumeUnpublishRequest, GenericResponse, NodeClient,
+    CsiVolumeClaimResponse, CsiVolumeClient, CsiVolumeRpc, CsiVolumeServer, CsiVolumeUnpublishRequest, DeriveSiTokenRequest,
+    DeriveSiTokenResponse, GenericResponse, NodeClient,
     NodeClientAllocsResponse, NodeRegisterRequest, NodeRpc, NodeServer, NodeSpecificRequest, NodeUpdateResponse, NodeUpdateStatusRequest,
     ServiceRegistrationClient, ServiceRegistrationDeleteByIdRequest, ServiceRegistrationDeleteRequest, ServiceRegistrationRpc,
     ServiceRegistrationServer, ServiceRegistrationUpsertRequest,
@@ -171,6 +172,13 @@ impl NodeRpc for ClientRpc {
             return node_client(ch).get_client_allocs(self.forwarded(req)).await;
         }
         Ok(Response::new(self.endpoints.node_get_client_allocs(req.into_inner()).await?))
+    }
+
+    async fn derive_si_token(&self, req: Request<DeriveSiTokenRequest>) -> Result<Response<DeriveSiTokenResponse>, Status> {
+        if let Some(ch) = self.forward_target(&req)? {
+            return node_client(ch).derive_si_token(self.forwarded(req)).await;
+        }
+        Ok(Response::new(self.endpoints.node_derive_si_token(req.into_inner()).await?))
     }
 }
 

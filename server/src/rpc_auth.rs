@@ -53,6 +53,7 @@ pub const RPC_TABLE: &[(&str, Requires)] = &[
     ("/nomad.Node/UpdateStatus", Requires::Node),
     ("/nomad.Node/UpdateAlloc", Requires::Node),
     ("/nomad.Node/GetClientAllocs", Requires::Node),
+    ("/nomad.Node/DeriveSIToken", Requires::Node),
     ("/nomad.Alloc/GetAllocs", Requires::Node),
     ("/nomad.ServiceRegistration/Upsert", Requires::Node),
     ("/nomad.ServiceRegistration/DeleteByAlloc", Requires::Node),

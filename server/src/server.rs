@@ -58,6 +58,8 @@ pub struct ServerConfig {
     pub name: String,
     /// The RPC listener's limits (the agent's `limits { rpc_* }`).
     pub rpc_limits: crate::rpc_listener::RpcLimits,
+    /// Consul, for SI tokens and gateway config entries (the agent's `consul {}` block).
+    pub consul: crate::consul::ConsulHandles,
 }
 
 impl ServerConfig {
@@ -79,6 +81,7 @@ impl ServerConfig {
             job_max_count: nomad_proto::limits::DEFAULT_JOB_MAX_COUNT,
             name: String::new(),
             rpc_limits: crate::rpc_listener::RpcLimits::default(),
+            consul: crate::consul::ConsulHandles::default(),
         }
     }
 }
@@ -143,7 +146,8 @@ impl Server {
             },
         )
         .with_events(events)
-        .with_scheduler(scheduler.clone());
+        .with_scheduler(scheduler.clone())
+        .with_consul(cfg.consul.clone());
         let peers = Peers::new(auth.clone());
         let client_rpc = ClientRpc::new(endpoints.clone(), peers.clone());
         let (node_svc, alloc_svc) = client_rpc.services();
@@ -184,7 +188,8 @@ impl Server {
                 scheduler,
             },
             leader_cfg,
-        ));
+        )
+        .with_consul_acl(cfg.consul.acl.clone()));
         let leader = tokio::spawn(leader.run());
         Ok(Server { store, consensus, endpoints, tasks: vec![rpc, leader], rpc_addr, peers, forward_service })
     }

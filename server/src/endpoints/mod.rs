@@ -18,6 +18,7 @@ mod namespace;
 mod node;
 mod node_evals;
 mod services;
+mod si_token;
 
 use std::sync::Arc;
 
@@ -77,6 +78,8 @@ pub struct Endpoints {
     clock: Clock,
     /// Controller and node plugin calls on clients (`ClientCSI.*`).
     client_csi: Arc<dyn crate::csi::ClientCsi>,
+    /// Consul: SI tokens and config entries (none without a `consul {}` block).
+    consul: crate::consul::ConsulHandles,
 }
 
 impl Endpoints {
@@ -91,7 +94,19 @@ impl Endpoints {
             scheduler: None,
             clock: Arc::new(nomad_proto::Timestamp::now),
             client_csi: crate::csi::NoClientCalls::shared(),
+            consul: crate::consul::ConsulHandles::default(),
         }
+    }
+
+    /// These endpoints, reaching Consul through `consul`.
+    pub fn with_consul(mut self, consul: crate::consul::ConsulHandles) -> Endpoints {
+        self.consul = consul;
+        self
+    }
+
+    /// The handles to Consul.
+    pub fn consul(&self) -> &crate::consul::ConsulHandles {
+        &self.consul
     }
 
     /// These endpoints, reading the time from `clock` (deterministic tests drive a virtual clock).

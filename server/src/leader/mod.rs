@@ -14,6 +14,8 @@ use tokio::task::JoinHandle;
 
 use crate::broker::{BlockedEvals, BrokerConfig, CANCELED_SUPERSEDED, ChangeWatcher, EvalBroker, EvalWriter, reap_failed_evals};
 use crate::consensus::Consensus;
+use crate::consul::ConsulAcl;
+use crate::consul::revoker::{ConsensusPurger, Revoker, RevokerConfig};
 use crate::drainer::{ConsensusDrainWriter, DrainWriter, Drainer, DrainerConfig};
 use crate::heartbeat::{HeartbeatExpiry, Heartbeater};
 use crate::plan_apply::{PlanApplierConfig, spawn_plan_applier};
@@ -38,6 +40,8 @@ pub struct LeaderConfig {
     pub worker: WorkerConfig,
     /// The node drainer.
     pub drainer: DrainerConfig,
+    /// The SI token revoker.
+    pub si_revoker: RevokerConfig,
 }
 
 impl Default for LeaderConfig {
@@ -49,6 +53,7 @@ impl Default for LeaderConfig {
             plan_applier: PlanApplierConfig::default(),
             worker: WorkerConfig::default(),
             drainer: DrainerConfig::default(),
+            si_revoker: RevokerConfig::default(),
         }
     }
 }
@@ -74,6 +79,8 @@ pub struct Leader {
     config: LeaderConfig,
     broker: Arc<EvalBroker>,
     blocked: Arc<BlockedEvals>,
+    /// Revokes the SI tokens of dead allocs (none without Consul).
+    consul_acl: Option<Arc<dyn ConsulAcl>>,
 }
 
 /// The tasks of one term of leadership; dropping them stops them.
@@ -93,7 +100,13 @@ impl Leader {
     /// A leader that has not started anything yet.
     pub fn new(deps: LeaderDeps, config: LeaderConfig) -> Leader {
         let broker = Arc::new(EvalBroker::new(config.broker.clone()));
-        Leader { deps, config, broker, blocked: Arc::new(BlockedEvals::new()) }
+        Leader { deps, config, broker, blocked: Arc::new(BlockedEvals::new()), consul_acl: None }
+    }
+
+    /// This leader, also running the SI token revoker over `acl` while it leads.
+    pub fn with_consul_acl(mut self, acl: Option<Arc<dyn ConsulAcl>>) -> Leader {
+        self.consul_acl = acl;
+        self
     }
 
     /// The eval broker (enabled while leading).
@@ -125,7 +138,7 @@ impl Leader {
     }
 
     fn establish(&self) -> Term {
-        tracing::info!("leadership won: starting the eval broker, workers, plan applier, heartbeat timers and node drainer");
+        tracing::info!("leadership won: starting the eval broker, workers, plan applier, heartbeat timers, node drainer and SI token revoker");
         let d = &self.deps;
         self.broker.set_enabled(true);
         self.blocked.set_enabled(true);
@@ -162,6 +175,20 @@ impl Leader {
 
         let writer: Arc<dyn DrainWriter> = Arc::new(ConsensusDrainWriter(d.consensus.clone()));
         tasks.push(tokio::spawn(Drainer::new(d.store.clone(), writer, self.config.drainer.clone()).run()));
+
+        // Its first pass revokes the tokens of allocs that died while no leader watched.
+        match &self.consul_acl {
+            Some(acl) => {
+                let purger = Arc::new(ConsensusPurger(d.consensus.clone()));
+                tasks.push(tokio::spawn(Revoker::new(d.store.clone(), acl.clone(), purger, self.config.si_revoker.clone()).run()));
+            }
+            None => {
+                let orphaned = d.store.snapshot().si_token_accessors().count();
+                if orphaned > 0 {
+                    tracing::warn!(accessors = orphaned, "SI tokens are stored but this server has no consul {{}} block to revoke them with");
+                }
+            }
+        }
         Term { tasks }
     }
 
