@@ -52,6 +52,11 @@ pub struct ClientContext {
     pub csi_connect: Connector,
     /// The Consul service sync, when the agent has a `consul {}` block.
     pub consul_services: Option<Arc<crate::client::consul::sync::ConsulServices>>,
+    /// Asks the servers for Consul SI tokens; set only when the agent's Consul config has a
+    /// token (Nomad's condition for the `consul_si_token` hook).
+    pub si_tokens: Option<Arc<dyn crate::client::taskrunner::hooks::consul_si_token::SiTokenDeriver>>,
+    /// The SI token derivation's timing (Nomad's, except in tests).
+    pub si_backoff: crate::client::taskrunner::hooks::consul_si_token::Backoff,
 }
 
 impl ClientContext {
