@@ -179,17 +179,19 @@ impl Server {
         if cfg.num_schedulers > 0 {
             leader_cfg.num_schedulers = cfg.num_schedulers;
         }
-        let leader = Arc::new(Leader::new(
-            LeaderDeps {
-                store: store.clone(),
-                consensus: consensus.clone(),
-                heartbeats,
-                heartbeat_expiry: Arc::new(endpoints.clone()),
-                scheduler,
-            },
-            leader_cfg,
-        )
-        .with_consul_acl(cfg.consul.acl.clone()));
+        let leader = Arc::new(
+            Leader::new(
+                LeaderDeps {
+                    store: store.clone(),
+                    consensus: consensus.clone(),
+                    heartbeats,
+                    heartbeat_expiry: Arc::new(endpoints.clone()),
+                    scheduler,
+                },
+                leader_cfg,
+            )
+            .with_consul_acl(cfg.consul.acl.clone()),
+        );
         let leader = tokio::spawn(leader.run());
         Ok(Server { store, consensus, endpoints, tasks: vec![rpc, leader], rpc_addr, peers, forward_service })
     }

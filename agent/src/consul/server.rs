@@ -31,7 +31,10 @@ impl ConsulAcl for ServerConsul {
             let created: CreatedToken = nomad_proto::lenient::from_trusted_slice(&bytes)
                 .map_err(|e| ConsulCallError { status: Some(200), message: format!("decoding Consul's token: {e}") })?;
             if created.accessor_id.is_empty() || created.secret_id.is_empty() {
-                return Err(ConsulCallError { status: Some(200), message: "Consul answered a token without an AccessorID or SecretID".into() });
+                return Err(ConsulCallError {
+                    status: Some(200),
+                    message: "Consul answered a token without an AccessorID or SecretID".into(),
+                });
             }
             Ok(created)
         })
@@ -66,8 +69,12 @@ mod tests {
     use crate::config::consul::ConsulSettings;
 
     fn consul(addr: &str, token: &str) -> ServerConsul {
-        let s =
-            ConsulSettings { address: addr.to_string(), token: token.to_string(), timeout: Duration::from_secs(5), ..ConsulSettings::default() };
+        let s = ConsulSettings {
+            address: addr.to_string(),
+            token: token.to_string(),
+            timeout: Duration::from_secs(5),
+            ..ConsulSettings::default()
+        };
         ServerConsul(ConsulClient::new(&s))
     }
 
@@ -86,7 +93,10 @@ mod tests {
         let c = consul(&standin.addr().to_string(), "root");
         let t = c.create_token(si("web")).await.unwrap();
         let body = standin.calls_to("PUT", "/v1/acl/token")[0].json();
-        assert_eq!(body, serde_json::json!({"Description": "_nomad_si [c] [a] [t]", "ServiceIdentities": [{"ServiceName": "web"}], "Local": true}));
+        assert_eq!(
+            body,
+            serde_json::json!({"Description": "_nomad_si [c] [a] [t]", "ServiceIdentities": [{"ServiceName": "web"}], "Local": true})
+        );
         // The secret works as a Consul token for the service (and its sidecar) only.
         let as_web = consul(&standin.addr().to_string(), &t.secret_id);
         assert!(as_web.create_token(si("other")).await.unwrap_err().message.contains("403"), "an SI token has no acl:write");

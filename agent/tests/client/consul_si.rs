@@ -68,11 +68,7 @@ fn token_self(consul: &ConsulStandIn, token: &str) -> (u16, String) {
 
 /// The descriptions of the tokens created so far.
 fn si_tokens(consul: &ConsulStandIn) -> Vec<String> {
-    consul
-        .calls_to("PUT", "/v1/acl/token")
-        .iter()
-        .map(|call| call.json()["Description"].as_str().unwrap_or_default().to_string())
-        .collect()
+    consul.calls_to("PUT", "/v1/acl/token").iter().map(|call| call.json()["Description"].as_str().unwrap_or_default().to_string()).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -164,9 +164,8 @@ pub fn job_config_entries(job: &Job) -> Result<Vec<ConfigEntry>, String> {
         for s in &g.services {
             let Some(gw) = s.connect.as_ref().and_then(|c| c.gateway.as_ref()) else { continue };
             if let Some(ingress) = &gw.ingress {
-                let spec: IngressSpec = nomad_proto::lenient::from_value(ingress.clone()).map_err(|e| {
-                    format!("group {:?} service {:?}: the ingress gateway's config entry: {e}", g.name, s.name)
-                })?;
+                let spec: IngressSpec = nomad_proto::lenient::from_value(ingress.clone())
+                    .map_err(|e| format!("group {:?} service {:?}: the ingress gateway's config entry: {e}", g.name, s.name))?;
                 let entry = IngressGatewayConfigEntry {
                     kind: "ingress-gateway".into(),
                     name: s.name.clone(),

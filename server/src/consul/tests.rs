@@ -207,7 +207,8 @@ fn client_update(n: &nomad_proto::Node, a: &Allocation, status: ClientStatus) ->
 
 async fn ready(ts: &TestServer, id: &str) -> nomad_proto::Node {
     let n = ts.register_node(node(id)).await;
-    let hb = NodeUpdateStatusRequest { node_id: id.into(), status: NodeStatus::Ready, secret_id: n.secret_id.clone(), ..Default::default() };
+    let hb =
+        NodeUpdateStatusRequest { node_id: id.into(), status: NodeStatus::Ready, secret_id: n.secret_id.clone(), ..Default::default() };
     ts.endpoints.node_update_status(hb).await.unwrap();
     n
 }
@@ -343,17 +344,38 @@ fn accessors_and_the_cluster_id_survive_a_snapshot() {
         task_name: "t".into(),
         create_index: 0,
     };
-    store.write(5, |tx| Ok(tx.upsert_si_token_accessors(std::slice::from_ref(&acc)))).unwrap();
+    store
+        .write(5, |tx| {
+            tx.upsert_si_token_accessors(std::slice::from_ref(&acc));
+            Ok(())
+        })
+        .unwrap();
     let meta = crate::state::ClusterMetadata { cluster_id: "c-1".into(), create_time: 7 };
-    store.write(6, |tx| Ok(tx.set_cluster_metadata(&meta))).unwrap();
+    store
+        .write(6, |tx| {
+            tx.set_cluster_metadata(&meta);
+            Ok(())
+        })
+        .unwrap();
     // A second ID never replaces the first.
-    store.write(7, |tx| Ok(tx.set_cluster_metadata(&crate::state::ClusterMetadata { cluster_id: "c-2".into(), create_time: 8 }))).unwrap();
+    let other = crate::state::ClusterMetadata { cluster_id: "c-2".into(), create_time: 8 };
+    store
+        .write(7, |tx| {
+            tx.set_cluster_metadata(&other);
+            Ok(())
+        })
+        .unwrap();
     let bytes = store.snapshot().to_bytes().unwrap();
     let back = crate::state::State::from_bytes(&bytes).unwrap();
     assert_eq!(**back.si_token_accessor("acc-1").unwrap(), crate::state::SiTokenAccessor { create_index: 5, ..acc });
     assert_eq!(back.cluster_metadata(), Some(&meta));
     assert_eq!(back.table_index(crate::state::Table::SiTokenAccessors), 5);
-    store.write(8, |tx| Ok(tx.delete_si_token_accessors(&["acc-1".into(), "unknown".into()]))).unwrap();
+    store
+        .write(8, |tx| {
+            tx.delete_si_token_accessors(&["acc-1".into(), "unknown".into()]);
+            Ok(())
+        })
+        .unwrap();
     assert_eq!(store.snapshot().si_token_accessors().count(), 0);
 }
 
@@ -362,7 +384,12 @@ fn gateway_job() -> Job {
     let term = ConsulGateway {
         terminating: Some(ConsulTerminatingConfigEntry {
             services: vec![
-                ConsulLinkedService { name: "billing".into(), ca_file: "/etc/ca.pem".into(), sni: "billing.internal".into(), ..Default::default() },
+                ConsulLinkedService {
+                    name: "billing".into(),
+                    ca_file: "/etc/ca.pem".into(),
+                    sni: "billing.internal".into(),
+                    ..Default::default()
+                },
                 ConsulLinkedService { name: "db".into(), ..Default::default() },
             ],
         }),

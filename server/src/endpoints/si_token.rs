@@ -67,10 +67,7 @@ impl Endpoints {
             return Ok(refused(format!("at most {} tasks per request", nomad_proto::limits::MAX_TASKS_PER_GROUP), false));
         }
         let Some(acl) = self.consul.acl.clone() else {
-            return Ok(refused(
-                "the servers have no consul {} block, so they cannot create Consul Service Identity tokens",
-                false,
-            ));
+            return Ok(refused("the servers have no consul {} block, so they cannot create Consul Service Identity tokens", false));
         };
         let Some(alloc) = snap.alloc(&req.alloc_id).cloned() else {
             return Ok(refused(format!("Allocation {} does not exist", q(&req.alloc_id)), false));
@@ -155,11 +152,7 @@ impl Endpoints {
                 return Ok(refused(EndpointError::from(e).to_string(), recoverable));
             }
         };
-        Ok(DeriveSiTokenResponse {
-            tokens: made.into_iter().map(|(task, t)| (task, t.secret_id)).collect(),
-            error: None,
-            index,
-        })
+        Ok(DeriveSiTokenResponse { tokens: made.into_iter().map(|(task, t)| (task, t.secret_id)).collect(), error: None, index })
     }
 }
 

@@ -138,7 +138,9 @@ impl Leader {
     }
 
     fn establish(&self) -> Term {
-        tracing::info!("leadership won: starting the eval broker, workers, plan applier, heartbeat timers, node drainer and SI token revoker");
+        tracing::info!(
+            "leadership won: starting the eval broker, workers, plan applier, heartbeat timers, node drainer and SI token revoker"
+        );
         let d = &self.deps;
         self.broker.set_enabled(true);
         self.blocked.set_enabled(true);
@@ -185,7 +187,10 @@ impl Leader {
             None => {
                 let orphaned = d.store.snapshot().si_token_accessors().count();
                 if orphaned > 0 {
-                    tracing::warn!(accessors = orphaned, "SI tokens are stored but this server has no consul {{}} block to revoke them with");
+                    tracing::warn!(
+                        accessors = orphaned,
+                        "SI tokens are stored but this server has no consul {{}} block to revoke them with"
+                    );
                 }
             }
         }

@@ -38,8 +38,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 pub use csi_volumes::CsiVolumeView;
-pub use si_accessors::{ClusterMetadata, SiTokenAccessor};
 pub use jobs::job_status;
+pub use si_accessors::{ClusterMetadata, SiTokenAccessor};
 pub use waiters::Watch;
 
 /// Keys of the large tables (alloc, eval and node IDs). A write copies the tree nodes on its

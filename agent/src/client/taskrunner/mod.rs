@@ -36,9 +36,9 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use self::env::{EnvInput, TaskDirs, build_env};
+use self::hooks::consul_si_token::read_token;
 use self::hooks::csi_plugin_supervisor::{TaskControl, csi_endpoint};
 use self::hooks::{ConsulSiTokenHook, CsiPluginSupervisorHook, HookRequest, PostPhase, PrestartError, TaskHook, run_post, run_prestart};
-use self::hooks::consul_si_token::read_token;
 use self::interpolate::Interpolator;
 use self::restart::{Decision, Policy, RestartTracker};
 use super::allocrunner::lifecycle::{Gates, Stage};
@@ -142,9 +142,10 @@ impl TaskRunner {
                     let control: std::sync::Weak<dyn TaskControl> = me.clone();
                     CsiPluginSupervisorHook::new(ctx.csi_root.clone(), ctx.csi_plugins.clone(), ctx.csi_connect.clone(), control)
                 }),
-                ctx.si_tokens.clone().filter(|_| task.uses_connect()).map(|deriver| {
-                    ConsulSiTokenHook::new(deriver, &alloc.id, &task.name, ctx.alloc_dir(&alloc.id), ctx.si_backoff)
-                }),
+                ctx.si_tokens
+                    .clone()
+                    .filter(|_| task.uses_connect())
+                    .map(|deriver| ConsulSiTokenHook::new(deriver, &alloc.id, &task.name, ctx.alloc_dir(&alloc.id), ctx.si_backoff)),
             ),
             ctx,
             alloc: Mutex::new(alloc),
@@ -324,7 +325,10 @@ impl TaskRunner {
         }
         if task.is_connect_native() && !env.contains_key("CONSUL_HTTP_TOKEN") {
             // Nomad's connect-native hook: the task's SI token, when it has one (ACLs on).
-            match Beneath::open(&alloc_dir).and_then(|d| d.open_dir(std::path::Path::new(&task.name), Links::Refuse)).and_then(|d| read_token(&d)) {
+            match Beneath::open(&alloc_dir)
+                .and_then(|d| d.open_dir(std::path::Path::new(&task.name), Links::Refuse))
+                .and_then(|d| read_token(&d))
+            {
                 Ok(Some(token)) if !token.is_empty() => {
                     env.insert("CONSUL_HTTP_TOKEN".into(), token);
                 }

@@ -258,7 +258,10 @@ mod tests {
         let hook = ConsulSiTokenHook::new(servers.clone(), "a1", "sidecar", alloc_dir.clone(), fast());
         let err = AsyncPrestartHook::prestart(&hook).await.unwrap_err();
         assert!(!err.recoverable);
-        assert_eq!(err.message, "failed to derive SI token: Requested Consul Service Identity tokens for tasks that are not Connect enabled: sidecar");
+        assert_eq!(
+            err.message,
+            "failed to derive SI token: Requested Consul Service Identity tokens for tasks that are not Connect enabled: sidecar"
+        );
         assert_eq!(servers.calls(), 1);
         assert!(!alloc_dir.join("sidecar/secrets/si_token").exists());
     }
@@ -281,7 +284,8 @@ mod tests {
     async fn servers_unreachable_for_the_whole_timeout_fail_the_task() {
         let (_d, alloc_dir) = fixture();
         let servers = Scripted::new(vec![]);
-        let backoff = Backoff { baseline: Duration::from_millis(10), limit: Duration::from_millis(30), timeout: Duration::from_millis(400) };
+        let backoff =
+            Backoff { baseline: Duration::from_millis(10), limit: Duration::from_millis(30), timeout: Duration::from_millis(400) };
         let hook = ConsulSiTokenHook::new(servers.clone(), "a1", "sidecar", alloc_dir, backoff);
         let err = AsyncPrestartHook::prestart(&hook).await.unwrap_err();
         assert_eq!(err.message, "failed to derive SI token: no server answered within 400ms");
