@@ -928,3 +928,47 @@ pub struct CsiPluginConfig {
     /// Health check timeout, ns.
     pub health_timeout: i64,
 }
+
+#[cfg(test)]
+mod task_kind_tests {
+    use super::{Task, TaskGroup};
+    use crate::service::{ConsulConnect, Service};
+
+    fn kind(k: &str) -> Task {
+        Task { kind: k.into(), ..Task::default() }
+    }
+
+    #[test]
+    fn connect_kinds_follow_nomads_prefix_rules() {
+        for (k, native, sidecar, value) in [
+            ("connect-proxy:web", false, true, "web"),
+            ("connect-native:api", true, false, "api"),
+            ("connect-ingress:gw", false, true, "gw"),
+            ("connect-terminating:gw", false, true, "gw"),
+            ("connect-mesh:m", false, true, "m"),
+            ("connect-proxy:a:b", false, true, "a:b"),
+            ("connect-proxy:", false, false, ""),
+            ("connect-proxy", false, false, ""),
+            ("connect-proxyx:web", false, false, "web"),
+            ("", false, false, ""),
+            ("custom:thing", false, false, "thing"),
+        ] {
+            let t = kind(k);
+            assert_eq!((t.is_connect_native(), t.uses_connect_sidecar(), t.kind_value()), (native, sidecar, value), "{k:?}");
+            assert_eq!(t.uses_connect(), native || sidecar, "{k:?}");
+        }
+        assert_eq!(kind("connect-proxy:web").kind_name(), "connect-proxy");
+    }
+
+    #[test]
+    fn a_group_uses_connect_only_with_a_native_sidecar_or_gateway_service() {
+        let with =
+            |c: ConsulConnect| TaskGroup { services: vec![Service { connect: Some(c), ..Service::default() }], ..TaskGroup::default() };
+        assert!(!TaskGroup::default().uses_connect());
+        assert!(!with(ConsulConnect::default()).uses_connect(), "an empty connect block");
+        assert!(with(ConsulConnect { native: true, ..ConsulConnect::default() }).uses_connect());
+        assert!(with(ConsulConnect { sidecar_service: Some(Default::default()), ..ConsulConnect::default() }).uses_connect());
+        assert!(with(ConsulConnect { gateway: Some(Default::default()), ..ConsulConnect::default() }).uses_connect());
+        assert!(!with(ConsulConnect { sidecar_task: Some(Default::default()), ..ConsulConnect::default() }).uses_connect());
+    }
+}
