@@ -39,6 +39,7 @@ fn main() {
         // `ServerRequestReply` on the same connection.
         .method(server_streaming("server_requests", "ServerRequests", "NodeServerRequestsRequest", "ServerRequest"))
         .method(unary("server_request_reply", "ServerRequestReply", "ServerRequestReply", "GenericResponse"))
+        .method(unary("derive_si_token", "DeriveSIToken", "DeriveSiTokenRequest", "DeriveSiTokenResponse"))
         .build();
     let alloc = Service::builder()
         .name("Alloc")

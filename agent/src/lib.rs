@@ -3,6 +3,7 @@
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod consul;
 pub mod executor;
 pub mod fs_beneath;
 pub mod http_forward;

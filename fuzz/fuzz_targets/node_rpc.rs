@@ -8,7 +8,7 @@ use nomad_proto::rpc::*;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&method, body)) = data.split_first() else { return };
-    match method % 8 {
+    match method % 9 {
         0 => {
             if let Ok(req) = decode_message::<NodeRegisterRequest>(body) {
                 let _ = req.node.check_limits();
@@ -33,8 +33,11 @@ fuzz_target!(|data: &[u8]| {
         6 => {
             let _ = decode_message::<ServiceRegistrationDeleteRequest>(body);
         }
-        _ => {
+        7 => {
             let _ = decode_message::<ServiceRegistrationDeleteByIdRequest>(body);
+        }
+        _ => {
+            let _ = decode_message::<DeriveSiTokenRequest>(body);
         }
     }
 });

@@ -327,6 +327,12 @@ impl TaskGroup {
     pub fn supports_disconnected_clients(&self) -> bool {
         self.max_client_disconnect.is_some()
     }
+
+    /// A group service uses Consul Connect: native, a sidecar or a gateway (Nomad's
+    /// `TaskGroup.UsesConnect`).
+    pub fn uses_connect(&self) -> bool {
+        self.services.iter().filter_map(|s| s.connect.as_ref()).any(|c| c.native || c.sidecar_service.is_some() || c.gateway.is_some())
+    }
 }
 
 /// One task: a process, container or VM run by a driver.
@@ -390,6 +396,54 @@ pub struct Task {
 
 /// Default time between the kill signal and SIGKILL: 5 s.
 pub const DEFAULT_KILL_TIMEOUT_NS: i64 = 5_000_000_000;
+
+/// Nomad's `TaskKind` prefixes of Connect tasks.
+pub mod task_kind {
+    /// An Envoy sidecar: `connect-proxy:<service>`.
+    pub const CONNECT_PROXY: &str = "connect-proxy";
+    /// A task speaking Connect itself: `connect-native:<service>`.
+    pub const CONNECT_NATIVE: &str = "connect-native";
+    /// An ingress gateway: `connect-ingress:<service>`.
+    pub const CONNECT_INGRESS: &str = "connect-ingress";
+    /// A terminating gateway: `connect-terminating:<service>`.
+    pub const CONNECT_TERMINATING: &str = "connect-terminating";
+    /// A mesh gateway: `connect-mesh:<service>`.
+    pub const CONNECT_MESH: &str = "connect-mesh";
+}
+
+impl Task {
+    /// The part of `kind` before the first `:` (`TaskKind.Name`).
+    pub fn kind_name(&self) -> &str {
+        self.kind.split_once(':').map_or("", |(n, _)| n)
+    }
+
+    /// The part of `kind` after the first `:` (`TaskKind.Value`): the Connect service.
+    pub fn kind_value(&self) -> &str {
+        self.kind.split_once(':').map_or("", |(_, v)| v)
+    }
+
+    /// `kind` is `<prefix>:<something>` (Nomad's `hasPrefix` checks).
+    fn kind_is(&self, prefix: &str) -> bool {
+        self.kind.strip_prefix(prefix).and_then(|r| r.strip_prefix(':')).is_some_and(|v| !v.is_empty())
+    }
+
+    /// A Connect native task (`TaskKind.IsConnectNative`).
+    pub fn is_connect_native(&self) -> bool {
+        self.kind_is(task_kind::CONNECT_NATIVE)
+    }
+
+    /// An Envoy sidecar or gateway task (`Task.UsesConnectSidecar`).
+    pub fn uses_connect_sidecar(&self) -> bool {
+        [task_kind::CONNECT_PROXY, task_kind::CONNECT_INGRESS, task_kind::CONNECT_TERMINATING, task_kind::CONNECT_MESH]
+            .iter()
+            .any(|p| self.kind_is(p))
+    }
+
+    /// A Connect task of any kind (`Task.UsesConnect`): the ones that get SI tokens.
+    pub fn uses_connect(&self) -> bool {
+        self.is_connect_native() || self.uses_connect_sidecar()
+    }
+}
 
 impl Default for Task {
     fn default() -> Self {
@@ -873,4 +927,48 @@ pub struct CsiPluginConfig {
     pub stage_publish_base_dir: String,
     /// Health check timeout, ns.
     pub health_timeout: i64,
+}
+
+#[cfg(test)]
+mod task_kind_tests {
+    use super::{Task, TaskGroup};
+    use crate::service::{ConsulConnect, Service};
+
+    fn kind(k: &str) -> Task {
+        Task { kind: k.into(), ..Task::default() }
+    }
+
+    #[test]
+    fn connect_kinds_follow_nomads_prefix_rules() {
+        for (k, native, sidecar, value) in [
+            ("connect-proxy:web", false, true, "web"),
+            ("connect-native:api", true, false, "api"),
+            ("connect-ingress:gw", false, true, "gw"),
+            ("connect-terminating:gw", false, true, "gw"),
+            ("connect-mesh:m", false, true, "m"),
+            ("connect-proxy:a:b", false, true, "a:b"),
+            ("connect-proxy:", false, false, ""),
+            ("connect-proxy", false, false, ""),
+            ("connect-proxyx:web", false, false, "web"),
+            ("", false, false, ""),
+            ("custom:thing", false, false, "thing"),
+        ] {
+            let t = kind(k);
+            assert_eq!((t.is_connect_native(), t.uses_connect_sidecar(), t.kind_value()), (native, sidecar, value), "{k:?}");
+            assert_eq!(t.uses_connect(), native || sidecar, "{k:?}");
+        }
+        assert_eq!(kind("connect-proxy:web").kind_name(), "connect-proxy");
+    }
+
+    #[test]
+    fn a_group_uses_connect_only_with_a_native_sidecar_or_gateway_service() {
+        let with =
+            |c: ConsulConnect| TaskGroup { services: vec![Service { connect: Some(c), ..Service::default() }], ..TaskGroup::default() };
+        assert!(!TaskGroup::default().uses_connect());
+        assert!(!with(ConsulConnect::default()).uses_connect(), "an empty connect block");
+        assert!(with(ConsulConnect { native: true, ..ConsulConnect::default() }).uses_connect());
+        assert!(with(ConsulConnect { sidecar_service: Some(Default::default()), ..ConsulConnect::default() }).uses_connect());
+        assert!(with(ConsulConnect { gateway: Some(Default::default()), ..ConsulConnect::default() }).uses_connect());
+        assert!(!with(ConsulConnect { sidecar_task: Some(Default::default()), ..ConsulConnect::default() }).uses_connect());
+    }
 }

@@ -3,6 +3,7 @@
 pub mod broker;
 pub mod client_conn;
 pub mod consensus;
+pub mod consul;
 pub mod csi;
 pub mod drainer;
 pub mod endpoints;

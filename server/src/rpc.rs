@@ -14,10 +14,11 @@ use std::sync::{Arc, Mutex};
 use nomad_proto::rpc::codec::MAX_MESSAGE_BYTES;
 use nomad_proto::rpc::{
     AllocClient, AllocRpc, AllocServer, AllocUpdateRequest, AllocsGetRequest, AllocsGetResponse, CsiVolumeClaimRequest,
-    CsiVolumeClaimResponse, CsiVolumeClient, CsiVolumeRpc, CsiVolumeServer, CsiVolumeUnpublishRequest, GenericResponse, NodeClient,
-    NodeClientAllocsResponse, NodeRegisterRequest, NodeRpc, NodeServer, NodeServerRequestsRequest, NodeSpecificRequest, NodeUpdateResponse,
-    NodeUpdateStatusRequest, ServerRequestReply, ServiceRegistrationClient, ServiceRegistrationDeleteByIdRequest,
-    ServiceRegistrationDeleteRequest, ServiceRegistrationRpc, ServiceRegistrationServer, ServiceRegistrationUpsertRequest,
+    CsiVolumeClaimResponse, CsiVolumeClient, CsiVolumeRpc, CsiVolumeServer, CsiVolumeUnpublishRequest, DeriveSiTokenRequest,
+    DeriveSiTokenResponse, GenericResponse, NodeClient, NodeClientAllocsResponse, NodeRegisterRequest, NodeRpc, NodeServer,
+    NodeServerRequestsRequest, NodeSpecificRequest, NodeUpdateResponse, NodeUpdateStatusRequest, ServerRequestReply,
+    ServiceRegistrationClient, ServiceRegistrationDeleteByIdRequest, ServiceRegistrationDeleteRequest, ServiceRegistrationRpc,
+    ServiceRegistrationServer, ServiceRegistrationUpsertRequest,
 };
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
@@ -205,6 +206,13 @@ impl NodeRpc for ClientRpc {
         }
         Ok(Response::new(self.endpoints.node_get_client_allocs(req.into_inner()).await?))
     }
+
+    async fn derive_si_token(&self, req: Request<DeriveSiTokenRequest>) -> Result<Response<DeriveSiTokenResponse>, Status> {
+        if let Some(ch) = self.forward_target(&req)? {
+            return node_client(ch).derive_si_token(self.forwarded(req)).await;
+        }
+        Ok(Response::new(self.endpoints.node_derive_si_token(req.into_inner()).await?))
+    }
 }
 
 #[tonic::async_trait]
@@ -330,6 +338,29 @@ mod tests {
         };
         let err = client.unpublish(release).await.unwrap_err();
         assert_eq!((err.code(), err.message()), (tonic::Code::InvalidArgument, "missing volume claim"));
+    }
+
+    #[tokio::test]
+    async fn derive_si_token_is_a_node_method_over_real_grpc_with_refusals_in_the_reply() {
+        assert_eq!(crate::rpc_auth::requirement("/nomad.Node/DeriveSIToken"), Some(crate::rpc_auth::Requires::Node));
+        let ts = TestServer::new();
+        let addr = serve(&ts).await;
+        let n = ts.register_node(node("n1")).await;
+        let mut client = node_client(test_peers().channel(&addr).unwrap());
+        let req = |secret: &str| DeriveSiTokenRequest {
+            node_id: n.id.clone(),
+            secret_id: secret.into(),
+            alloc_id: "a1".into(),
+            tasks: vec!["sidecar".into()],
+            region: "global".into(),
+        };
+        let err = client.derive_si_token(req("wrong")).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::PermissionDenied);
+        // Without Consul the servers say so in Nomad's reply shape, as a non-recoverable error.
+        let r = client.derive_si_token(req(&n.secret_id)).await.unwrap().into_inner();
+        let e = r.error.expect("refused in the reply");
+        assert!(!e.recoverable && e.err.contains("consul {} block"), "{e:?}");
+        assert!(r.tokens.is_empty());
     }
 
     #[tokio::test]

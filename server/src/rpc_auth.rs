@@ -56,6 +56,7 @@ pub const RPC_TABLE: &[(&str, Requires)] = &[
     ("/nomad.Node/GetClientAllocs", Requires::Node),
     ("/nomad.Node/ServerRequests", Requires::Node),
     ("/nomad.Node/ServerRequestReply", Requires::Node),
+    ("/nomad.Node/DeriveSIToken", Requires::Node),
     ("/nomad.Alloc/GetAllocs", Requires::Node),
     ("/nomad.ServiceRegistration/Upsert", Requires::Node),
     ("/nomad.ServiceRegistration/DeleteByAlloc", Requires::Node),

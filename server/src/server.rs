@@ -61,6 +61,8 @@ pub struct ServerConfig {
     pub rpc_limits: crate::rpc_listener::RpcLimits,
     /// The CSI volume claim GC (`server { csi_volume_claim_gc_interval, csi_volume_claim_gc_threshold }`).
     pub csi_claim_gc: crate::leader::ClaimGcConfig,
+    /// Consul, for SI tokens and gateway config entries (the agent's `consul {}` block).
+    pub consul: crate::consul::ConsulHandles,
 }
 
 impl ServerConfig {
@@ -83,6 +85,7 @@ impl ServerConfig {
             name: String::new(),
             rpc_limits: crate::rpc_listener::RpcLimits::default(),
             csi_claim_gc: crate::leader::ClaimGcConfig::default(),
+            consul: crate::consul::ConsulHandles::default(),
         }
     }
 }
@@ -147,7 +150,8 @@ impl Server {
             },
         )
         .with_events(events)
-        .with_scheduler(scheduler.clone());
+        .with_scheduler(scheduler.clone())
+        .with_consul(cfg.consul.clone());
         let peers = Peers::new(auth.clone());
         // Calls to clients go over the streams clients keep open to their server; a stream held
         // by another server is reached through it (`client_conn`).
@@ -191,18 +195,21 @@ impl Server {
             leader_cfg.num_schedulers = cfg.num_schedulers;
         }
         leader_cfg.csi_claim_gc = cfg.csi_claim_gc.clone();
-        let leader = Arc::new(Leader::new(
-            LeaderDeps {
-                store: store.clone(),
-                consensus: consensus.clone(),
-                heartbeats,
-                heartbeat_expiry: Arc::new(endpoints.clone()),
-                scheduler,
-                volume_watch: Arc::new(endpoints.clone()),
-                claim_gc: Arc::new(endpoints.clone()),
-            },
-            leader_cfg,
-        ));
+        let leader = Arc::new(
+            Leader::new(
+                LeaderDeps {
+                    store: store.clone(),
+                    consensus: consensus.clone(),
+                    heartbeats,
+                    heartbeat_expiry: Arc::new(endpoints.clone()),
+                    scheduler,
+                    volume_watch: Arc::new(endpoints.clone()),
+                    claim_gc: Arc::new(endpoints.clone()),
+                },
+                leader_cfg,
+            )
+            .with_consul_acl(cfg.consul.acl.clone()),
+        );
         let leader = tokio::spawn(leader.run());
         Ok(Server { store, consensus, endpoints, tasks: vec![rpc, leader], rpc_addr, peers, forward_service })
     }

@@ -171,6 +171,11 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         sc.encrypt = s.encrypt.clone();
         sc.name = cfg.name.clone();
         sc.rpc_limits = cfg.limits.rpc();
+        // Like Nomad's servers, always with a Consul client (the `consul {}` block, its
+        // `CONSUL_*` fallbacks, or Consul's default address): it is used only for SI tokens
+        // of Connect tasks and gateway config entries.
+        let consul = Arc::new(crate::consul::server::ServerConsul(crate::consul::ConsulClient::new(&cfg.consul)));
+        sc.consul = nomad_server::consul::ConsulHandles::from(consul);
         let srv = Server::start(sc, listener).await?;
         let info = AgentInfo {
             name: cfg.name.clone(),

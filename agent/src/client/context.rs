@@ -61,6 +61,11 @@ pub struct ClientContext {
     pub consul_services: Option<Arc<crate::client::consul::sync::ConsulServices>>,
     /// Consul check statuses for `check_restart`, and the API script checks report through.
     pub consul_checks: Option<Arc<crate::client::consul::checks::CheckWatcher>>,
+    /// Asks the servers for Consul SI tokens; set only when the agent's Consul config has a
+    /// token (Nomad's condition for the `consul_si_token` hook).
+    pub si_tokens: Option<Arc<dyn crate::client::taskrunner::hooks::consul_si_token::SiTokenDeriver>>,
+    /// The SI token derivation's timing (Nomad's, except in tests).
+    pub si_backoff: crate::client::taskrunner::hooks::consul_si_token::Backoff,
 }
 
 impl ClientContext {

@@ -30,6 +30,7 @@ pub mod register;
 pub mod server_requests;
 pub mod servers;
 pub mod services;
+pub mod si_tokens;
 pub mod state;
 pub mod sync;
 pub mod taskrunner;
@@ -180,6 +181,20 @@ pub(crate) struct ClientInner {
     stats: Stats,
 }
 
+/// The SI token deriver, when the agent's Consul config has a token: Nomad's only sign that
+/// Consul ACLs are on, and its condition for the `consul_si_token` hook.
+fn si_token_deriver(
+    config: &ClientConfig,
+    servers: &Arc<Servers>,
+    identity: &state::NodeIdentity,
+) -> Option<Arc<dyn taskrunner::hooks::consul_si_token::SiTokenDeriver>> {
+    let with_token = config.consul.as_ref().is_some_and(|c| !c.token.is_empty());
+    with_token.then(|| {
+        Arc::new(si_tokens::RpcSiTokens::new(servers.clone(), &identity.node_id, &identity.secret_id, &config.region))
+            as Arc<dyn taskrunner::hooks::consul_si_token::SiTokenDeriver>
+    })
+}
+
 /// A running client role. Cheap to clone.
 #[derive(Clone)]
 pub struct Client {
@@ -240,6 +255,8 @@ impl Client {
             node_id: identity.node_id.clone(),
             consul_services: consul_services.clone(),
             consul_checks: consul_checks.clone(),
+            si_tokens: si_token_deriver(&config, &servers, &identity),
+            si_backoff: Default::default(),
         });
         let inner = Arc::new(ClientInner {
             servers,

@@ -5,6 +5,7 @@ mod bad_input;
 mod cleanup;
 mod consul;
 mod consul_services;
+mod consul_si;
 mod escape;
 mod http;
 mod reconnect;

@@ -88,6 +88,12 @@ impl NodeRpc for GatedRpc {
         let _ = open.wait_for(|o| *o).await;
         Ok(Response::new(self.endpoints.node_get_client_allocs(req.into_inner()).await?))
     }
+    async fn derive_si_token(
+        &self,
+        req: Request<nomad_proto::rpc::DeriveSiTokenRequest>,
+    ) -> Result<Response<nomad_proto::rpc::DeriveSiTokenResponse>, Status> {
+        Ok(Response::new(self.endpoints.node_derive_si_token(req.into_inner()).await?))
+    }
 }
 
 #[tonic::async_trait]
@@ -115,6 +121,7 @@ pub struct TestServer {
     dir: tempfile::TempDir,
     port: u16,
     gate: Option<Arc<Gate>>,
+    consul: nomad_server::consul::ConsulHandles,
     running: Option<Running>,
 }
 
@@ -133,8 +140,22 @@ impl TestServer {
         Self::start_with(Some(gate)).await
     }
 
+    /// Starts a server that reaches Consul at `settings` (SI tokens, config entries).
+    pub async fn start_with_consul(settings: &nomad_agent::config::consul::ConsulSettings) -> TestServer {
+        let consul = Arc::new(nomad_agent::consul::server::ServerConsul(nomad_agent::consul::ConsulClient::new(settings)));
+        let mut s = TestServer {
+            dir: tempfile::tempdir().unwrap(),
+            port: 0,
+            gate: None,
+            consul: nomad_server::consul::ConsulHandles::from(consul),
+            running: None,
+        };
+        s.boot().await;
+        s
+    }
+
     async fn start_with(gate: Option<Arc<Gate>>) -> TestServer {
-        let mut s = TestServer { dir: tempfile::tempdir().unwrap(), port: 0, gate, running: None };
+        let mut s = TestServer { dir: tempfile::tempdir().unwrap(), port: 0, gate, consul: Default::default(), running: None };
         s.boot().await;
         s
     }
@@ -146,6 +167,7 @@ impl TestServer {
         let data_dir = self.dir.path().to_path_buf();
         let port = self.port;
         let gate = self.gate.clone();
+        let consul = self.consul.clone();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
             rt.block_on(async move {
@@ -164,6 +186,7 @@ impl TestServer {
                 let addr = listener.local_addr().unwrap();
                 let mut cfg = ServerConfig::new(&data_dir, addr.to_string());
                 cfg.heartbeat = heartbeat_config();
+                cfg.consul = consul;
                 let server = Server::start(cfg, listener).await.unwrap();
                 assert!(server.wait_for_leadership(DEADLINE).await, "the test server leads");
                 let client_addr = match gate {

@@ -40,6 +40,8 @@ decode_limits!(
     replies: NodeUpdateResponse, GenericResponse, NodeClientAllocsResponse, AllocsGetResponse, CsiVolumeClaimResponse, ServerRequest
 );
 
+decode_limits!(requests: DeriveSiTokenRequest; replies: DeriveSiTokenResponse);
+
 pub use generated::alloc_client::AllocClient;
 pub use generated::alloc_server::{Alloc as AllocRpc, AllocServer};
 pub use generated::c_s_i_volume_client::CSIVolumeClient as CsiVolumeClient;
@@ -382,4 +384,47 @@ pub struct ServerRequestReply {
     pub result: Option<serde_json::Value>,
     /// Why it failed (Nomad's error text, e.g. with `CSI client error (retryable)`).
     pub error: Option<String>,
+}
+
+/// `Node.DeriveSIToken`: a client asks for Consul Service Identity tokens for Connect tasks of
+/// one of its allocs (Nomad's `DeriveSITokenRequest`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct DeriveSiTokenRequest {
+    /// The calling node.
+    #[serde(rename = "NodeID")]
+    pub node_id: String,
+    /// The node's secret.
+    #[serde(rename = "SecretID")]
+    pub secret_id: String,
+    /// The alloc.
+    #[serde(rename = "AllocID")]
+    pub alloc_id: String,
+    /// Tasks of the alloc wanting a token.
+    pub tasks: Vec<String>,
+    /// Region.
+    pub region: String,
+}
+
+/// Nomad's `structs.RecoverableError`: an error and whether trying again may help.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct RecoverableError {
+    /// The message.
+    pub err: String,
+    /// Trying again may help.
+    pub recoverable: bool,
+}
+
+/// The reply to `Node.DeriveSIToken` (Nomad's `DeriveSITokenResponse`): the tokens' secrets by
+/// task, or why none were made.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct DeriveSiTokenResponse {
+    /// Task name to the token's SecretID.
+    pub tokens: BTreeMap<String, String>,
+    /// Why no tokens were made.
+    pub error: Option<RecoverableError>,
+    /// Raft index of the accessors' write.
+    pub index: u64,
 }

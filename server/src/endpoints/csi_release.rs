@@ -19,9 +19,9 @@
 //! one in `PastClaims`, where whoever resends the stored claim resumes at
 //! `csi::unpublish::next_step`.
 
+use nomad_proto::NamespacedId;
 use nomad_proto::csi::{CsiVolume, CsiVolumeClaim, CsiVolumeClaimMode, CsiVolumeClaimState};
 use nomad_proto::rpc::client_csi::{ClientCsiControllerDetachRequest, ClientCsiNodeDetachRequest, CsiControllerQuery};
-use nomad_proto::NamespacedId;
 
 use super::csi_controller::UNKNOWN_NODE;
 use super::{EndpointError, Endpoints};

@@ -7,6 +7,9 @@ use serde::Serialize;
 use super::{EndpointConfig, EndpointError, Endpoints};
 use crate::fsm::Command;
 
+/// How long writing a job's Consul config entries may take (Nomad's 30 s context).
+const CONFIG_ENTRIES_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Options of a job registration (`JobRegisterRequest` minus the job).
 #[derive(Debug, Clone, Default)]
 pub struct JobRegisterOptions {
@@ -139,6 +142,44 @@ impl Endpoints {
     /// one command.
     pub async fn job_register(&self, mut job: Job, opts: JobRegisterOptions) -> Result<JobRegisterResponse, EndpointError> {
         admit_job(&mut job, &self.config)?;
+        self.register_admitted(job, opts).await
+    }
+
+    /// Writes the Consul config entries of `job`'s terminating and ingress gateways (Nomad's
+    /// `Job.Register`: synchronously, before the job is written, within 30 s; entries are never
+    /// deleted). Any failure fails the registration, and nothing is written to Raft.
+    async fn write_config_entries(&self, job: &Job) -> Result<(), EndpointError> {
+        let entries = crate::consul::config_entries::job_config_entries(job).map_err(EndpointError::BadRequest)?;
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let Some(consul) = self.consul.config_entries.clone() else {
+            return Err(EndpointError::BadRequest(format!(
+                "job {:?} has Consul gateways, whose config entries the servers cannot write without a consul {{}} block",
+                job.id
+            )));
+        };
+        let write_all = async {
+            for e in &entries {
+                consul.set_config_entry(e).await.map_err(|err| {
+                    EndpointError::Internal(format!("writing the Consul {} config entry {:?}: {err}", e.kind(), e.name()))
+                })?;
+            }
+            Ok(())
+        };
+        match tokio::time::timeout(CONFIG_ENTRIES_TIMEOUT, write_all).await {
+            Ok(r) => r,
+            Err(_) => Err(EndpointError::Internal(format!(
+                "writing the Consul config entries of job {:?}: Consul did not answer within {}s",
+                job.id,
+                CONFIG_ENTRIES_TIMEOUT.as_secs()
+            ))),
+        }
+    }
+
+    /// `Job.Register` for a job [`admit_job`] accepted: index checks, the Consul config entries,
+    /// then the job and its eval in one command.
+    pub(crate) async fn register_admitted(&self, mut job: Job, opts: JobRegisterOptions) -> Result<JobRegisterResponse, EndpointError> {
         if opts.eval_priority != 0 && !(1..=nomad_proto::job::MAX_JOB_PRIORITY).contains(&opts.eval_priority) {
             return Err(EndpointError::BadRequest("eval priority must be between 1 and 100".into()));
         }
@@ -173,6 +214,7 @@ impl Endpoints {
                 }
             }
         }
+        self.write_config_entries(&job).await?;
         let now = self.now();
         let eval = (!job.is_periodic_or_parameterized()).then(|| {
             let mut e = Evaluation::for_job(&job, trigger::JOB_REGISTER, now);

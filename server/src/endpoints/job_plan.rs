@@ -41,9 +41,15 @@ pub struct JobPlanResponse {
 impl Endpoints {
     /// `Job.Plan`. `diff` adds a field-level diff against the stored job.
     pub async fn job_plan(&self, mut job: Job, diff: bool) -> Result<JobPlanResponse, EndpointError> {
+        super::job::admit_job(&mut job, &self.config)?;
+        self.plan_admitted(job, diff).await
+    }
+
+    /// `Job.Plan` for a job [`super::job::admit_job`] accepted. A dry run: nothing is written,
+    /// to Raft or to Consul (no gateway config entries).
+    pub(crate) async fn plan_admitted(&self, job: Job, diff: bool) -> Result<JobPlanResponse, EndpointError> {
         let scheduler =
             self.scheduler.clone().ok_or_else(|| EndpointError::Internal("job plan is unavailable: no scheduler is configured".into()))?;
-        super::job::admit_job(&mut job, &self.config)?;
         let snap = self.store.snapshot();
         if snap.namespace(&job.namespace).is_none() {
             return Err(EndpointError::Invalid(format!("job {:?} is in nonexistent namespace {:?}", job.id, job.namespace)));

@@ -20,6 +20,7 @@ mod namespace;
 mod node;
 mod node_evals;
 mod services;
+mod si_token;
 
 use std::sync::Arc;
 
@@ -83,6 +84,8 @@ pub struct Endpoints {
     client_csi: Arc<dyn crate::csi::ClientCsi>,
     /// One controller RPC per plugin at a time (`serializedControllerRPC`).
     controller_locks: csi_controller::ControllerLocks,
+    /// Consul: SI tokens and config entries (none without a `consul {}` block).
+    consul: crate::consul::ConsulHandles,
 }
 
 impl Endpoints {
@@ -98,7 +101,19 @@ impl Endpoints {
             clock: Arc::new(nomad_proto::Timestamp::now),
             client_csi: crate::csi::NoClientCalls::shared(),
             controller_locks: Default::default(),
+            consul: crate::consul::ConsulHandles::default(),
         }
+    }
+
+    /// These endpoints, reaching Consul through `consul`.
+    pub fn with_consul(mut self, consul: crate::consul::ConsulHandles) -> Endpoints {
+        self.consul = consul;
+        self
+    }
+
+    /// The handles to Consul.
+    pub fn consul(&self) -> &crate::consul::ConsulHandles {
+        &self.consul
     }
 
     /// These endpoints, reading the time from `clock` (deterministic tests drive a virtual clock).

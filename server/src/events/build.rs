@@ -28,7 +28,11 @@ fn event_type(cmd: &Command) -> Option<&'static str> {
         | Command::NamespaceDelete { .. }
         | Command::CsiVolumeRegister { .. }
         | Command::CsiVolumeDeregister { .. }
-        | Command::CsiVolumeClaim { .. } => return None,
+        | Command::CsiVolumeClaim { .. }
+        // Nor SI token bookkeeping or the cluster's metadata (no such topics in Nomad).
+        | Command::SiTokenAccessorsRegister { .. }
+        | Command::SiTokenAccessorsDeregister { .. }
+        | Command::ClusterMetadata { .. } => return None,
     })
 }
 

@@ -176,6 +176,9 @@ fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnError> {
         Command::CsiVolumeRegister { volumes } => txn.upsert_csi_volumes(volumes)?,
         Command::CsiVolumeDeregister { namespace, volume_ids, force } => txn.deregister_csi_volumes(namespace, volume_ids, *force)?,
         Command::CsiVolumeClaim { namespace, volume_id, claim } => txn.claim_csi_volume(namespace, volume_id, claim)?,
+        Command::SiTokenAccessorsRegister { accessors } => txn.upsert_si_token_accessors(accessors),
+        Command::SiTokenAccessorsDeregister { accessor_ids } => txn.delete_si_token_accessors(accessor_ids),
+        Command::ClusterMetadata { metadata } => txn.set_cluster_metadata(metadata),
         Command::NodeDrainComplete { nodes, now } => {
             for n in nodes {
                 txn.complete_node_drain(&n.node_id, n.event.clone(), *now);

@@ -189,6 +189,23 @@ pub enum Command {
         /// The claim, with its state.
         claim: nomad_proto::csi::CsiVolumeClaim,
     },
+    /// Store the accessors of Consul SI tokens just created (`Node.DeriveSIToken`; Nomad's
+    /// `ServiceIdentityAccessorRegisterRequestType`).
+    SiTokenAccessorsRegister {
+        /// The accessors (their `create_index` is set by the FSM).
+        accessors: Vec<crate::state::SiTokenAccessor>,
+    },
+    /// Forget accessors whose tokens Consul has revoked (Nomad's
+    /// `ServiceIdentityAccessorDeregisterRequestType`).
+    SiTokenAccessorsDeregister {
+        /// AccessorIDs.
+        accessor_ids: Vec<String>,
+    },
+    /// Set the cluster's ID, unless one is set (Nomad's `ClusterMetadataRequestType`).
+    ClusterMetadata {
+        /// The metadata a leader generated.
+        metadata: crate::state::ClusterMetadata,
+    },
 }
 
 /// One node whose drain is done.

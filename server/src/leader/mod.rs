@@ -20,6 +20,8 @@ pub use volume_watcher::{VolumeWatchHandle, VolumeWatcher, VolumeWatcherConfig};
 
 use crate::broker::{BlockedEvals, BrokerConfig, CANCELED_SUPERSEDED, ChangeWatcher, EvalBroker, EvalWriter, reap_failed_evals};
 use crate::consensus::Consensus;
+use crate::consul::ConsulAcl;
+use crate::consul::revoker::{ConsensusPurger, Revoker, RevokerConfig};
 use crate::drainer::{ConsensusDrainWriter, DrainWriter, Drainer, DrainerConfig};
 use crate::heartbeat::{HeartbeatExpiry, Heartbeater};
 use crate::plan_apply::{PlanApplierConfig, spawn_plan_applier};
@@ -48,6 +50,8 @@ pub struct LeaderConfig {
     pub volume_watcher: VolumeWatcherConfig,
     /// The CSI volume claim GC.
     pub csi_claim_gc: ClaimGcConfig,
+    /// The SI token revoker.
+    pub si_revoker: RevokerConfig,
 }
 
 impl Default for LeaderConfig {
@@ -61,6 +65,7 @@ impl Default for LeaderConfig {
             drainer: DrainerConfig::default(),
             volume_watcher: VolumeWatcherConfig::default(),
             csi_claim_gc: ClaimGcConfig::default(),
+            si_revoker: RevokerConfig::default(),
         }
     }
 }
@@ -90,6 +95,8 @@ pub struct Leader {
     config: LeaderConfig,
     broker: Arc<EvalBroker>,
     blocked: Arc<BlockedEvals>,
+    /// Revokes the SI tokens of dead allocs (none without Consul).
+    consul_acl: Option<Arc<dyn ConsulAcl>>,
 }
 
 /// The tasks of one term of leadership; dropping them stops them.
@@ -109,7 +116,13 @@ impl Leader {
     /// A leader that has not started anything yet.
     pub fn new(deps: LeaderDeps, config: LeaderConfig) -> Leader {
         let broker = Arc::new(EvalBroker::new(config.broker.clone()));
-        Leader { deps, config, broker, blocked: Arc::new(BlockedEvals::new()) }
+        Leader { deps, config, broker, blocked: Arc::new(BlockedEvals::new()), consul_acl: None }
+    }
+
+    /// This leader, also running the SI token revoker over `acl` while it leads.
+    pub fn with_consul_acl(mut self, acl: Option<Arc<dyn ConsulAcl>>) -> Leader {
+        self.consul_acl = acl;
+        self
     }
 
     /// The eval broker (enabled while leading).
@@ -142,7 +155,7 @@ impl Leader {
 
     fn establish(&self) -> Term {
         tracing::info!(
-            "leadership won: starting the eval broker, workers, plan applier, heartbeat timers, node drainer, volume watcher and claim GC"
+            "leadership won: starting the eval broker, workers, plan applier, heartbeat timers, node drainer, CSI volume watcher and claim GC, SI token revoker"
         );
         let d = &self.deps;
         self.broker.set_enabled(true);
@@ -183,6 +196,22 @@ impl Leader {
 
         tasks.push(tokio::spawn(VolumeWatcher::new(d.volume_watch.clone(), self.config.volume_watcher.clone()).run()));
         tasks.push(tokio::spawn(ClaimGc::new(d.claim_gc.clone(), self.config.csi_claim_gc.clone()).run()));
+        // Its first pass revokes the tokens of allocs that died while no leader watched.
+        match &self.consul_acl {
+            Some(acl) => {
+                let purger = Arc::new(ConsensusPurger(d.consensus.clone()));
+                tasks.push(tokio::spawn(Revoker::new(d.store.clone(), acl.clone(), purger, self.config.si_revoker.clone()).run()));
+            }
+            None => {
+                let orphaned = d.store.snapshot().si_token_accessors().count();
+                if orphaned > 0 {
+                    tracing::warn!(
+                        accessors = orphaned,
+                        "SI tokens are stored but this server has no consul {{}} block to revoke them with"
+                    );
+                }
+            }
+        }
         Term { tasks }
     }
 

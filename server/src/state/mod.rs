@@ -25,6 +25,7 @@ mod node_load;
 mod nodes;
 mod persist;
 mod services;
+mod si_accessors;
 mod waiters;
 
 use std::collections::{BTreeSet, HashSet};
@@ -38,6 +39,7 @@ use tokio::sync::watch;
 
 pub use csi_volumes::CsiVolumeView;
 pub use jobs::job_status;
+pub use si_accessors::{ClusterMetadata, SiTokenAccessor};
 pub use waiters::Watch;
 
 /// Keys of the large tables (alloc, eval and node IDs). A write copies the tree nodes on its
@@ -67,10 +69,12 @@ pub enum Table {
     CsiVolumes,
     /// CSI plugins.
     CsiPlugins,
+    /// Consul Service Identity token accessors.
+    SiTokenAccessors,
 }
 
 /// Number of tables.
-const TABLES: usize = 9;
+const TABLES: usize = 10;
 
 impl Table {
     /// Every table.
@@ -84,6 +88,7 @@ impl Table {
         Table::Services,
         Table::CsiVolumes,
         Table::CsiPlugins,
+        Table::SiTokenAccessors,
     ];
 
     fn slot(self) -> usize {
@@ -115,6 +120,10 @@ pub struct State {
     services: OrdMap<String, Arc<nomad_proto::ServiceRegistration>>,
     csi_volumes: OrdMap<NamespacedId, Arc<nomad_proto::csi::CsiVolume>>,
     csi_plugins: OrdMap<String, Arc<nomad_proto::csi::CsiPlugin>>,
+    /// Consul SI token accessors, by AccessorID.
+    si_accessors: OrdMap<String, Arc<SiTokenAccessor>>,
+    /// The cluster's ID, once a leader set it.
+    cluster: Option<ClusterMetadata>,
 }
 
 impl State {

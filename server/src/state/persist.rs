@@ -26,6 +26,10 @@ struct Persisted {
     csi_plugins: Vec<Arc<nomad_proto::csi::CsiPlugin>>,
     #[serde(default)]
     services: Vec<Arc<nomad_proto::ServiceRegistration>>,
+    #[serde(default)]
+    si_token_accessors: Vec<Arc<super::SiTokenAccessor>>,
+    #[serde(default)]
+    cluster: Option<super::ClusterMetadata>,
     namespaces: Vec<Arc<Namespace>>,
     jobs: Vec<Arc<Job>>,
     job_summaries: Vec<Arc<JobSummary>>,
@@ -81,6 +85,8 @@ impl State {
             services: self.services.values().cloned().collect(),
             csi_volumes: self.csi_volumes.values().cloned().collect(),
             csi_plugins: self.csi_plugins.values().cloned().collect(),
+            si_token_accessors: self.si_accessors.values().cloned().collect(),
+            cluster: self.cluster.clone(),
         };
         serde_json::to_vec(&p).map_err(|e| format!("encoding state snapshot: {e}"))
     }
@@ -138,6 +144,10 @@ impl State {
         for r in p.services {
             s.services.insert(r.id.clone(), r);
         }
+        for a in p.si_token_accessors {
+            s.si_accessors.insert(a.accessor_id.clone(), a);
+        }
+        s.cluster = p.cluster;
         for (node, idx) in p.alloc_removed {
             s.alloc_removed.insert(node, idx);
         }

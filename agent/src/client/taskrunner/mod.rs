@@ -36,14 +36,16 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use self::env::{EnvInput, TaskDirs, build_env};
+use self::hooks::consul_si_token::read_token;
 use self::hooks::csi_plugin_supervisor::{TaskControl, csi_endpoint};
-use self::hooks::{CsiPluginSupervisorHook, HookRequest, PostPhase, TaskHook, run_post, run_prestart};
+use self::hooks::{ConsulSiTokenHook, CsiPluginSupervisorHook, HookRequest, PostPhase, PrestartError, TaskHook, run_post, run_prestart};
 use self::interpolate::Interpolator;
 use self::restart::{Decision, Policy, RestartTracker};
 use super::allocrunner::lifecycle::{Gates, Stage};
 use super::context::ClientContext;
 use super::driver::{Driver, DriverError, ExitResult, LogConfig, Recovered, TaskConfig, TaskHandle, TaskResources, parse_signal};
 use super::state::{Durability, LocalTaskState};
+use crate::fs_beneath::{Beneath, Links};
 
 /// Nomad's default kill signal for process drivers.
 const DEFAULT_KILL_SIGNAL: Signal = Signal::SIGINT;
@@ -105,6 +107,8 @@ enum How {
 /// Why a start failed.
 struct StartFailure {
     recoverable: bool,
+    /// A prestart hook was abandoned because the task was killed or the agent shuts down.
+    cancelled: bool,
 }
 
 fn recoverable(e: &DriverError) -> bool {
@@ -146,6 +150,10 @@ impl TaskRunner {
                     CsiPluginSupervisorHook::new(ctx.csi_root.clone(), ctx.csi_plugins.clone(), ctx.csi_connect.clone(), control)
                 }),
                 csi_mounts.clone(),
+                ctx.si_tokens
+                    .clone()
+                    .filter(|_| task.uses_connect())
+                    .map(|deriver| ConsulSiTokenHook::new(deriver, &alloc.id, &task.name, ctx.alloc_dir(&alloc.id), ctx.si_backoff)),
             ),
             csi_mounts,
             ctx,
@@ -352,6 +360,20 @@ impl TaskRunner {
         {
             env.insert("CSI_ENDPOINT".into(), endpoint);
         }
+        if task.is_connect_native() && !env.contains_key("CONSUL_HTTP_TOKEN") {
+            // Nomad's connect-native hook: the task's SI token, when it has one (ACLs on).
+            match Beneath::open(&alloc_dir)
+                .and_then(|d| d.open_dir(std::path::Path::new(&task.name), Links::Refuse))
+                .and_then(|d| read_token(&d))
+            {
+                Ok(Some(token)) if !token.is_empty() => {
+                    env.insert("CONSUL_HTTP_TOKEN".into(), token);
+                }
+                Ok(_) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => tracing::warn!(alloc_id = %alloc.id, task = %task.name, error = %e, "failed to load SI token for native task"),
+            }
+        }
         let driver_config = Interpolator { env: &env, node: &node, region: &self.ctx.region }.config(&task.config);
         let allocated = alloc.allocated_resources.as_ref().and_then(|r| r.tasks.get(&task.name));
         let cpu = allocated.map(|a| a.cpu.cpu_shares).filter(|c| *c > 0).unwrap_or(task.resources.cpu);
@@ -471,8 +493,13 @@ impl TaskRunner {
                     }
                     match self.start().await {
                         Ok(started) => started,
+                        Err(failure) if failure.cancelled && self.ctx.shutdown.is_cancelled() => return Flow::Shutdown,
                         Err(failure) => {
-                            let decision = tracker.start_failed(failure.recoverable, Instant::now(), rand::random());
+                            let decision = if self.kill.is_cancelled() {
+                                Decision::Killed
+                            } else {
+                                tracker.start_failed(failure.recoverable, Instant::now(), rand::random())
+                            };
                             match self.apply(decision).await {
                                 Flow::Continue => continue,
                                 other => return other,
@@ -539,17 +566,28 @@ impl TaskRunner {
             secrets_tmpfs: self.ctx.secrets_tmpfs,
             previous: None,
         };
-        let prestart = run_prestart(&self.hooks, &req, &mut states);
+        let cancelled = async {
+            tokio::select! {
+                _ = self.kill.cancelled() => {}
+                _ = self.ctx.shutdown.cancelled() => {}
+            }
+        };
+        let prestart = run_prestart(&self.hooks, &req, &mut states, cancelled).await;
         let hook_events = match prestart {
             Ok(events) => events,
-            Err((hook, e)) => {
+            Err(PrestartError::Cancelled) => {
+                // Killed or shutting down while a hook waited on the servers: nothing failed.
+                self.update(Durability::Durable, |l| l.hooks = states);
+                return Err(StartFailure { recoverable: true, cancelled: true });
+            }
+            Err(PrestartError::Failed(hook, e)) => {
                 tracing::warn!(alloc_id = %self.alloc_id, task = %self.name, hook, error = %e.message, "prestart hook failed");
                 let event = e.event.clone().map(|b| *b).unwrap_or_else(|| events::setup_failure(&e.message, !e.recoverable));
                 self.update(Durability::Durable, |l| {
                     l.hooks = states;
                     events::append(&mut l.state, event);
                 });
-                return Err(StartFailure { recoverable: e.recoverable });
+                return Err(StartFailure { recoverable: e.recoverable, cancelled: false });
             }
         };
         self.update(Durability::Durable, |l| {
@@ -558,10 +596,13 @@ impl TaskRunner {
                 events::append(&mut l.state, e);
             }
         });
+        // A native task's CONSUL_HTTP_TOKEN comes from the file the `consul_si_token` hook
+        // may just have written.
+        let config = if task.is_connect_native() { self.task_config(driver.as_deref()) } else { config };
         let Some(driver) = driver.clone() else {
             // validate reports this; kept for a hook list without it.
             self.append_event(events::driver_failure(&format!("unknown driver {:?}", task.driver)));
-            return Err(StartFailure { recoverable: false });
+            return Err(StartFailure { recoverable: false, cancelled: false });
         };
         self.restart_pending.store(false, Ordering::SeqCst);
         match driver.start(&config).await {
@@ -579,7 +620,7 @@ impl TaskRunner {
             Err(e) => {
                 tracing::warn!(alloc_id = %self.alloc_id, task = %self.name, error = %e, "starting the task failed");
                 self.append_event(events::driver_failure(&e.to_string()));
-                Err(StartFailure { recoverable: recoverable(&e) })
+                Err(StartFailure { recoverable: recoverable(&e), cancelled: false })
             }
         }
     }

@@ -9,8 +9,11 @@
 //! - **stop**, once the task is dead for good. Every hook runs. Must be idempotent; may run
 //!   without prestart having run (a task killed before it started).
 //!
-//! Hooks do short, blocking file-system work; none of them talks to the network.
+//! Hooks do short, blocking file-system work. The one exception talks to the servers and may
+//! wait minutes (`consul_si_token`): it implements the prestart phase as [`AsyncPrestartHook`],
+//! which the runner awaits and abandons when the task is killed or the agent shuts down.
 
+pub mod consul_si_token;
 pub mod csi_plugin_supervisor;
 mod dispatch_payload;
 mod task_dir;
@@ -21,6 +24,7 @@ use std::collections::BTreeMap;
 
 use nomad_proto::{Allocation, Task, TaskEvent};
 
+pub use consul_si_token::ConsulSiTokenHook;
 pub use csi_plugin_supervisor::CsiPluginSupervisorHook;
 pub use dispatch_payload::DispatchPayloadHook;
 pub use task_dir::{TaskDirHook, mount_secrets_tmpfs};
@@ -88,6 +92,10 @@ pub trait TaskHook: Send + Sync {
     fn prestart(&self) -> Option<&dyn PrestartHook> {
         None
     }
+    /// Prestart phase that waits on the network (instead of [`TaskHook::prestart`]).
+    fn prestart_async(&self) -> Option<&dyn AsyncPrestartHook> {
+        None
+    }
     /// Poststart phase.
     fn poststart(&self) -> Option<&dyn PoststartHook> {
         None
@@ -106,6 +114,13 @@ pub trait TaskHook: Send + Sync {
 pub trait PrestartHook {
     /// Prepares the task. An error stops the prestart phase.
     fn prestart(&self, req: &HookRequest<'_>) -> Result<PrestartResponse, HookError>;
+}
+
+/// Runs before each start of the task, and may wait (on the servers). Gets what it needs at
+/// construction; the runner drops the future when the task is killed or the agent shuts down.
+pub trait AsyncPrestartHook: Send + Sync {
+    /// Prepares the task. An error stops the prestart phase.
+    fn prestart(&self) -> futures::future::BoxFuture<'_, Result<PrestartResponse, HookError>>;
 }
 
 /// Runs after the task started.
@@ -136,12 +151,17 @@ pub trait StopHook {
 /// 3. `dispatch_payload`: it writes into the task's `local/` dir, so it needs `task_dir`.
 /// 4. `volumes` (for a task with `volume_mount`s): checks that every mounted CSI volume is
 ///    mounted and that the driver takes mounts; the binds themselves are in the task config.
-/// 5. `csi_plugin_supervisor` (given for a task with `csi_plugin`) last: its poststart probes
+/// 5. `consul_si_token` (given for a Connect task when the agent has a Consul token, Nomad's
+///    condition): it writes `secrets/si_token`, so it needs `task_dir`; it comes after the
+///    local file work so a task that cannot be set up fails before the servers are asked for a
+///    token. In Nomad it also comes before the Envoy bootstrap, which reads the token.
+/// 6. `csi_plugin_supervisor` (given for a task with `csi_plugin`) last: its poststart probes
 ///    the started plugin, and nothing after it depends on it.
 pub fn init_hooks(
     task: &Task,
     csi_supervisor: Option<CsiPluginSupervisorHook>,
     csi_mounts: crate::client::allocrunner::hooks::CsiMounts,
+    si_token: Option<ConsulSiTokenHook>,
 ) -> Vec<Box<dyn TaskHook>> {
     let mut hooks: Vec<Box<dyn TaskHook>> = vec![Box::new(ValidateHook), Box::new(TaskDirHook)];
     if task.dispatch_payload.is_some() {
@@ -150,29 +170,52 @@ pub fn init_hooks(
     if !task.volume_mounts.is_empty() {
         hooks.push(Box::new(VolumesHook::new(csi_mounts)));
     }
+    if let Some(h) = si_token {
+        hooks.push(Box::new(h));
+    }
     if let Some(h) = csi_supervisor {
         hooks.push(Box::new(h));
     }
     hooks
 }
 
+/// Why the prestart phase ended early.
+#[derive(Debug)]
+pub enum PrestartError {
+    /// A hook failed: its name and error.
+    Failed(&'static str, HookError),
+    /// `cancel` fired while an async hook waited.
+    Cancelled,
+}
+
 /// Runs the prestart phase: in order, skipping hooks marked done, stopping at the first error.
 /// Each hook's new state is written into `states` (the caller persists it). Returns the events
-/// to record, or the failing hook's name and error.
-pub fn run_prestart(
+/// to record, or why it stopped. An async hook is abandoned when `cancel` resolves.
+pub async fn run_prestart(
     hooks: &[Box<dyn TaskHook>],
     req: &HookRequest<'_>,
     states: &mut BTreeMap<String, HookState>,
-) -> Result<Vec<TaskEvent>, (&'static str, HookError)> {
+    cancel: impl std::future::Future<Output = ()>,
+) -> Result<Vec<TaskEvent>, PrestartError> {
     let mut events = Vec::new();
+    let mut cancel = std::pin::pin!(cancel);
     for hook in hooks {
-        let Some(phase) = hook.prestart() else { continue };
         let previous = states.get(hook.name());
         if previous.is_some_and(|s| s.done) {
             continue;
         }
         let req = HookRequest { previous, ..*req };
-        let resp = phase.prestart(&req).map_err(|e| (hook.name(), e))?;
+        let result = if let Some(phase) = hook.prestart() {
+            phase.prestart(&req)
+        } else if let Some(phase) = hook.prestart_async() {
+            tokio::select! {
+                r = phase.prestart() => r,
+                _ = &mut cancel => return Err(PrestartError::Cancelled),
+            }
+        } else {
+            continue;
+        };
+        let resp = result.map_err(|e| PrestartError::Failed(hook.name(), e))?;
         events.extend(resp.events);
         states.insert(hook.name().to_string(), HookState { done: resp.done, data: resp.data });
     }
@@ -282,13 +325,13 @@ mod tests {
         let (alloc, task, config) = fixture();
         let req = HookRequest { alloc: &alloc, task: &task, config: &config, driver: None, secrets_tmpfs: false, previous: None };
         let mut states = BTreeMap::new();
-        let err = run_prestart(&hooks, &req, &mut states).unwrap_err();
-        assert_eq!(err.0, "b");
+        let err = futures::executor::block_on(run_prestart(&hooks, &req, &mut states, std::future::pending())).unwrap_err();
+        assert!(matches!(err, PrestartError::Failed("b", _)), "{err:?}");
         assert!(states["a"].done);
         assert_eq!(*log.lock().unwrap(), ["prestart a", "prestart b"], "c never ran");
 
         log.lock().unwrap().clear();
-        let _ = run_prestart(&hooks, &req, &mut states);
+        let _ = futures::executor::block_on(run_prestart(&hooks, &req, &mut states, std::future::pending()));
         assert_eq!(*log.lock().unwrap(), ["prestart b"], "a is done and skipped");
 
         log.lock().unwrap().clear();
@@ -299,7 +342,7 @@ mod tests {
 
     #[test]
     fn the_hook_list_is_fixed_plus_conditional_hooks() {
-        let names = |t: &Task| init_hooks(t, None, Default::default()).iter().map(|h| h.name()).collect::<Vec<_>>();
+        let names = |t: &Task| init_hooks(t, None, Default::default(), None).iter().map(|h| h.name()).collect::<Vec<_>>();
         assert_eq!(names(&Task::default()), ["validate", "task_dir"]);
         let t = Task { dispatch_payload: Some(serde_json::json!({"File": "in.txt"})), ..Task::default() };
         assert_eq!(names(&t), ["validate", "task_dir", "dispatch_payload"]);
