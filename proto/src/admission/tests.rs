@@ -164,7 +164,7 @@ fn kill_and_change_signals_imply_one_sorted_signal_constraint_per_group() {
     job.add_implied_constraints();
     let signals =
         Constraint { l_target: "${attr.os.signals}".into(), r_target: "SIGHUP,SIGINT,SIGUSR1".into(), operand: "set_contains".into() };
-    assert_eq!(job.task_groups[0].constraints, [signals.clone()]);
+    assert_eq!(job.task_groups[0].constraints, std::slice::from_ref(&signals));
     job.add_implied_constraints();
     assert_eq!(job.task_groups[0].constraints, [signals], "added once");
 }
