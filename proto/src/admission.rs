@@ -159,7 +159,7 @@ table! {
     ConnectGateway: Block "gateway" in "service connect" => R(""),
     // volume (group).
     HostVolume: Value "type = \"host\"" in "volume" => Fate::Constrained("missing compatible host volumes"),
-    CsiVolume: Value "type = \"csi\"" in "volume" => H("claimed through CSIVolume.Claim (retried while the volume has no free claim), staged and published by the node plugin, bound into exec and oci tasks by volume_mount, unpublished and released when the alloc stops; the plugin must need no controller publish"),
+    CsiVolume: Value "type = \"csi\"" in "volume" => H("claimed through CSIVolume.Claim (retried while the volume has no free claim), staged and published by the node plugin, bound into exec and oci tasks by volume_mount, published first by a controller of the plugin when it attaches volumes, unpublished and released when the alloc stops"),
     // Task.
     Driver: Attribute "driver" in "task" => Fate::Constrained("missing drivers"),
     User: Attribute "user" in "task" => H("exec and oci drivers"),
