@@ -50,6 +50,8 @@ pub struct ClientContext {
     pub csi_plugins: Arc<dyn CsiPlugins>,
     /// Makes the client for a CSI plugin's socket.
     pub csi_connect: Connector,
+    /// Group network namespaces (bridge, none, cni/<name>).
+    pub network: Arc<dyn super::network::NetworkManager>,
     /// The Consul service sync, when the agent has a `consul {}` block.
     pub consul_services: Option<Arc<crate::client::consul::sync::ConsulServices>>,
 }

@@ -25,6 +25,7 @@ pub mod driver;
 pub mod fingerprint;
 pub mod heartbeat;
 pub mod http;
+pub mod network;
 pub mod reconnect;
 pub mod register;
 pub mod servers;
@@ -234,6 +235,7 @@ impl Client {
             csi_plugins: csi_manager.clone(),
             csi_connect,
             consul_services: consul_services.clone(),
+            network: Arc::new(network::CniNetworks::new(s.cni.clone(), &s.state_dir)),
         });
         let inner = Arc::new(ClientInner {
             servers,

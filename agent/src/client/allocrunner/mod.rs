@@ -135,6 +135,7 @@ impl AllocRunner {
                 consul: ctx.consul_services.clone(),
                 node: Arc::new(move || node_ctx.upgrade().map(|c| c.node()).unwrap_or_default()),
                 region: ctx.region.clone(),
+                network: ctx.network.clone(),
             };
             AllocRunner {
                 id: alloc.id.clone(),
@@ -423,6 +424,10 @@ impl AllocRunner {
             client_description: description,
             task_states: Some(states),
             deployment_status: lock(&self.deployment_status).clone(),
+            network_status: lock(&self.hook_states)
+                .get("network")
+                .and_then(hooks::network_status_of)
+                .and_then(|s| serde_json::to_value(s).ok()),
             ..Allocation::default()
         }
     }

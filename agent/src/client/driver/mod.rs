@@ -111,6 +111,8 @@ pub struct TaskConfig {
     pub kill_signal: Signal,
     /// Time between that signal and SIGKILL (`kill_timeout`).
     pub kill_timeout: Duration,
+    /// The group's network namespace the task joins (bridge, none and cni networks).
+    pub netns: Option<PathBuf>,
 }
 
 /// The shared dir, relative to the alloc dir.

@@ -14,6 +14,7 @@
 
 mod alloc_dir;
 mod health;
+mod network;
 mod services;
 mod shutdown_delay;
 
@@ -28,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use alloc_dir::{AllocDirHook, unmount_all_under};
 pub use health::{HealthConfig, HealthHook, Verdict, evaluate};
+pub use network::{NetworkHook, status_of as network_status_of};
 pub use services::{NodeFn, ServicesHook};
 pub use shutdown_delay::ShutdownDelayHook;
 
@@ -123,6 +125,8 @@ pub struct HookEnv {
     pub node: NodeFn,
     /// Region (interpolation).
     pub region: String,
+    /// The group network namespaces.
+    pub network: Arc<dyn crate::client::network::NetworkManager>,
 }
 
 /// The alloc hooks, in the order every phase runs them.
@@ -134,15 +138,25 @@ pub struct HookEnv {
 ///    destroy reads the disk.
 /// 2. `health` next: it must watch the task states before the first task starts, so it sees
 ///    the alloc become healthy (or fail) from the beginning.
-/// 3. `services` before `shutdown_delay`: when the alloc stops, its Nomad services are
+/// 3. `network` after `health` and before `services`, as in Nomad: the namespace exists (and
+///    its address is known) before any task starts or any service is registered; in postrun,
+///    every task is dead already, so nothing uses it when it is torn down.
+/// 4. `services` before `shutdown_delay`: when the alloc stops, its Nomad services are
 ///    deregistered first (prekill waits for that attempt), so that during the shutdown delay no
 ///    one is sent to the alloc any more and traffic drains, as in Nomad.
-/// 4. `shutdown_delay` last: it only acts in prekill, where it waits the group's
+/// 5. `shutdown_delay` last: it only acts in prekill, where it waits the group's
 ///    `shutdown_delay` between "the alloc stops" and the first kill signal.
 pub fn init_hooks(env: HookEnv) -> Vec<Box<dyn AllocHook>> {
     let cancel = env.cancel.clone();
     let services = ServicesHook::new(&env);
-    vec![Box::new(AllocDirHook), Box::new(HealthHook::new(env)), Box::new(services), Box::new(ShutdownDelayHook::new(cancel))]
+    let network = NetworkHook::new(env.network.clone());
+    vec![
+        Box::new(AllocDirHook),
+        Box::new(HealthHook::new(env)),
+        Box::new(network),
+        Box::new(services),
+        Box::new(ShutdownDelayHook::new(cancel)),
+    ]
 }
 
 /// Runs prerun: in order, skipping done hooks, stopping at the first error. New states go into
@@ -284,6 +298,6 @@ mod tests {
         let (_tx, rx) = watch::channel(BTreeMap::new());
         let env = services::tests::env(rx, Arc::new(services::tests::FakeRegistrar::default()));
         let names: Vec<_> = init_hooks(env).iter().map(|h| h.name()).collect();
-        assert_eq!(names, ["alloc_dir", "health", "services", "shutdown_delay"]);
+        assert_eq!(names, ["alloc_dir", "health", "network", "services", "shutdown_delay"]);
     }
 }

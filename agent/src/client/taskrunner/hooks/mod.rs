@@ -258,6 +258,7 @@ mod tests {
             logs: Default::default(),
             kill_signal: nix::sys::signal::Signal::SIGINT,
             kill_timeout: std::time::Duration::from_secs(1),
+            netns: None,
         };
         (Allocation::default(), task, config)
     }
@@ -312,6 +313,7 @@ pub(crate) mod tests_support {
             logs: Default::default(),
             kill_signal: nix::sys::signal::Signal::SIGINT,
             kill_timeout: std::time::Duration::from_secs(1),
+            netns: None,
         }
     }
 }
