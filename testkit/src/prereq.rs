@@ -54,7 +54,9 @@ impl Prereq {
             Prereq::Busybox => Path::new("/bin/busybox").is_file(),
             Prereq::Iproute2 => runs("ip", "-V"),
             Prereq::CniPlugins => {
-                let has = |dir: &str| ["bridge", "host-local", "loopback", "firewall", "portmap"].iter().all(|p| Path::new(dir).join(p).is_file());
+                let has = |dir: &str| {
+                    ["bridge", "host-local", "loopback", "firewall", "portmap"].iter().all(|p| Path::new(dir).join(p).is_file())
+                };
                 (has("/usr/lib/cni") || has("/opt/cni/bin")) && runs("iptables", "--version")
             }
         }

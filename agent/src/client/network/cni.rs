@@ -134,7 +134,8 @@ pub fn load_named(dir: &Path, name: &str) -> Result<NetworkList, String> {
     }
     for file in files {
         let Ok(doc) = read_doc(&file) else { continue };
-        let list = if file.extension().is_some_and(|e| e == "conflist") { NetworkList::from_conflist(&doc) } else { NetworkList::from_conf(&doc) };
+        let list =
+            if file.extension().is_some_and(|e| e == "conflist") { NetworkList::from_conflist(&doc) } else { NetworkList::from_conf(&doc) };
         if let Ok(list) = list
             && list.name == name
         {
@@ -149,7 +150,8 @@ pub fn network_names(dir: &Path) -> Vec<String> {
     let mut names = Vec::new();
     for file in config_files(dir) {
         let Ok(doc) = read_doc(&file) else { continue };
-        let list = if file.extension().is_some_and(|e| e == "conflist") { NetworkList::from_conflist(&doc) } else { NetworkList::from_conf(&doc) };
+        let list =
+            if file.extension().is_some_and(|e| e == "conflist") { NetworkList::from_conflist(&doc) } else { NetworkList::from_conf(&doc) };
         if let Ok(list) = list
             && !names.contains(&list.name)
         {

@@ -47,7 +47,8 @@ pub fn version_token(output: &str) -> Option<&str> {
 }
 
 fn plugin_version(path: &Path) -> Option<String> {
-    let mut child = Command::new(path).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().ok()?;
+    // Nomad reads the combined output: the reference plugins print their version on stderr.
+    let mut child = Command::new(path).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().ok()?;
     let deadline = Instant::now() + VERSION_TIMEOUT;
     loop {
         match child.try_wait() {
@@ -62,6 +63,7 @@ fn plugin_version(path: &Path) -> Option<String> {
     }
     let mut out = String::new();
     child.stdout.take()?.take(64 * 1024).read_to_string(&mut out).ok()?;
+    child.stderr.take()?.take(64 * 1024).read_to_string(&mut out).ok()?;
     version_token(&out).map(str::to_string)
 }
 

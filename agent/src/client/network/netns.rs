@@ -8,12 +8,9 @@ use std::path::Path;
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sched::{CloneFlags, unshare};
 
-/// `statfs` magic of `nsfs`, the file system of `/proc/<pid>/ns/*`.
-const NSFS_MAGIC: i64 = 0x6e73_6673;
-
-/// Is `path` a mounted network namespace?
+/// Is `path` a mounted network namespace (on `nsfs`, the file system of `/proc/<pid>/ns/*`)?
 pub fn is_netns(path: &Path) -> bool {
-    nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type().0 as i64 == NSFS_MAGIC)
+    nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::NSFS_MAGIC)
 }
 
 /// Makes `dir` a shared mount (bind-mounting it on itself first when it is not a mount point),

@@ -53,7 +53,13 @@ fn each_port_maps_tcp_and_udp_to_its_to_or_its_own_value() {
 }
 
 fn inv(ports: Vec<PortMapping>) -> Invocation {
-    Invocation { container_id: "a1".into(), netns: "/var/run/netns/a1".into(), ifname: "eth0".into(), path: vec!["/x".into()], port_mappings: ports }
+    Invocation {
+        container_id: "a1".into(),
+        netns: "/var/run/netns/a1".into(),
+        ifname: "eth0".into(),
+        path: vec!["/x".into()],
+        port_mappings: ports,
+    }
 }
 
 #[test]
@@ -170,13 +176,7 @@ fn the_status_is_the_sandbox_interface_with_an_address_and_the_results_dns() {
 
 fn manager(dir: &Path, fake: Arc<Fake>) -> CniNetworks {
     let settings = CniSettings { config_dir: dir.join("conf"), ..CniSettings::default() };
-    CniNetworks {
-        settings,
-        netns_dir: dir.join("netns"),
-        cache_dir: dir.join("cache"),
-        exec: fake,
-        retry_wait: || Duration::ZERO,
-    }
+    CniNetworks { settings, netns_dir: dir.join("netns"), cache_dir: dir.join("cache"), exec: fake, retry_wait: || Duration::ZERO }
 }
 
 #[test]
@@ -186,7 +186,11 @@ fn add_is_tried_three_times_undoing_each_failed_try_and_the_first_error_is_retur
     let m = manager(dir.path(), fake.clone());
     // cni/<name> so no iptables is touched.
     std::fs::create_dir_all(dir.path().join("conf")).unwrap();
-    std::fs::write(dir.path().join("conf/10-mine.conflist"), serde_json::to_vec(&json!({"cniVersion": "0.4.0", "name": "mine", "plugins": [{"type": "loopback"}, {"type": "bridge"}]})).unwrap()).unwrap();
+    std::fs::write(
+        dir.path().join("conf/10-mine.conflist"),
+        serde_json::to_vec(&json!({"cniVersion": "0.4.0", "name": "mine", "plugins": [{"type": "loopback"}, {"type": "bridge"}]})).unwrap(),
+    )
+    .unwrap();
     let alloc = Allocation { id: "a1".into(), ..Allocation::default() };
     let err = m.setup(&alloc, Mode::Cni("mine")).unwrap_err();
     assert_eq!(err, "failed to configure network: plugin type=\"bridge\" failed (add): boom");
@@ -203,7 +207,11 @@ fn a_successful_add_is_cached_for_the_restarted_agent_and_del_uses_it_then_forge
     let fake = Arc::new(Fake { fail: Some(("bridge", 1)), ..Fake::default() });
     let m = manager(dir.path(), fake.clone());
     std::fs::create_dir_all(dir.path().join("conf")).unwrap();
-    std::fs::write(dir.path().join("conf/mine.conf"), serde_json::to_vec(&json!({"cniVersion": "0.4.0", "name": "mine", "type": "bridge"})).unwrap()).unwrap();
+    std::fs::write(
+        dir.path().join("conf/mine.conf"),
+        serde_json::to_vec(&json!({"cniVersion": "0.4.0", "name": "mine", "type": "bridge"})).unwrap(),
+    )
+    .unwrap();
     let alloc = alloc_with_ports(&[(25000, 80)]);
     let status = m.setup(&alloc, Mode::Cni("mine")).unwrap().unwrap();
     assert_eq!(status.address, "172.26.64.7", "the second try succeeded");
@@ -263,7 +271,8 @@ fn fingerprints_the_bridge_module_and_plugin_versions() {
     let root = tempfile::tempdir().unwrap();
     assert!(!fingerprint::bridge_module(root.path(), "6.1.0"));
     std::fs::create_dir_all(root.path().join("lib/modules/6.1.0")).unwrap();
-    std::fs::write(root.path().join("lib/modules/6.1.0/modules.dep"), "kernel/net/bridge/bridge.ko.xz: kernel/net/802/stp.ko.xz\n").unwrap();
+    std::fs::write(root.path().join("lib/modules/6.1.0/modules.dep"), "kernel/net/bridge/bridge.ko.xz: kernel/net/802/stp.ko.xz\n")
+        .unwrap();
     assert!(fingerprint::bridge_module(root.path(), "6.1.0"));
     assert!(!fingerprint::bridge_module(root.path(), "6.2.0"));
     std::fs::create_dir_all(root.path().join("proc")).unwrap();

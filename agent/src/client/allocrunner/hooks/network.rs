@@ -68,7 +68,8 @@ impl PrerunHook for NetworkHook {
             return Ok(None);
         }
         let id = &req.alloc.id;
-        let created = blocking(|| self.manager.create(id)).map_err(|e| AllocHookError(format!("failed to create network for alloc: {e}")))?;
+        let created =
+            blocking(|| self.manager.create(id)).map_err(|e| AllocHookError(format!("failed to create network for alloc: {e}")))?;
         // An existing namespace with a recorded setup is the one this agent made before it
         // restarted: no second ADD. One without (a crash mid-setup) is configured now.
         let restored = if created { None } else { self.manager.restored(id) };

@@ -112,7 +112,10 @@ pub(crate) fn env(task_states: watch::Receiver<BTreeMap<String, TaskState>>, reg
         registrar,
         node: Arc::new(move || node.clone()),
         region: "global".into(),
-        network: Arc::new(crate::client::network::CniNetworks::new(crate::config::CniSettings::default(), std::path::Path::new("/nonexistent"))),
+        network: Arc::new(crate::client::network::CniNetworks::new(
+            crate::config::CniSettings::default(),
+            std::path::Path::new("/nonexistent"),
+        )),
     }
 }
 
