@@ -767,6 +767,38 @@ mod tests {
     }
 
     #[test]
+    fn the_cni_and_bridge_keys_reach_the_client_settings_with_nomads_defaults() {
+        let dev = AgentFlags { dev: true, ..Default::default() };
+        let file = "client {\n  cni_path = \"/a:/b\"\n  cni_config_dir = \"/c\"\n  bridge_network_name = \"br9\"\n  bridge_network_subnet = \"10.9.0.0/16\"\n  bridge_network_hairpin_mode = true\n}\n";
+        let cni = resolve(file, dev.clone()).unwrap().client.unwrap().cni;
+        let want = CniSettings {
+            path: vec!["/a".into(), "/b".into()],
+            config_dir: "/c".into(),
+            bridge_name: "br9".into(),
+            bridge_subnet: "10.9.0.0/16".into(),
+            hairpin_mode: true,
+        };
+        assert_eq!(cni, want);
+        let d = CniSettings::resolve(&file::ClientBlock::default(), None).unwrap();
+        assert_eq!(d.path, [PathBuf::from("/opt/cni/bin"), PathBuf::from("/usr/lib/cni")]);
+        assert_eq!(
+            (d.config_dir.to_str(), d.bridge_name.as_str(), d.bridge_subnet.as_str(), d.hairpin_mode),
+            (Some("/opt/cni/config"), "nomad", "172.26.64.0/20", false)
+        );
+        assert_eq!(
+            CniSettings::resolve(&file::ClientBlock::default(), Some("/env".into())).unwrap().path,
+            [PathBuf::from("/env")],
+            "$CNI_PATH when unset"
+        );
+        let e = resolve("client {\n  bridge_network_name = \"a-very-long-bridge\"\n}\n", dev.clone()).unwrap_err().to_string();
+        assert!(e.contains("client.bridge_network_name"), "{e}");
+        let e = resolve("client {\n  bridge_network_subnet = \"nomad\"\n}\n", dev.clone()).unwrap_err().to_string();
+        assert!(e.contains("client.bridge_network_subnet") && e.contains("not an IPv4 CIDR"), "{e}");
+        let e = resolve("client {\n  bridge_network_mode = \"x\"\n}\n", dev).unwrap_err().to_string();
+        assert!(e.contains("bridge_network_mode"), "unknown keys stay errors: {e}");
+    }
+
+    #[test]
     fn the_exec_policy_has_nomads_defaults_and_reads_allow_caps_and_the_user_options() {
         let dev = AgentFlags { dev: true, ..Default::default() };
         let supported = capabilities::supported();
