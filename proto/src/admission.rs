@@ -132,9 +132,12 @@ table! {
     GroupConsul: Block "consul" in "group" => R(""),
     // network, group or task.
     NetworkModeHost: Value "mode = \"host\"" in "network" => H("ports on the host's addresses"),
-    NetworkMode: Attribute "mode" in "network" => R("only mode = \"host\" is run"),
-    NetworkHostname: Attribute "hostname" in "network" => R("it needs bridge networking"),
-    NetworkDns: Block "dns" in "network" => R("it needs bridge networking"),
+    NetworkModeBridge: Value "mode = \"bridge\"" in "network" => Fate::Constrained("missing network"),
+    NetworkModeCni: Value "mode = \"cni/<name>\"" in "network" => Fate::Constrained("missing network"),
+    NetworkModeNone: Value "mode = \"none\"" in "network" => H("a network namespace with only a loopback interface, down, as Nomad's"),
+    NetworkMode: Attribute "mode" in "network" => R("host, bridge, none and cni/<name> are run"),
+    NetworkHostname: Attribute "hostname" in "network" => R("the network namespace's hostname is not set yet"),
+    NetworkDns: Block "dns" in "network" => R("the tasks' resolv.conf is not generated yet"),
     NetworkDevice: Attribute "device" in "network" => R(""),
     NetworkCidr: Attribute "cidr" in "network" => R(""),
     NetworkIp: Attribute "ip" in "network" => R(""),
@@ -570,9 +573,13 @@ impl Walk {
     fn network(&mut self, n: &NetworkResource) {
         let NetworkResource { mode, device, cidr, ip, hostname, mbits, dns, reserved_ports, dynamic_ports } = n;
         let host = mode.is_empty() || mode == "host";
+        let cni = mode.strip_prefix("cni/").is_some_and(|name| !name.is_empty());
         self.decide(Feature::NetworkModeHost, host);
+        self.decide(Feature::NetworkModeBridge, mode == "bridge");
+        self.decide(Feature::NetworkModeCni, cni);
+        self.decide(Feature::NetworkModeNone, mode == "none");
         self.decide(Feature::NetworkMode, false);
-        if !host {
+        if !host && !cni && mode != "bridge" && mode != "none" {
             self.refuse_value(Feature::NetworkMode, "mode", mode);
         }
         self.decide(Feature::NetworkDevice, !device.is_empty());
@@ -929,7 +936,10 @@ pub fn sample_job_using(feature: Feature) -> Job {
         Feature::EphemeralDiskSticky => g.ephemeral_disk.sticky = true,
         Feature::EphemeralDiskMigrate => g.ephemeral_disk.migrate = true,
         Feature::GroupConsul => g.consul = Some(json!({"Namespace": "team"})),
-        Feature::NetworkMode => g.networks = vec![NetworkResource { mode: "bridge".into(), ..NetworkResource::default() }],
+        Feature::NetworkMode => g.networks = vec![NetworkResource { mode: "driver".into(), ..NetworkResource::default() }],
+        Feature::NetworkModeBridge => g.networks = vec![NetworkResource { mode: "bridge".into(), ..NetworkResource::default() }],
+        Feature::NetworkModeCni => g.networks = vec![NetworkResource { mode: "cni/mine".into(), ..NetworkResource::default() }],
+        Feature::NetworkModeNone => g.networks = vec![NetworkResource { mode: "none".into(), ..NetworkResource::default() }],
         Feature::NetworkHostname => g.networks = vec![NetworkResource { hostname: "cache".into(), ..NetworkResource::default() }],
         Feature::NetworkDns => {
             g.networks = vec![NetworkResource {

@@ -1,4 +1,4 @@
-//! Prerequisites of tests that touch the host: root, runc, busybox, iproute2.
+//! Prerequisites of tests that touch the host: root, runc, busybox, iproute2, CNI plugins.
 //!
 //! A test states what it needs with [`require_prereqs!`](crate::require_prereqs). When all of it
 //! is there, the test runs. When something is missing:
@@ -29,6 +29,9 @@ pub enum Prereq {
     Busybox,
     /// The `ip` command (Debian package `iproute2`), for network namespaces.
     Iproute2,
+    /// The CNI reference plugins (Debian package `containernetworking-plugins`, in
+    /// `/usr/lib/cni`, or `/opt/cni/bin`) and `iptables`, for bridge networking.
+    CniPlugins,
 }
 
 impl Prereq {
@@ -39,6 +42,7 @@ impl Prereq {
             Prereq::Runc => "runc (apt-get install runc)",
             Prereq::Busybox => "/bin/busybox (apt-get install busybox-static)",
             Prereq::Iproute2 => "the ip command (apt-get install iproute2)",
+            Prereq::CniPlugins => "the CNI plugins and iptables (apt-get install containernetworking-plugins iptables)",
         }
     }
 
@@ -49,6 +53,12 @@ impl Prereq {
             Prereq::Runc => runs("runc", "--version"),
             Prereq::Busybox => Path::new("/bin/busybox").is_file(),
             Prereq::Iproute2 => runs("ip", "-V"),
+            Prereq::CniPlugins => {
+                let has = |dir: &str| {
+                    ["bridge", "host-local", "loopback", "firewall", "portmap"].iter().all(|p| Path::new(dir).join(p).is_file())
+                };
+                (has("/usr/lib/cni") || has("/opt/cni/bin")) && runs("iptables", "--version")
+            }
         }
     }
 }

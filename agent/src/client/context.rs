@@ -57,6 +57,8 @@ pub struct ClientContext {
     pub csi_rpc: Arc<dyn CsiClaimRpc>,
     /// This node's ID.
     pub node_id: String,
+    /// Group network namespaces (bridge, none, cni/<name>).
+    pub network: Arc<dyn super::network::NetworkManager>,
     /// The Consul service sync, when the agent has a `consul {}` block.
     pub consul_services: Option<Arc<crate::client::consul::sync::ConsulServices>>,
     /// Consul check statuses for `check_restart`, and the API script checks report through.

@@ -25,6 +25,7 @@ pub mod driver;
 pub mod fingerprint;
 pub mod heartbeat;
 pub mod http;
+pub mod network;
 pub mod reconnect;
 pub mod register;
 pub mod server_requests;
@@ -257,6 +258,7 @@ impl Client {
             consul_checks: consul_checks.clone(),
             si_tokens: si_token_deriver(&config, &servers, &identity),
             si_backoff: Default::default(),
+            network: Arc::new(network::CniNetworks::new(s.cni.clone(), &s.state_dir)),
         });
         let inner = Arc::new(ClientInner {
             servers,

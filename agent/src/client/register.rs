@@ -46,6 +46,9 @@ pub fn node(config: &ClientConfig, identity: &NodeIdentity, drivers: &BTreeMap<S
         settings: &config.settings,
     };
     let mut node = build_node(&spec, &fp);
+    let cni = &config.settings.cni;
+    let bridge = super::network::fingerprint::bridge_module(std::path::Path::new("/"), &super::network::fingerprint::kernel_release());
+    super::network::fingerprint::apply(&mut node, cni, bridge);
     apply_drivers(&mut node, drivers);
     node.status = NodeStatus::Initializing;
     node

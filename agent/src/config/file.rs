@@ -212,6 +212,16 @@ pub struct ClientBlock {
     pub max_dynamic_port: Option<i64>,
     /// Accepted for compatibility.
     pub gc_interval: Option<DurationValue>,
+    /// CNI plugin directories, `:`-separated.
+    pub cni_path: Option<String>,
+    /// Where `cni/<name>` network configs are read from.
+    pub cni_config_dir: Option<String>,
+    /// The bridge of `mode = "bridge"` networks.
+    pub bridge_network_name: Option<String>,
+    /// The bridge's subnet (host-local IPAM range).
+    pub bridge_network_subnet: Option<String>,
+    /// Hairpin mode on the bridge's ports.
+    pub bridge_network_hairpin_mode: Option<bool>,
 }
 
 /// `client { reserved {} }`.

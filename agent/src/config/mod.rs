@@ -117,6 +117,71 @@ pub struct ClientSettings {
     /// The host interface whose address allocs get (`network_interface`; the default route's
     /// when unset).
     pub network_interface: Option<String>,
+    /// Bridge and CNI networking.
+    pub cni: CniSettings,
+}
+
+/// `cni_path`, `cni_config_dir` and the `bridge_network_*` keys.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CniSettings {
+    /// Directories searched for plugin binaries, in order.
+    pub path: Vec<PathBuf>,
+    /// Where `cni/<name>` configs are read from.
+    pub config_dir: PathBuf,
+    /// The bridge's name.
+    pub bridge_name: String,
+    /// The bridge's subnet, CIDR.
+    pub bridge_subnet: String,
+    /// Hairpin mode on the bridge's ports.
+    pub hairpin_mode: bool,
+}
+
+/// Nomad's `cni_path`, then Debian's `containernetworking-plugins` directory: a plugin Nomad's
+/// default finds is found first, and a Debian host works without configuration.
+pub const DEFAULT_CNI_PATH: &str = "/opt/cni/bin:/usr/lib/cni";
+
+impl Default for CniSettings {
+    fn default() -> CniSettings {
+        CniSettings {
+            path: std::env::split_paths(DEFAULT_CNI_PATH).collect(),
+            config_dir: PathBuf::from("/opt/cni/config"),
+            bridge_name: "nomad".into(),
+            bridge_subnet: "172.26.64.0/20".into(),
+            hairpin_mode: false,
+        }
+    }
+}
+
+impl CniSettings {
+    /// From the client block: unset or empty keys take Nomad's defaults (`cni_path` falls back
+    /// to `$CNI_PATH`, as Nomad's does); a bridge name that cannot be an interface name or a
+    /// subnet that is not an IPv4 CIDR is an error.
+    fn resolve(cb: &file::ClientBlock, env_cni_path: Option<String>) -> Result<CniSettings, ConfigError> {
+        let invalid = |key: &str, message: String| ConfigError::Invalid { path: "agent configuration".into(), key: key.into(), message };
+        let d = CniSettings::default();
+        let path = match cb.cni_path.clone().filter(|p| !p.is_empty()).or(env_cni_path.filter(|p| !p.is_empty())) {
+            Some(p) => std::env::split_paths(&p).filter(|d| !d.as_os_str().is_empty()).collect(),
+            None => d.path,
+        };
+        let bridge_name = cb.bridge_network_name.clone().filter(|n| !n.is_empty()).unwrap_or(d.bridge_name);
+        if bridge_name.len() > 15 || !bridge_name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.') {
+            return Err(invalid(
+                "client.bridge_network_name",
+                format!("{bridge_name:?} is not a valid interface name (at most 15 letters, digits, '-', '_' or '.')"),
+            ));
+        }
+        let bridge_subnet = cb.bridge_network_subnet.clone().filter(|s| !s.is_empty()).unwrap_or(d.bridge_subnet);
+        if crate::client::network::parse_cidr(&bridge_subnet).is_none() {
+            return Err(invalid("client.bridge_network_subnet", format!("{bridge_subnet:?} is not an IPv4 CIDR such as 172.26.64.0/20")));
+        }
+        Ok(CniSettings {
+            path,
+            config_dir: cb.cni_config_dir.clone().filter(|d| !d.is_empty()).map(PathBuf::from).unwrap_or(d.config_dir),
+            bridge_name,
+            bridge_subnet,
+            hairpin_mode: cb.bridge_network_hairpin_mode.unwrap_or(false),
+        })
+    }
 }
 
 /// What `f` sets that nomad-rs reads but does not act on (see [`AgentConfig::unused`]).
@@ -423,6 +488,7 @@ impl AgentConfig {
                     _ => return Err(invalid("-meta", format!("{pair:?} is not key=value"))),
                 }
             }
+            let cni = CniSettings::resolve(&cb, std::env::var("CNI_PATH").ok())?;
             let (min_port, max_port) = (cb.min_dynamic_port.unwrap_or(20000), cb.max_dynamic_port.unwrap_or(32000));
             if !(1..=65535).contains(&min_port) || !(1..=65535).contains(&max_port) || min_port > max_port {
                 return Err(invalid("client.min_dynamic_port", format!("dynamic port range {min_port}-{max_port} is not valid")));
@@ -441,6 +507,7 @@ impl AgentConfig {
                 cpu_total_compute: cb.cpu_total_compute,
                 memory_total_mb: cb.memory_total_mb,
                 network_interface: cb.network_interface.filter(|i| !i.is_empty()),
+                cni,
             })
         } else {
             None
@@ -718,6 +785,38 @@ mod tests {
         let c = resolve("client {\n  network_interface = \"lo\"\n}\n", dev.clone()).unwrap();
         assert_eq!(c.client.unwrap().network_interface.as_deref(), Some("lo"));
         assert_eq!(resolve("", dev).unwrap().client.unwrap().network_interface, None);
+    }
+
+    #[test]
+    fn the_cni_and_bridge_keys_reach_the_client_settings_with_nomads_defaults() {
+        let dev = AgentFlags { dev: true, ..Default::default() };
+        let file = "client {\n  cni_path = \"/a:/b\"\n  cni_config_dir = \"/c\"\n  bridge_network_name = \"br9\"\n  bridge_network_subnet = \"10.9.0.0/16\"\n  bridge_network_hairpin_mode = true\n}\n";
+        let cni = resolve(file, dev.clone()).unwrap().client.unwrap().cni;
+        let want = CniSettings {
+            path: vec!["/a".into(), "/b".into()],
+            config_dir: "/c".into(),
+            bridge_name: "br9".into(),
+            bridge_subnet: "10.9.0.0/16".into(),
+            hairpin_mode: true,
+        };
+        assert_eq!(cni, want);
+        let d = CniSettings::resolve(&file::ClientBlock::default(), None).unwrap();
+        assert_eq!(d.path, [PathBuf::from("/opt/cni/bin"), PathBuf::from("/usr/lib/cni")]);
+        assert_eq!(
+            (d.config_dir.to_str(), d.bridge_name.as_str(), d.bridge_subnet.as_str(), d.hairpin_mode),
+            (Some("/opt/cni/config"), "nomad", "172.26.64.0/20", false)
+        );
+        assert_eq!(
+            CniSettings::resolve(&file::ClientBlock::default(), Some("/env".into())).unwrap().path,
+            [PathBuf::from("/env")],
+            "$CNI_PATH when unset"
+        );
+        let e = resolve("client {\n  bridge_network_name = \"a-very-long-bridge\"\n}\n", dev.clone()).unwrap_err().to_string();
+        assert!(e.contains("client.bridge_network_name"), "{e}");
+        let e = resolve("client {\n  bridge_network_subnet = \"nomad\"\n}\n", dev.clone()).unwrap_err().to_string();
+        assert!(e.contains("client.bridge_network_subnet") && e.contains("not an IPv4 CIDR"), "{e}");
+        let e = resolve("client {\n  bridge_network_mode = \"x\"\n}\n", dev).unwrap_err().to_string();
+        assert!(e.contains("bridge_network_mode"), "unknown keys stay errors: {e}");
     }
 
     #[test]

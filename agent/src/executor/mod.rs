@@ -84,6 +84,9 @@ pub struct ProcessSpec {
     pub cwd: PathBuf,
     /// Namespaces, chroot, cgroups and user; none for raw_exec.
     pub isolation: Option<IsolationSpec>,
+    /// The group's network namespace, entered before exec (bridge, none and cni networks).
+    #[serde(default)]
+    pub netns: Option<PathBuf>,
 }
 
 /// An OCI bundle to run.

@@ -29,6 +29,11 @@ fn spawn_process(spec: &ProcessSpec, stdout: OwnedFd, stderr: OwnedFd) -> Result
         }
         None => None,
     };
+    // Opened before fork: the child only calls setns(2) on it.
+    let netns = match &spec.netns {
+        Some(path) => Some(std::fs::File::open(path).map_err(|e| format!("open network namespace {}: {e}", path.display()))?),
+        None => None,
+    };
     let mut command = Command::new(&spec.command);
     command.args(&spec.args).env_clear().envs(&spec.env).stdin(Stdio::null()).stdout(stdout).stderr(stderr);
     if prepared.is_none() {
@@ -43,6 +48,13 @@ fn spawn_process(spec: &ProcessSpec, stdout: OwnedFd, stderr: OwnedFd) -> Result
         command.pre_exec(move || {
             // Its own session and process group, so the agent can signal the whole task at once.
             setsid()?;
+            if let Some(ns) = &netns
+                && let Err(errno) = nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET)
+            {
+                let message = format!("enter network namespace: {}", errno.desc());
+                let _ = nix::unistd::write(&step_writer, message.as_bytes());
+                return Err(std::io::Error::from_raw_os_error(errno as i32));
+            }
             if let Some(prepared) = &prepared
                 && let Err((step, errno)) = prepared.enter()
             {

@@ -351,6 +351,7 @@ pub fn client_config(root: &Path, servers: Vec<String>) -> ClientConfig {
         cpu_total_compute: None,
         memory_total_mb: None,
         network_interface: None,
+        cni: nomad_agent::config::CniSettings::default(),
     };
     let mut c = ClientConfig::new(settings, "test-node", "dc1", "global", "127.0.0.1:4646");
     c.dev_mode = true;

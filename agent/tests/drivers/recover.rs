@@ -110,6 +110,7 @@ async fn the_executor_keeps_supervising_after_its_parent_is_sigkilled() {
             env: task.env.clone(),
             cwd: task.task_dir(),
             isolation: None,
+            netns: None,
         }),
     };
     let spec_path = task.state_dir.join("launch.json");

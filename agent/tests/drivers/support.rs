@@ -36,6 +36,7 @@ pub fn task(root: &Path, name: &str, config: serde_json::Value) -> TaskConfig {
         kill_signal: Signal::SIGTERM,
         kill_timeout: Duration::from_secs(5),
         mounts: Vec::new(),
+        netns: None,
     };
     for dir in [task.log_dir(), task.local_dir(), task.secrets_dir(), task.tmp_dir()] {
         fs::create_dir_all(dir).unwrap();

@@ -1,5 +1,6 @@
 //! End-to-end tests against real `nomad-rs` processes (one test binary).
 
+mod bridge;
 mod cli;
 mod client_agent;
 mod client_restore;

@@ -74,7 +74,18 @@ fn messages_name_the_path_as_the_issue_shows() {
     let msg = admitted(sample_job_using(Feature::Periodic)).unwrap_err();
     assert_eq!(msg, "job \"sample\": the \"periodic\" block is not supported by nomad-rs yet; nothing would ever launch it");
     let msg = admitted(sample_job_using(Feature::NetworkMode)).unwrap_err();
-    assert_eq!(msg, "group \"cache\" network: mode = \"bridge\" is not supported by nomad-rs yet; only mode = \"host\" is run");
+    assert_eq!(
+        msg,
+        "group \"cache\" network: mode = \"driver\" is not supported by nomad-rs yet; host, bridge, none and cni/<name> are run"
+    );
+    for mode in ["bridge", "none", "cni/mine"] {
+        let mut job = sample_job_using(Feature::NetworkModeHost);
+        job.task_groups[0].networks[0].mode = mode.into();
+        admitted(job).unwrap();
+    }
+    let mut job = sample_job_using(Feature::NetworkModeHost);
+    job.task_groups[0].networks[0].mode = "cni/".into();
+    assert!(admitted(job).unwrap_err().contains("mode = \"cni/\" is not supported"));
 }
 
 #[test]

@@ -71,6 +71,21 @@ async fn a_host_volume_no_node_has_is_kept_from_placement_with_the_reason() {
     assert_eq!(failed["cache"].constraint_filtered.get(reason), Some(&1), "{failed:?}");
 }
 
+/// A bridge or cni/<name> group is kept off a node that does not fingerprint that network mode,
+/// with the scheduler's `missing network`.
+#[tokio::test]
+async fn a_network_mode_no_node_has_is_kept_from_placement_with_the_reason() {
+    let ts = server();
+    ts.consensus.apply(Command::NodeRegister { node: ready_node("n1"), evals: vec![], now: nomad_proto::Timestamp::now() }).await.unwrap();
+    for feature in [Feature::NetworkModeBridge, Feature::NetworkModeCni] {
+        let Fate::Constrained(reason) = feature.entry().fate else { panic!("{feature:?} is constrained") };
+        assert_eq!(reason, "missing network");
+        let plan = ts.endpoints.job_plan(sample_job_using(feature), false).await.unwrap();
+        let failed = plan.failed_tg_allocs.expect("the group cannot be placed");
+        assert_eq!(failed["cache"].constraint_filtered.get(reason), Some(&1), "{feature:?}: {failed:?}");
+    }
+}
+
 /// A group with a Consul service gets Nomad's implied constraint at register: a node without
 /// Consul is filtered out naming it; a node with Consul gets the alloc.
 #[tokio::test]

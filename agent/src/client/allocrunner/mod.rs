@@ -152,6 +152,7 @@ impl AllocRunner {
                         })
                     },
                 },
+                network: ctx.network.clone(),
             };
             AllocRunner {
                 id: alloc.id.clone(),
@@ -444,6 +445,10 @@ impl AllocRunner {
             client_description: description,
             task_states: Some(states),
             deployment_status: lock(&self.deployment_status).clone(),
+            network_status: lock(&self.hook_states)
+                .get("network")
+                .and_then(hooks::network_status_of)
+                .and_then(|s| serde_json::to_value(s).ok()),
             ..Allocation::default()
         }
     }

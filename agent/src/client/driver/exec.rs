@@ -222,6 +222,7 @@ impl Driver for ExecDriver {
                     env: env_with_path(&task.env),
                     cwd: PathBuf::from("/"),
                     isolation: Some(isolation),
+                    netns: task.netns.clone(),
                 });
                 let spec = launch_spec(task, mode, cgroup.oom_counter_files());
                 launch(&self.executor_path, NAME, task, &spec, DriverState::Exec { cgroup: cgroup.clone() }).await

@@ -140,6 +140,8 @@ pub struct TaskConfig {
     /// Host paths bound into the task (CSI volumes at their `volume_mount.destination`); only
     /// drivers with a file system of their own (exec, oci) are given any.
     pub mounts: Vec<MountConfig>,
+    /// The group's network namespace the task joins (bridge, none and cni networks).
+    pub netns: Option<PathBuf>,
 }
 
 /// A host path bound into the task (Nomad's `drivers.MountConfig`).

@@ -223,8 +223,19 @@ impl OciDriver {
         }
         linux.set_resources(Some(resources));
         linux.set_cgroups_path(Some(PathBuf::from(self.cgroups_path(container_id))));
-        let namespaces = linux.namespaces().clone().unwrap_or_default();
-        linux.set_namespaces(Some(namespaces.into_iter().filter(|n| n.typ() != LinuxNamespaceType::Network).collect()));
+        // The host's network, or the group's network namespace (bridge, none, cni).
+        let mut namespaces: Vec<_> = linux.namespaces().clone().unwrap_or_default();
+        namespaces.retain(|n| n.typ() != LinuxNamespaceType::Network);
+        if let Some(netns) = &task.netns {
+            namespaces.push(
+                oci_spec::runtime::LinuxNamespaceBuilder::default()
+                    .typ(LinuxNamespaceType::Network)
+                    .path(netns.clone())
+                    .build()
+                    .map_err(|e| built("network namespace", e))?,
+            );
+        }
+        linux.set_namespaces(Some(namespaces));
         spec.set_linux(Some(linux));
         spec.set_process(Some(process));
         spec.set_root(Some(RootBuilder::default().path(rootfs).readonly(read_only_root).build().map_err(|e| built("root", e))?));

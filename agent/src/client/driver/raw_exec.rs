@@ -82,7 +82,14 @@ impl Driver for RawExecDriver {
             }
             let command =
                 if config.command.contains('/') { task_dir.join(&config.command).to_string_lossy().into_owned() } else { config.command };
-            let mode = LaunchMode::Process(ProcessSpec { command, args: config.args, env, cwd: task_dir, isolation: None });
+            let mode = LaunchMode::Process(ProcessSpec {
+                command,
+                args: config.args,
+                env,
+                cwd: task_dir,
+                isolation: None,
+                netns: task.netns.clone(),
+            });
             let spec = launch_spec(task, mode, Vec::new());
             launch(&self.executor_path, NAME, task, &spec, DriverState::RawExec).await
         })

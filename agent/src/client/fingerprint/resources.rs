@@ -87,6 +87,7 @@ mod tests {
             cpu_total_compute: None,
             memory_total_mb: None,
             network_interface: None,
+            cni: crate::config::CniSettings::default(),
         }
     }
 

@@ -402,6 +402,10 @@ impl TaskRunner {
             kill_signal: parse_signal(&task.kill_signal).unwrap_or(DEFAULT_KILL_SIGNAL),
             kill_timeout,
             mounts,
+            netns: match crate::client::network::Mode::of_alloc(&alloc) {
+                Ok(crate::client::network::Mode::Host) | Err(_) => None,
+                Ok(_) => Some(self.ctx.network.netns_path(&alloc.id)),
+            },
         }
     }
 

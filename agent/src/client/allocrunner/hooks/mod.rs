@@ -15,6 +15,7 @@
 mod alloc_dir;
 pub mod csi;
 mod health;
+mod network;
 mod services;
 mod shutdown_delay;
 
@@ -30,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 pub use alloc_dir::{AllocDirHook, unmount_all_under};
 pub use csi::{CsiClaimRpc, CsiHook, CsiMounts, RpcCsiClaims, SaveState};
 pub use health::{HealthConfig, HealthHook, Verdict, evaluate};
+pub use network::{NetworkHook, status_of as network_status_of};
 pub use services::{NodeFn, ServicesHook};
 pub use shutdown_delay::ShutdownDelayHook;
 
@@ -128,6 +130,8 @@ pub struct HookEnv {
     pub region: String,
     /// What the `csi` hook uses.
     pub csi: CsiDeps,
+    /// The group network namespaces.
+    pub network: Arc<dyn crate::client::network::NetworkManager>,
 }
 
 /// What the `csi` hook gets besides the common parts.
@@ -153,13 +157,16 @@ pub struct CsiDeps {
 ///    destroy reads the disk.
 /// 2. `health` next: it must watch the task states before the first task starts, so it sees
 ///    the alloc become healthy (or fail) from the beginning.
-/// 3. `services` before `shutdown_delay`: when the alloc stops, its Nomad services are
+/// 3. `network` after `health` and before `services`, as in Nomad: the namespace exists (and
+///    its address is known) before any task starts or any service is registered; in postrun,
+///    every task is dead already, so nothing uses it when it is torn down.
+/// 4. `services` before `shutdown_delay`: when the alloc stops, its Nomad services are
 ///    deregistered first (prekill waits for that attempt), so that during the shutdown delay no
 ///    one is sent to the alloc any more and traffic drains, as in Nomad.
-/// 4. `csi` after `services`, as in Nomad: its prerun may wait for a claim (and the mounts),
+/// 5. `csi` after `services`, as in Nomad: its prerun may wait for a claim (and the mounts),
 ///    and the tasks need its mounts, so it is the last hook of prerun; its postrun releases the
 ///    volumes in the background, once every task is dead.
-/// 5. `shutdown_delay` last: it only acts in prekill, where it waits the group's
+/// 6. `shutdown_delay` last: it only acts in prekill, where it waits the group's
 ///    `shutdown_delay` between "the alloc stops" and the first kill signal.
 pub fn init_hooks(env: HookEnv) -> Vec<Box<dyn AllocHook>> {
     let cancel = env.cancel.clone();
@@ -174,9 +181,11 @@ pub fn init_hooks(env: HookEnv) -> Vec<Box<dyn AllocHook>> {
         shutdown: env.shutdown.clone(),
         save: env.csi.save.clone(),
     });
+    let network = NetworkHook::new(env.network.clone());
     vec![
         Box::new(AllocDirHook),
         Box::new(HealthHook::new(env)),
+        Box::new(network),
         Box::new(services),
         Box::new(csi),
         Box::new(ShutdownDelayHook::new(cancel)),
@@ -325,6 +334,6 @@ mod tests {
         let (_tx, rx) = watch::channel(BTreeMap::new());
         let env = services::tests::env(rx, Arc::new(services::tests::FakeRegistrar::default()));
         let names: Vec<_> = init_hooks(env).iter().map(|h| h.name()).collect();
-        assert_eq!(names, ["alloc_dir", "health", "services", "csi", "shutdown_delay"]);
+        assert_eq!(names, ["alloc_dir", "health", "network", "services", "csi", "shutdown_delay"]);
     }
 }

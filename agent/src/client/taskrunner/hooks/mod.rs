@@ -313,6 +313,7 @@ mod tests {
             kill_signal: nix::sys::signal::Signal::SIGINT,
             kill_timeout: std::time::Duration::from_secs(1),
             mounts: Vec::new(),
+            netns: None,
         };
         (Allocation::default(), task, config)
     }
@@ -368,6 +369,7 @@ pub(crate) mod tests_support {
             kill_signal: nix::sys::signal::Signal::SIGINT,
             kill_timeout: std::time::Duration::from_secs(1),
             mounts: Vec::new(),
+            netns: None,
         }
     }
 }

@@ -114,6 +114,10 @@ pub(crate) fn env(task_states: watch::Receiver<BTreeMap<String, TaskState>>, reg
         node: Arc::new(move || node.clone()),
         region: "global".into(),
         csi: crate::client::allocrunner::hooks::csi::tests::no_csi(),
+        network: Arc::new(crate::client::network::CniNetworks::new(
+            crate::config::CniSettings::default(),
+            std::path::Path::new("/nonexistent"),
+        )),
     }
 }
 
