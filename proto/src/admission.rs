@@ -137,7 +137,8 @@ table! {
     NetworkModeNone: Value "mode = \"none\"" in "network" => H("a network namespace with only a loopback interface, down, as Nomad's"),
     NetworkMode: Attribute "mode" in "network" => R("host, bridge, none and cni/<name> are run"),
     NetworkHostname: Attribute "hostname" in "network" => R("the network namespace's hostname is not set yet"),
-    NetworkDns: Block "dns" in "network" => R("the tasks' resolv.conf is not generated yet"),
+    NetworkDns: Block "dns" in "network" => H("exec and oci tasks get a resolv.conf made from it bound over /etc/resolv.conf; fields left unset are the host's"),
+    NetworkDnsRawExec: Value "dns {} in a group with a raw_exec task" in "network" => R("raw_exec tasks read the host's /etc/resolv.conf: nothing can be bound over it"),
     NetworkDevice: Attribute "device" in "network" => R(""),
     NetworkCidr: Attribute "cidr" in "network" => R(""),
     NetworkIp: Attribute "ip" in "network" => R(""),
@@ -546,6 +547,8 @@ impl Walk {
         for n in networks {
             self.within("network".into(), |w| w.network(n));
         }
+        let raw_exec = g.tasks.iter().any(|t| t.driver == "raw_exec");
+        self.within("network".into(), |w| w.decide(Feature::NetworkDnsRawExec, raw_exec && networks.iter().any(|n| n.dns.is_some())));
         self.decide(Feature::GroupConsul, consul.as_ref().is_some_and(|c| !c.is_null()));
         for s in services {
             self.within(named("service", &s.name), |w| w.service(s, IN_GROUP));
@@ -941,7 +944,10 @@ pub fn sample_job_using(feature: Feature) -> Job {
         Feature::NetworkModeCni => g.networks = vec![NetworkResource { mode: "cni/mine".into(), ..NetworkResource::default() }],
         Feature::NetworkModeNone => g.networks = vec![NetworkResource { mode: "none".into(), ..NetworkResource::default() }],
         Feature::NetworkHostname => g.networks = vec![NetworkResource { hostname: "cache".into(), ..NetworkResource::default() }],
-        Feature::NetworkDns => {
+        Feature::NetworkDns | Feature::NetworkDnsRawExec => {
+            if feature == Feature::NetworkDns {
+                t.driver = "exec".into();
+            }
             g.networks = vec![NetworkResource {
                 dns: Some(DnsConfig { servers: vec!["1.1.1.1".into()], ..DnsConfig::default() }),
                 ..NetworkResource::default()

@@ -6,6 +6,7 @@ mod cleanup;
 mod consul;
 mod consul_services;
 mod consul_si;
+mod dns;
 mod escape;
 mod http;
 mod reconnect;

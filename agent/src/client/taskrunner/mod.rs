@@ -380,7 +380,8 @@ impl TaskRunner {
         let memory = allocated.map(|a| a.memory.memory_mb).filter(|m| *m > 0).unwrap_or(task.resources.memory_mb);
         let memory_max = allocated.map(|a| a.memory.memory_max_mb).unwrap_or(task.resources.memory_max_mb);
         let kill_timeout = Duration::from_nanos(task.kill_timeout.max(0) as u64).min(self.ctx.max_kill_timeout);
-        let mounts = hooks::volume_mounts(&alloc, &task, &self.csi_mounts);
+        let mut mounts = hooks::volume_mounts(&alloc, &task, &self.csi_mounts);
+        mounts.extend(hooks::dns_mount(&alloc, &task.driver, &alloc_dir.join(&task.name)));
         TaskConfig {
             alloc_id: alloc.id.clone(),
             task_name: task.name.clone(),

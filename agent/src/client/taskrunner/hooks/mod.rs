@@ -16,6 +16,7 @@
 pub mod consul_si_token;
 pub mod csi_plugin_supervisor;
 mod dispatch_payload;
+mod dns;
 mod task_dir;
 mod validate;
 mod volumes;
@@ -27,6 +28,7 @@ use nomad_proto::{Allocation, Task, TaskEvent};
 pub use consul_si_token::ConsulSiTokenHook;
 pub use csi_plugin_supervisor::CsiPluginSupervisorHook;
 pub use dispatch_payload::DispatchPayloadHook;
+pub use dns::{DnsHook, dns_mount};
 pub use task_dir::{TaskDirHook, mount_secrets_tmpfs};
 pub use validate::ValidateHook;
 pub use volumes::{VolumesHook, volume_mounts};
@@ -148,14 +150,15 @@ pub trait StopHook {
 ///    never run, and nothing should be built on disk for it.
 /// 2. `task_dir` next: it builds `local/`, `secrets/` and `tmp/`, which every later hook and the
 ///    task itself write into.
-/// 3. `dispatch_payload`: it writes into the task's `local/` dir, so it needs `task_dir`.
-/// 4. `volumes` (for a task with `volume_mount`s): checks that every mounted CSI volume is
+/// 3. `dns`: it writes `resolv.conf` into the task dir, so it needs `task_dir`.
+/// 4. `dispatch_payload`: it writes into the task's `local/` dir, so it needs `task_dir`.
+/// 5. `volumes` (for a task with `volume_mount`s): checks that every mounted CSI volume is
 ///    mounted and that the driver takes mounts; the binds themselves are in the task config.
-/// 5. `consul_si_token` (given for a Connect task when the agent has a Consul token, Nomad's
+/// 6. `consul_si_token` (given for a Connect task when the agent has a Consul token, Nomad's
 ///    condition): it writes `secrets/si_token`, so it needs `task_dir`; it comes after the
 ///    local file work so a task that cannot be set up fails before the servers are asked for a
 ///    token. In Nomad it also comes before the Envoy bootstrap, which reads the token.
-/// 6. `csi_plugin_supervisor` (given for a task with `csi_plugin`) last: its poststart probes
+/// 7. `csi_plugin_supervisor` (given for a task with `csi_plugin`) last: its poststart probes
 ///    the started plugin, and nothing after it depends on it.
 pub fn init_hooks(
     task: &Task,
@@ -163,7 +166,7 @@ pub fn init_hooks(
     csi_mounts: crate::client::allocrunner::hooks::CsiMounts,
     si_token: Option<ConsulSiTokenHook>,
 ) -> Vec<Box<dyn TaskHook>> {
-    let mut hooks: Vec<Box<dyn TaskHook>> = vec![Box::new(ValidateHook), Box::new(TaskDirHook)];
+    let mut hooks: Vec<Box<dyn TaskHook>> = vec![Box::new(ValidateHook), Box::new(TaskDirHook), Box::new(DnsHook::new())];
     if task.dispatch_payload.is_some() {
         hooks.push(Box::new(DispatchPayloadHook));
     }
