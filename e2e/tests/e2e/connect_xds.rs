@@ -593,3 +593,22 @@ fn a_terminating_gateway_lets_a_reach_an_http_server_outside_the_mesh() {
     assert!(gateway.stat(&format!("listener.127.0.0.1_{gateway_port}.ssl.handshake")) >= 1, "the gateway terminated mTLS");
     assert!(s.xds_nacks().is_empty(), "{:?}", s.xds_nacks());
 }
+
+/// `consul-standin --xds` serves the control plane and prints its gRPC address second.
+#[test]
+fn the_binary_with_xds_prints_its_grpc_address() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_consul-standin")).arg("--xds").stdout(Stdio::piped()).spawn().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let (mut http, mut grpc) = (String::new(), String::new());
+    out.read_line(&mut http).unwrap();
+    out.read_line(&mut grpc).unwrap();
+    let http = http.trim().strip_prefix("consul-standin listening on ").expect(&http).to_string();
+    let grpc = grpc.trim().strip_prefix("consul-standin grpc on ").expect(&grpc).to_string();
+    let v = HttpClient::new(&http).get_json("/v1/agent/self");
+    let reachable = TcpStream::connect(&grpc).is_ok();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let port: u16 = grpc.rsplit_once(':').unwrap().1.parse().unwrap();
+    assert_eq!(v.unwrap()["DebugConfig"]["GRPCPort"], port);
+    assert!(reachable, "nothing listens on {grpc}");
+}

@@ -41,6 +41,10 @@ const ORDER: [&str; 3] = [CLUSTER, ENDPOINT, LISTENER];
 const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// The largest request the server decodes.
 const MAX_REQUEST: usize = 4 * 1024 * 1024;
+/// How many NACKs the stand-in keeps (the oldest are dropped).
+const MAX_NACKS: usize = 1000;
+/// The most resource names one stream may subscribe to per type.
+const MAX_NAMES: usize = 10_000;
 /// The oldest Envoy Consul 1.16 serves.
 const OLDEST_ENVOY: (u32, u32) = (1, 23);
 
@@ -139,7 +143,10 @@ impl DeltaStream {
             let _ = self.tx.send(Err(status)).await;
             return;
         }
-        self.handle(first);
+        if let Err(status) = self.handle(first) {
+            let _ = self.tx.send(Err(status)).await;
+            return;
+        }
         let mut changes = self.shared.index_tx.subscribe();
         loop {
             changes.borrow_and_update();
@@ -149,7 +156,10 @@ impl DeltaStream {
             }
             tokio::select! {
                 msg = inbound.message() => match msg {
-                    Ok(Some(r)) => self.handle(r),
+                    Ok(Some(r)) => if let Err(status) = self.handle(r) {
+                        let _ = self.tx.send(Err(status)).await;
+                        return;
+                    },
                     _ => return,
                 },
                 changed = changes.changed() => if changed.is_err() { return },
@@ -175,10 +185,10 @@ impl DeltaStream {
         }
     }
 
-    fn handle(&mut self, req: DeltaDiscoveryRequest) {
+    fn handle(&mut self, req: DeltaDiscoveryRequest) -> Result<(), Status> {
         if ![CLUSTER, ENDPOINT, LISTENER].contains(&req.type_url.as_str()) {
             // RDS and SDS are never used by these resources; nothing to answer.
-            return;
+            return Ok(());
         }
         let first = !self.types.contains_key(&req.type_url);
         let ts = self.types.entry(req.type_url.clone()).or_default();
@@ -201,14 +211,22 @@ impl DeltaStream {
             ts.names.remove(&name);
             ts.sent.remove(&name);
         }
+        if ts.names.len() > MAX_NAMES || ts.sent.len() > MAX_NAMES {
+            return Err(Status::invalid_argument(format!("more than {MAX_NAMES} {} resources subscribed", req.type_url)));
+        }
         if !req.response_nonce.is_empty() && ts.pending.as_deref() == Some(req.response_nonce.as_str()) {
             ts.pending = None;
             if let Some(err) = req.error_detail {
                 let nack = Nack { proxy_id: self.proxy_id.clone(), type_url: req.type_url.clone(), message: err.message };
                 eprintln!("consul-standin xds: NACK from {}: {} {}", nack.proxy_id, nack.type_url, nack.message);
-                self.shared.lock().xds_nacks.push(nack);
+                let mut st = self.shared.lock();
+                if st.xds_nacks.len() >= MAX_NACKS {
+                    st.xds_nacks.remove(0);
+                }
+                st.xds_nacks.push(nack);
             }
         }
+        Ok(())
     }
 
     /// Sends, type by type, whatever the proxy lacks or holds in excess.
