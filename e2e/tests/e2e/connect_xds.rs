@@ -13,8 +13,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    DownstreamTlsContext, UpstreamTlsContext, common_tls_context, subject_alt_name_matcher,
+};
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
+use envoy_types::pb::envoy::r#type::matcher::v3::string_matcher;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use nomad_e2e::HttpClient;
 use nomad_e2e::consul::{ConsulOptions, ConsulStandIn};
@@ -232,12 +236,30 @@ async fn delta_ads_pushes_resources_and_updates() {
     let mut cds_names = names(&cds);
     cds_names.sort();
     assert_eq!(cds_names, vec![db_cluster.clone(), "local_app".to_string()]);
+    // The upstream cluster dials with SNI and accepts only db's SPIFFE ID.
+    let db = cds.resources.iter().find(|r| r.name == db_cluster).unwrap();
+    let db = decode::<envoy_types::pb::envoy::config::cluster::v3::Cluster>(db.resource.as_ref().unwrap());
+    let tls = decode::<UpstreamTlsContext>(typed(db.transport_socket.as_ref().unwrap()));
+    assert_eq!(tls.sni, db_cluster);
+    let validation = match tls.common_tls_context.as_ref().unwrap().validation_context_type.as_ref().unwrap() {
+        common_tls_context::ValidationContextType::ValidationContext(v) => v.clone(),
+        other => panic!("{other:?}"),
+    };
+    let san = &validation.match_typed_subject_alt_names[0];
+    assert_eq!(san.san_type, subject_alt_name_matcher::SanType::Uri as i32);
+    let want = format!("spiffe://{td}/ns/default/dc/dc1/svc/db");
+    assert_eq!(san.matcher.as_ref().unwrap().match_pattern, Some(string_matcher::MatchPattern::Exact(want)));
     st.ack(&cds).await;
     let lds = st.next().await.expect("LDS after the CDS ACK");
     assert_eq!(lds.type_url, LISTENER_TYPE);
     let mut lds_names = names(&lds);
     lds_names.sort();
     assert_eq!(lds_names, vec!["db:127.0.0.1:8181".to_string(), "public_listener:0.0.0.0:21000".to_string()]);
+    // The public listener requires a client certificate.
+    let public = lds.resources.iter().find(|r| r.name.starts_with("public_listener:")).unwrap();
+    let public = decode::<envoy_types::pb::envoy::config::listener::v3::Listener>(public.resource.as_ref().unwrap());
+    let tls = decode::<DownstreamTlsContext>(typed(public.filter_chains[0].transport_socket.as_ref().unwrap()));
+    assert_eq!(tls.require_client_certificate.map(|b| b.value), Some(true));
     st.ack(&lds).await;
 
     // EDS by name: no db sidecar yet, so an explicit empty assignment.
@@ -281,6 +303,17 @@ async fn delta_ads_pushes_resources_and_updates() {
     tokio::task::block_in_place(|| put(&c, "/v1/agent/service/deregister/db-1-sidecar-proxy", &json!({})));
     let gone = st.next().await.expect("EDS after deregistration");
     assert_eq!(decode_cla(&gone).endpoints.iter().map(|l| l.lb_endpoints.len()).sum::<usize>(), 0);
+}
+
+fn decode<T: prost::Message + Default>(any: &envoy_types::pb::google::protobuf::Any) -> T {
+    T::decode(&any.value[..]).expect("decode")
+}
+
+fn typed(socket: &envoy_types::pb::envoy::config::core::v3::TransportSocket) -> &envoy_types::pb::google::protobuf::Any {
+    let Some(envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType::TypedConfig(any)) = &socket.config_type else {
+        panic!("no typed config")
+    };
+    any
 }
 
 fn decode_cla(r: &DeltaDiscoveryResponse) -> envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment {
