@@ -1,7 +1,9 @@
-//! The Consul stand-in as a process: `consul-standin [--management-token SECRET]`.
+//! The Consul stand-in as a process: `consul-standin [--management-token SECRET] [--xds]`.
 //!
 //! Its first line of output is `consul-standin listening on 127.0.0.1:<port>`, for tests (or a
-//! shell) to read the kernel-chosen port from; it runs until killed.
+//! shell) to read the kernel-chosen port from; with `--xds` (the Connect control plane on a
+//! kernel-chosen gRPC port, reported in `/v1/agent/self`) a second line says
+//! `consul-standin grpc on 127.0.0.1:<port>`. It runs until killed.
 
 use std::io::Write;
 
@@ -17,11 +19,15 @@ fn main() -> anyhow::Result<()> {
             }
             "--datacenter" => opts.datacenter = args.next().ok_or_else(|| anyhow::anyhow!("--datacenter needs a value"))?,
             "--version" => opts.version = args.next().ok_or_else(|| anyhow::anyhow!("--version needs a value"))?,
-            other => anyhow::bail!("unknown argument {other:?} (known: --management-token, --datacenter, --version)"),
+            "--xds" => opts.grpc_port = 0,
+            other => anyhow::bail!("unknown argument {other:?} (known: --management-token, --datacenter, --version, --xds)"),
         }
     }
     let standin = ConsulStandIn::start(opts)?;
     println!("consul-standin listening on {}", standin.addr());
+    if let Some(grpc) = standin.grpc_addr() {
+        println!("consul-standin grpc on {grpc}");
+    }
     std::io::stdout().flush()?;
     loop {
         std::thread::park();

@@ -9,8 +9,10 @@
 //!
 //! It runs on its own tokio runtime (one worker thread), so blocking and async tests can use it.
 
+pub mod ca;
 pub mod decode;
 mod routes;
+pub mod xds;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -31,13 +33,17 @@ pub struct ConsulOptions {
     pub revision: String,
     pub server: bool,
     pub connect_enabled: bool,
-    /// `DebugConfig.GRPCPort` (-1 when off, as Consul reports it).
+    /// `DebugConfig.GRPCPort` (-1 when off, as Consul reports it). `0` serves the Connect
+    /// control plane (delta ADS, [`xds`]) on a kernel-chosen port on 127.0.0.1 and reports that
+    /// port; any other value is only reported.
     pub grpc_port: i64,
     pub grpc_tls_port: i64,
     /// `Member.Tags.segment` (Enterprise network segments); `None` leaves the tag out.
     pub segment: Option<String>,
     /// Turns ACLs on (default deny) with this management token's SecretID.
     pub management_token: Option<String>,
+    /// The built-in CA's leaf lifetime (Consul's `LeafCertTTL`, 72h by default).
+    pub leaf_cert_ttl: Duration,
 }
 
 impl Default for ConsulOptions {
@@ -54,6 +60,7 @@ impl Default for ConsulOptions {
             grpc_tls_port: -1,
             segment: None,
             management_token: None,
+            leaf_cert_ttl: Duration::from_secs(72 * 3600),
         }
     }
 }
@@ -116,6 +123,8 @@ pub(crate) struct State {
     pub config_entries: BTreeMap<(String, String), Value>,
     pub index: u64,
     pub calls: Vec<Call>,
+    /// Every NACK an Envoy sent the xDS server.
+    pub xds_nacks: Vec<xds::Nack>,
 }
 
 impl State {
@@ -129,6 +138,8 @@ pub(crate) struct Shared {
     pub state: Mutex<State>,
     /// The raft-like index, for blocking queries.
     pub index_tx: watch::Sender<u64>,
+    /// The built-in Connect CA (when Connect is enabled).
+    pub ca: Option<ca::ConnectCa>,
 }
 
 impl Shared {
@@ -151,6 +162,7 @@ pub struct ConsulStandIn {
     rt: Option<tokio::runtime::Runtime>,
     shared: Arc<Shared>,
     addr: SocketAddr,
+    grpc_addr: Option<SocketAddr>,
     running: Mutex<Option<Running>>,
 }
 
@@ -178,11 +190,25 @@ impl ConsulStandIn {
             });
             state.tokens.insert("00000000-0000-0000-0000-000000000002".into(), token);
         }
+        let ca = if opts.connect_enabled { Some(ca::ConnectCa::new(&opts.datacenter, opts.leaf_cert_ttl)?) } else { None };
+        let grpc = if opts.grpc_port == 0 && opts.connect_enabled {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").context("bind the consul stand-in's gRPC port")?;
+            l.set_nonblocking(true)?;
+            state.opts.grpc_port = i64::from(l.local_addr()?.port());
+            Some(l)
+        } else {
+            None
+        };
         let (index_tx, _) = watch::channel(1);
-        let shared = Arc::new(Shared { state: Mutex::new(state), index_tx });
+        let shared = Arc::new(Shared { state: Mutex::new(state), index_tx, ca });
         let listener = std::net::TcpListener::bind("127.0.0.1:0").context("bind the consul stand-in")?;
         let addr = listener.local_addr()?;
-        let standin = ConsulStandIn { rt: Some(rt), shared, addr, running: Mutex::new(None) };
+        let grpc_addr = grpc.as_ref().and_then(|l| l.local_addr().ok());
+        if let Some(l) = grpc {
+            // The gRPC port stays up across `stop`/`restart`, which only concern the HTTP API.
+            rt.spawn(xds::serve(l, shared.clone()));
+        }
+        let standin = ConsulStandIn { rt: Some(rt), shared, addr, grpc_addr, running: Mutex::new(None) };
         standin.serve(listener)?;
         Ok(standin)
     }
@@ -218,6 +244,21 @@ impl ConsulStandIn {
     /// The calls with this method whose path starts with `prefix`.
     pub fn calls_to(&self, method: &str, prefix: &str) -> Vec<Call> {
         self.calls().into_iter().filter(|c| c.method == method && c.path.starts_with(prefix)).collect()
+    }
+
+    /// `127.0.0.1:<port>` of the xDS gRPC server, when it runs (`grpc_port: 0`).
+    pub fn grpc_addr(&self) -> Option<SocketAddr> {
+        self.grpc_addr
+    }
+
+    /// The built-in Connect CA, when Connect is enabled.
+    pub fn ca(&self) -> Option<&ca::ConnectCa> {
+        self.shared.ca.as_ref()
+    }
+
+    /// Every NACK Envoy sent the xDS server so far.
+    pub fn xds_nacks(&self) -> Vec<xds::Nack> {
+        self.shared.lock().xds_nacks.clone()
     }
 
     /// Changes what `/v1/agent/self` reports (an upgrade, say).

@@ -137,7 +137,7 @@ fn decode_percent(s: &str, plus_is_space: bool) -> String {
 
 /// Who is calling, once the token is resolved.
 #[derive(Debug, Clone)]
-enum Who {
+pub(crate) enum Who {
     Management,
     Anonymous,
     /// A created token: its AccessorID and the services its identities grant.
@@ -160,7 +160,7 @@ impl Who {
         matches!(self, Who::Management)
     }
     /// Service identities grant `service:write` on the service and its sidecar, and read on all.
-    fn service_write(&self, name: &str) -> bool {
+    pub(crate) fn service_write(&self, name: &str) -> bool {
         match self {
             Who::Management => true,
             Who::Anonymous => false,
@@ -173,7 +173,7 @@ impl Who {
 }
 
 /// The error is Consul's 403 body for a secret it does not know.
-fn resolve(st: &State, req_token: &str) -> Result<Who, &'static str> {
+pub(crate) fn resolve(st: &State, req_token: &str) -> Result<Who, &'static str> {
     if st.opts.management_token.is_none() {
         return Ok(Who::Management);
     }
@@ -240,6 +240,15 @@ async fn route(shared: &Arc<Shared>, method: &str, path: &str, q: &BTreeMap<Stri
             ("PUT", Some(("deregister", id))) => check_deregister(shared, &path_decode(id), who),
             _ => not_allowed(),
         },
+        ["v1", "agent", "connect", rest] => match (method, rest.split_once('/')) {
+            ("GET", Some(("ca", "roots"))) => ca_roots(shared),
+            ("GET", Some(("ca", leaf))) if leaf.starts_with("leaf/") => ca_leaf(shared, &path_decode(&leaf["leaf/".len()..]), who),
+            _ => not_allowed(),
+        },
+        ["v1", "connect", "ca", "roots"] => match method {
+            "GET" => ca_roots(shared),
+            _ => not_allowed(),
+        },
         ["v1", "catalog", "services"] => match method {
             "GET" => catalog_services(shared, who),
             _ => not_allowed(),
@@ -273,6 +282,36 @@ async fn route(shared: &Arc<Shared>, method: &str, path: &str, q: &BTreeMap<Stri
             kv(shared, method, &key, q, body, who).await
         }
         _ => not_found(""),
+    }
+}
+
+/// `GET /v1/connect/ca/roots` and `/v1/agent/connect/ca/roots`: public, as in Consul (no ACL).
+fn ca_roots(shared: &Shared) -> Resp {
+    let index = shared.lock().index;
+    match &shared.ca {
+        Some(ca) => json_resp(&ca.roots_json(index), Some(index)),
+        None => text(StatusCode::INTERNAL_SERVER_ERROR, "Connect must be enabled in order to use this endpoint"),
+    }
+}
+
+/// `GET /v1/agent/connect/ca/leaf/:service`: needs `service:write` on the service.
+fn ca_leaf(shared: &Shared, service: &str, who: &Who) -> Resp {
+    let Some(ca) = &shared.ca else {
+        return text(StatusCode::INTERNAL_SERVER_ERROR, "Connect must be enabled in order to use this endpoint");
+    };
+    if service.is_empty()
+        || service.len() > 256
+        || !service.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+    {
+        return bad(format!("Invalid service name {service:?}"));
+    }
+    if !who.service_write(service) {
+        return who.deny("service:write", service);
+    }
+    let index = shared.lock().index;
+    match ca.leaf(service) {
+        Ok(leaf) => json_resp(&leaf.to_json(index), Some(index)),
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("failed to sign the leaf certificate: {e:#}")),
     }
 }
 
@@ -1012,6 +1051,8 @@ fn config_put(shared: &Shared, body: &[u8], who: &Who) -> Resp {
     entry["CreateIndex"] = json!(create);
     entry["ModifyIndex"] = json!(i);
     st.config_entries.insert((kind, name), entry);
+    drop(st);
+    shared.notify(i);
     json_resp(&json!(true), None)
 }
 
@@ -1039,7 +1080,9 @@ fn config_entry(shared: &Shared, method: &str, rest: &str, who: &Who) -> Resp {
                 return who.deny("mesh:write", &name);
             }
             st.config_entries.remove(&(kind, name));
-            st.bump();
+            let i = st.bump();
+            drop(st);
+            shared.notify(i);
             json_resp(&json!({}), None)
         }
         _ => text(StatusCode::METHOD_NOT_ALLOWED, format!("method {method} not allowed")),
