@@ -18,6 +18,7 @@
 
 pub mod allocrunner;
 pub mod base64;
+pub mod connect;
 pub mod consul;
 pub mod context;
 pub mod csi;
