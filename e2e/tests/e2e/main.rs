@@ -6,6 +6,7 @@ mod client_agent;
 mod client_restore;
 mod consul_checks;
 mod consul_standin;
+mod csi_claims;
 mod csi_controller;
 mod csi_plugin;
 mod csi_volume;
