@@ -22,31 +22,46 @@ use crate::SETTLE;
 use crate::cli::nomad;
 
 /// `csi-hostpath`, built beside the `nomad-rs` binary by `cargo build --workspace --bins`.
-fn hostpath_binary() -> PathBuf {
+pub(crate) fn hostpath_binary() -> PathBuf {
     let bin = nomad_e2e::binary().parent().expect("the binary's dir").join("csi-hostpath");
     assert!(bin.exists(), "{} is missing: build it first with `cargo build --workspace --bins`", bin.display());
     bin
 }
 
 fn plugin_job(plugin: &Path, statedir: &Path) -> String {
+    plugin_job_with("csi-plugin", "node", plugin, statedir, &["--no-controller"])
+}
+
+/// A system job `name` running `csi-hostpath` as a raw_exec `plugin_type` plugin `hostpath` on
+/// every client (node ID: the client's name) with `extra` flags; a killed plugin restarts
+/// after 1 s.
+pub(crate) fn plugin_job_with(name: &str, plugin_type: &str, plugin: &Path, statedir: &Path, extra: &[&str]) -> String {
+    let extra: String = extra.iter().map(|a| format!(", {a:?}")).collect();
     format!(
         r#"
-job "csi-plugin" {{
+job "{name}" {{
   datacenters = ["dc1"]
   type        = "system"
 
   group "plugin" {{
+    restart {{
+      attempts = 5
+      interval = "5m"
+      delay    = "1s"
+      mode     = "fail"
+    }}
+
     task "plugin" {{
       driver = "raw_exec"
 
       config {{
         command = {plugin:?}
-        args    = ["--nodeid", "${{node.unique.name}}", "--statedir", {statedir:?}, "--no-controller"]
+        args    = ["--nodeid", "${{node.unique.name}}", "--statedir", {statedir:?}{extra}]
       }}
 
       csi_plugin {{
         id   = "hostpath"
-        type = "node"
+        type = "{plugin_type}"
       }}
 
       resources {{
@@ -63,6 +78,12 @@ job "csi-plugin" {{
 
 /// A job on `node` with volume `vol1` at `/data`, running `script` under exec.
 fn consumer_job(id: &str, node: &str, job_type: &str, script: &str) -> String {
+    consumer_job_in("default", id, node, job_type, "vol1", script)
+}
+
+/// A job in `namespace` on `node` with CSI volume `source` at `/data`, running `script` under
+/// exec.
+pub(crate) fn consumer_job_in(namespace: &str, id: &str, node: &str, job_type: &str, source: &str, script: &str) -> String {
     let restart = if job_type == "batch" {
         "restart {\n      attempts = 0\n      mode     = \"fail\"\n    }\n    reschedule {\n      attempts  = 0\n      unlimited = false\n    }"
     } else {
@@ -71,6 +92,7 @@ fn consumer_job(id: &str, node: &str, job_type: &str, script: &str) -> String {
     format!(
         r#"
 job "{id}" {{
+  namespace   = "{namespace}"
   datacenters = ["dc1"]
   type        = "{job_type}"
 
@@ -84,7 +106,7 @@ job "{id}" {{
 
     volume "data" {{
       type            = "csi"
-      source          = "vol1"
+      source          = "{source}"
       access_mode     = "single-node-writer"
       attachment_mode = "file-system"
     }}
@@ -113,44 +135,56 @@ job "{id}" {{
     )
 }
 
-fn run_job(agent: &Agent, dir: &Path, name: &str, spec: &str) {
+pub(crate) fn run_job(agent: &Agent, dir: &Path, name: &str, spec: &str) {
     let file = dir.join(format!("{name}.nomad.hcl"));
     std::fs::write(&file, spec).unwrap();
     nomad(agent, &["job", "run", "-detach", file.to_str().unwrap()]).expect(0, &format!("job run {name}"));
 }
 
-fn allocs(http: &HttpClient, job: &str) -> Vec<Value> {
+pub(crate) fn allocs(http: &HttpClient, job: &str) -> Vec<Value> {
     http.get_json(&format!("/v1/job/{job}/allocations")).ok().and_then(|v| v.as_array().cloned()).unwrap_or_default()
 }
 
-fn logs(cluster: &Cluster) -> String {
+pub(crate) fn logs(cluster: &Cluster) -> String {
     cluster.servers.iter().chain(cluster.clients.iter()).map(Agent::logs).collect::<Vec<_>>().join("\n")
 }
 
 /// The one alloc of `job` once its client status is `status`.
 fn alloc_with_status(cluster: &Cluster, job: &str, status: &str) -> Value {
+    alloc_with_status_at(cluster, &format!("/v1/job/{job}/allocations"), status)
+}
+
+/// The one alloc listed at `path` (a job's allocations, with its namespace) once its client
+/// status is `status`.
+pub(crate) fn alloc_with_status_at(cluster: &Cluster, path: &str, status: &str) -> Value {
     let http = cluster.servers[0].http();
-    wait_for(&format!("the alloc of {job} to be {status}"), SETTLE, || {
-        let list = allocs(&http, job);
+    let list = || http.get_json(path).ok().and_then(|v| v.as_array().cloned()).unwrap_or_default();
+    wait_for(&format!("the alloc at {path} to be {status}"), SETTLE, || {
+        let list = list();
         (list.len() == 1 && list[0]["ClientStatus"] == status).then(|| list[0].clone())
     })
-    .unwrap_or_else(|e| panic!("{e}: {:?}\n{}", allocs(&http, job), logs(cluster)))
+    .unwrap_or_else(|e| panic!("{e}: {:?}\n{}", list(), logs(cluster)))
 }
 
 /// The volume as `/v1/volume/csi/vol1` shows it, once `f` holds.
 fn volume_when(cluster: &Cluster, what: &str, f: impl Fn(&Value) -> bool) -> Value {
-    let http = cluster.servers[0].http();
-    wait_for(what, SETTLE, || http.get_json("/v1/volume/csi/vol1").ok().filter(|v| f(v)))
-        .unwrap_or_else(|e| panic!("{e}: {:?}\n{}", http.get_json("/v1/volume/csi/vol1"), logs(cluster)))
+    volume_at_when(cluster, "/v1/volume/csi/vol1", what, f)
 }
 
-fn no_claims(v: &Value) -> bool {
+/// The volume as `path` (`/v1/volume/csi/<id>`, with its namespace) shows it, once `f` holds.
+pub(crate) fn volume_at_when(cluster: &Cluster, path: &str, what: &str, f: impl Fn(&Value) -> bool) -> Value {
+    let http = cluster.servers[0].http();
+    wait_for(what, SETTLE, || http.get_json(path).ok().filter(|v| f(v)))
+        .unwrap_or_else(|e| panic!("{e}: {:?}\n{}", http.get_json(path), logs(cluster)))
+}
+
+pub(crate) fn no_claims(v: &Value) -> bool {
     let empty = |k: &str| v[k].is_null() || v[k].as_object().is_some_and(|m| m.is_empty());
     empty("WriteAllocs") && empty("ReadAllocs") && v["Allocations"].as_array().is_some_and(|a| a.is_empty())
 }
 
 /// `NodePublishVolume` calls the plugin on `client` answered (its task log).
-fn publishes(client: &Agent) -> usize {
+pub(crate) fn publishes(client: &Agent) -> usize {
     let mut count = 0;
     let root = client.data_dir().join("alloc");
     for entry in std::fs::read_dir(&root).into_iter().flatten().flatten() {
@@ -163,7 +197,7 @@ fn publishes(client: &Agent) -> usize {
 }
 
 /// The PID of the process named `comm` with `NOMAD_ALLOC_ID=<alloc_id>` in its environment.
-fn task_pid(alloc_id: &str, comm: &str) -> Option<i32> {
+pub(crate) fn task_pid(alloc_id: &str, comm: &str) -> Option<i32> {
     let needle = format!("NOMAD_ALLOC_ID={alloc_id}");
     std::fs::read_dir("/proc").ok()?.filter_map(Result::ok).find_map(|entry| {
         let pid: i32 = entry.file_name().to_str()?.parse().ok()?;

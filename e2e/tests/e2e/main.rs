@@ -7,6 +7,7 @@ mod client_restore;
 mod connect_xds;
 mod consul_checks;
 mod consul_standin;
+mod csi_claims;
 mod csi_controller;
 mod csi_plugin;
 mod csi_volume;

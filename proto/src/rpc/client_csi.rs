@@ -164,3 +164,26 @@ pub struct ClientCsiNodeDetachRequest {
     /// A read claim.
     pub read_only: bool,
 }
+
+/// `ClientCSI.ControllerValidateVolume` (CSI `ValidateVolumeCapabilities`): asked when a volume
+/// of a plugin with a controller is registered.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct ClientCsiControllerValidateVolumeRequest {
+    /// Target controller.
+    #[serde(flatten)]
+    pub controller: CsiControllerQuery,
+    /// The provider's ID of the volume.
+    #[serde(rename = "VolumeID")]
+    pub volume_id: String,
+    /// Capabilities the volume is registered with.
+    pub volume_capabilities: Vec<CsiVolumeCapability>,
+    /// Mount options (Nomad's register sends none).
+    pub mount_options: Option<CsiMountOptions>,
+    /// The volume's secrets.
+    pub secrets: BTreeMap<String, String>,
+    /// The volume's parameters.
+    pub parameters: BTreeMap<String, String>,
+    /// The volume's context.
+    pub context: BTreeMap<String, String>,
+}

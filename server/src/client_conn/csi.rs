@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use nomad_proto::rpc::client_csi::{
     ClientCsiControllerAttachRequest, ClientCsiControllerAttachResponse, ClientCsiControllerCreateRequest,
-    ClientCsiControllerCreateResponse, ClientCsiControllerDeleteRequest, ClientCsiControllerDetachRequest, ClientCsiNodeDetachRequest,
+    ClientCsiControllerCreateResponse, ClientCsiControllerDeleteRequest, ClientCsiControllerDetachRequest,
+    ClientCsiControllerValidateVolumeRequest, ClientCsiNodeDetachRequest,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -32,6 +33,8 @@ pub mod methods {
     pub const CONTROLLER_CREATE: &str = "CSI.ControllerCreateVolume";
     /// `ClientCSI.ControllerDeleteVolume` on the client.
     pub const CONTROLLER_DELETE: &str = "CSI.ControllerDeleteVolume";
+    /// `ClientCSI.ControllerValidateVolume` on the client.
+    pub const CONTROLLER_VALIDATE: &str = "CSI.ControllerValidateVolume";
     /// `ClientCSI.NodeDetachVolume` on the client.
     pub const NODE_DETACH: &str = "CSI.NodeDetachVolume";
 }
@@ -88,6 +91,12 @@ impl ClientCsi for RpcClientCsi {
     fn controller_delete(&self, req: ClientCsiControllerDeleteRequest) -> BoxFuture<'_, Result<(), ClientCallError>> {
         Box::pin(async move {
             self.call::<_, serde_json::Value>(&req.controller.controller_node_id, methods::CONTROLLER_DELETE, &req).await.map(drop)
+        })
+    }
+
+    fn controller_validate(&self, req: ClientCsiControllerValidateVolumeRequest) -> BoxFuture<'_, Result<(), ClientCallError>> {
+        Box::pin(async move {
+            self.call::<_, serde_json::Value>(&req.controller.controller_node_id, methods::CONTROLLER_VALIDATE, &req).await.map(drop)
         })
     }
 

@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use nomad_proto::rpc::client_csi::{
     ClientCsiControllerAttachRequest, ClientCsiControllerAttachResponse, ClientCsiControllerCreateRequest,
-    ClientCsiControllerCreateResponse, ClientCsiControllerDeleteRequest, ClientCsiControllerDetachRequest, ClientCsiNodeDetachRequest,
+    ClientCsiControllerCreateResponse, ClientCsiControllerDeleteRequest, ClientCsiControllerDetachRequest,
+    ClientCsiControllerValidateVolumeRequest, ClientCsiNodeDetachRequest,
 };
 
 use crate::consensus::BoxFuture;
@@ -56,6 +57,9 @@ pub trait ClientCsi: Send + Sync + 'static {
     ) -> BoxFuture<'_, Result<ClientCsiControllerCreateResponse, ClientCallError>>;
     /// `ClientCSI.ControllerDeleteVolume` on `req.controller.controller_node_id`.
     fn controller_delete(&self, req: ClientCsiControllerDeleteRequest) -> BoxFuture<'_, Result<(), ClientCallError>>;
+    /// `ClientCSI.ControllerValidateVolume` on `req.controller.controller_node_id`: `Ok` when
+    /// the plugin accepts the volume's capabilities.
+    fn controller_validate(&self, req: ClientCsiControllerValidateVolumeRequest) -> BoxFuture<'_, Result<(), ClientCallError>>;
     /// `ClientCSI.NodeDetachVolume` on `req.node_id`.
     fn node_detach(&self, req: ClientCsiNodeDetachRequest) -> BoxFuture<'_, Result<(), ClientCallError>>;
 }
@@ -92,6 +96,9 @@ impl ClientCsi for NoClientCalls {
         Self::no_path(&req.controller.controller_node_id)
     }
     fn controller_delete(&self, req: ClientCsiControllerDeleteRequest) -> BoxFuture<'_, Result<(), ClientCallError>> {
+        Self::no_path(&req.controller.controller_node_id)
+    }
+    fn controller_validate(&self, req: ClientCsiControllerValidateVolumeRequest) -> BoxFuture<'_, Result<(), ClientCallError>> {
         Self::no_path(&req.controller.controller_node_id)
     }
     fn node_detach(&self, req: ClientCsiNodeDetachRequest) -> BoxFuture<'_, Result<(), ClientCallError>> {

@@ -1,14 +1,18 @@
 //! `CSIVolume.Register`, `Deregister`, `Create` and `Delete` (`nomad/csi_endpoint.go`).
 //!
 //! Create and Delete ask a controller of the volume's plugin (`csi_controller`) through
-//! `Endpoints::client_csi`, then register or deregister. Claims are in `csi_claim.rs`, their
+//! `Endpoints::client_csi`, then register or deregister; Register asks one to validate a
+//! volume whose plugin has a controller. Claims are in `csi_claim.rs`, their
 //! release in `csi_release.rs`.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use nomad_proto::csi::{CsiVolume, CsiVolumeAccessMode, CsiVolumeAttachmentMode};
+use nomad_proto::csi::{CsiPlugin, CsiVolume, CsiVolumeAccessMode, CsiVolumeAttachmentMode};
 use nomad_proto::limits::MAX_CSI_VOLUMES_PER_REQUEST;
-use nomad_proto::rpc::client_csi::{ClientCsiControllerCreateRequest, ClientCsiControllerDeleteRequest, CsiControllerQuery};
+use nomad_proto::rpc::client_csi::{
+    ClientCsiControllerCreateRequest, ClientCsiControllerDeleteRequest, ClientCsiControllerValidateVolumeRequest, CsiControllerQuery,
+};
 
 use super::{EndpointError, Endpoints};
 use crate::fsm::Command;
@@ -100,9 +104,11 @@ pub fn merge_volume(existing: &CsiVolume, other: &CsiVolume) -> Result<CsiVolume
 }
 
 impl Endpoints {
-    /// Registers volumes that exist already on the storage provider (`CSIVolume.Register`).
-    /// A volume without a namespace goes into `namespace`, the request's.
-    pub async fn csi_volume_register(&self, namespace: &str, volumes: Vec<CsiVolume>) -> Result<u64, EndpointError> {
+    /// The checks `CSIVolume.Register` and `Create` share: the request's size and limits, then
+    /// each volume put in `namespace` when it names none, validated, merged onto the stored
+    /// volume of its ID (whether there was one is returned too) and given its plugin's
+    /// provider. The plugin comes back with each volume.
+    fn checked_volumes(&self, namespace: &str, volumes: Vec<CsiVolume>) -> Result<Vec<(CsiVolume, Arc<CsiPlugin>, bool)>, EndpointError> {
         if volumes.is_empty() {
             return Err(EndpointError::Invalid("missing volume definition".into()));
         }
@@ -122,31 +128,66 @@ impl Endpoints {
                 vol.namespace = namespace.to_string();
             }
             validate_volume(&vol).map_err(EndpointError::Invalid)?;
-            match snap.csi_volume(&vol.namespace, &vol.id) {
-                Some(existing) => vol = merge_volume(existing, &vol).map_err(EndpointError::Invalid)?,
-                None => {
-                    if vol.topologies.is_empty()
-                        && let Some(r) = &vol.requested_topologies
-                    {
-                        vol.topologies = r.required.clone();
-                    }
+            let existed = match snap.csi_volume(&vol.namespace, &vol.id) {
+                Some(existing) => {
+                    vol = merge_volume(existing, &vol).map_err(EndpointError::Invalid)?;
+                    true
                 }
-            }
+                None => false,
+            };
             let plugin = snap
                 .csi_plugin(&vol.plugin_id)
-                .ok_or_else(|| EndpointError::Invalid(format!("no CSI plugin named: {} could be found", vol.plugin_id)))?;
+                .ok_or_else(|| EndpointError::Invalid(format!("no CSI plugin named: {} could be found", vol.plugin_id)))?
+                .clone();
             vol.provider = plugin.provider.clone();
             vol.provider_version = plugin.version.clone();
+            out.push((vol, plugin, existed));
+        }
+        Ok(out)
+    }
+
+    /// Registers volumes that exist already on the storage provider (`CSIVolume.Register`).
+    /// A volume without a namespace goes into `namespace`, the request's. A volume whose plugin
+    /// has a controller is registered only if a controller accepts its capabilities
+    /// (`ValidateVolumeCapabilities`); the first refusal fails the request, as in Nomad.
+    pub async fn csi_volume_register(&self, namespace: &str, volumes: Vec<CsiVolume>) -> Result<u64, EndpointError> {
+        let mut out = Vec::new();
+        for (mut vol, plugin, existed) in self.checked_volumes(namespace, volumes)? {
+            // A new volume is where its requested topology says it is (a created one was
+            // told by its controller).
+            if !existed
+                && vol.topologies.is_empty()
+                && let Some(r) = &vol.requested_topologies
+            {
+                vol.topologies = r.required.clone();
+            }
             if plugin.controller_required {
-                // Nomad asks a controller to validate the volume (ClientCSI.ControllerValidateVolume).
-                return Err(EndpointError::Unsupported(format!(
-                    "volume {:?}: plugin {:?} requires a controller, and validating a volume through its controller is not supported by nomad-rs yet",
-                    vol.id, vol.plugin_id
-                )));
+                self.controller_validate(&vol).await?;
             }
             out.push(vol);
         }
         Ok(self.consensus.apply(Command::CsiVolumeRegister { volumes: out }).await?)
+    }
+
+    /// Nomad's `controllerValidateVolume`: a controller of the volume's plugin checks the
+    /// volume's capabilities (Nomad sends no mount options here).
+    async fn controller_validate(&self, vol: &CsiVolume) -> Result<(), EndpointError> {
+        let req = ClientCsiControllerValidateVolumeRequest {
+            controller: CsiControllerQuery { controller_node_id: String::new(), plugin_id: vol.plugin_id.clone() },
+            volume_id: vol.remote_id().to_string(),
+            volume_capabilities: vol.requested_capabilities.clone(),
+            mount_options: None,
+            secrets: vol.secrets.clone(),
+            parameters: vol.parameters.clone(),
+            context: vol.context.clone(),
+        };
+        self.call_controller(&vol.plugin_id, |node_id| {
+            let mut r = req.clone();
+            r.controller.controller_node_id = node_id;
+            self.client_csi.controller_validate(r)
+        })
+        .await
+        .map_err(|e| EndpointError::Internal(format!("controller validate volume: {e}")))
     }
 
     /// Creates volumes with the plugin's controller, then registers those it created
@@ -154,33 +195,8 @@ impl Endpoints {
     /// on the volume. Every volume is checked before any is created; one that fails to create is
     /// reported (with the others' errors) and not registered.
     pub async fn csi_volume_create(&self, namespace: &str, volumes: Vec<CsiVolume>) -> Result<(Vec<CsiVolume>, u64), EndpointError> {
-        if volumes.is_empty() {
-            return Err(EndpointError::Invalid("missing volume definition".into()));
-        }
-        if volumes.len() > MAX_CSI_VOLUMES_PER_REQUEST {
-            return Err(EndpointError::BadRequest(format!(
-                "request has {} volumes, more than the limit of {MAX_CSI_VOLUMES_PER_REQUEST}",
-                volumes.len()
-            )));
-        }
-        for v in &volumes {
-            v.check_limits().map_err(|e| EndpointError::BadRequest(e.to_string()))?;
-        }
-        let snap = self.store.snapshot();
-        let mut valid = Vec::with_capacity(volumes.len());
-        for mut vol in volumes {
-            if vol.namespace.is_empty() {
-                vol.namespace = namespace.to_string();
-            }
-            validate_volume(&vol).map_err(EndpointError::Invalid)?;
-            if let Some(existing) = snap.csi_volume(&vol.namespace, &vol.id) {
-                vol = merge_volume(existing, &vol).map_err(EndpointError::Invalid)?;
-            }
-            let plugin = snap
-                .csi_plugin(&vol.plugin_id)
-                .ok_or_else(|| EndpointError::Invalid(format!("no CSI plugin named: {} could be found", vol.plugin_id)))?;
-            vol.provider = plugin.provider.clone();
-            vol.provider_version = plugin.version.clone();
+        let mut valid = Vec::new();
+        for (vol, plugin, _) in self.checked_volumes(namespace, volumes)? {
             if !plugin.controller_required {
                 return Err(EndpointError::Invalid("plugin has no controller".into()));
             }
@@ -189,7 +205,6 @@ impl Endpoints {
             }
             valid.push(vol);
         }
-        drop(snap);
         let mut created = Vec::with_capacity(valid.len());
         let mut errors = Vec::new();
         for mut vol in valid {

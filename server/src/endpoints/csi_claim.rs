@@ -170,70 +170,25 @@ impl Endpoints {
 
 #[cfg(test)]
 mod tests {
-    use nomad_proto::csi::{
-        CsiControllerInfo, CsiInfo, CsiNodeInfo, CsiVolume, CsiVolumeAccessMode, CsiVolumeAttachmentMode, CsiVolumeCapability,
-        CsiVolumeClaim,
-    };
-    use nomad_proto::{Allocation, ClientStatus, Node};
+    use nomad_proto::csi::{CsiVolume, CsiVolumeAccessMode, CsiVolumeAttachmentMode, CsiVolumeClaim};
+    use nomad_proto::{ClientStatus, Node};
 
     use std::sync::Arc;
 
     use super::*;
     use crate::consensus::Consensus;
     use crate::csi::ClientCallError;
-    use crate::endpoints::csi_controller::fake::{FakeClientCsi, Seen};
     use crate::fsm::Command;
-    use crate::testing::{TestServer, job, node};
+    use crate::testing::csi::{self, place_alloc, ready, stored};
+    use crate::testing::{CsiRequest, RecordingClientCsi, TestServer};
 
     /// A node running the `hostpath` plugin; `controller`: also a controller that attaches.
     async fn plugin_node(ts: &TestServer, id: &str, controller: bool) -> Node {
-        let mut n = node(id);
-        let info = CsiInfo { plugin_id: "hostpath".into(), healthy: true, alloc_id: format!("plugin-{id}"), ..CsiInfo::default() };
-        n.csi_node_plugins.insert(
-            "hostpath".into(),
-            CsiInfo { node_info: Some(CsiNodeInfo { id: format!("ext-{id}"), ..CsiNodeInfo::default() }), ..info.clone() },
-        );
-        if controller {
-            let caps = CsiControllerInfo { supports_attach_detach: true, ..CsiControllerInfo::default() };
-            n.csi_controller_plugins
-                .insert("hostpath".into(), CsiInfo { requires_controller_plugin: true, controller_info: Some(caps), ..info });
-        }
-        ts.register_node(n).await
+        csi::plugin_node(ts, id, true, controller).await
     }
 
     async fn register_volume(ts: &TestServer, id: &str) {
-        register_volume_with(ts, id, CsiVolumeAccessMode::SingleNodeWriter).await
-    }
-
-    async fn register_volume_with(ts: &TestServer, id: &str, access_mode: CsiVolumeAccessMode) {
-        let vol = CsiVolume {
-            id: id.into(),
-            namespace: "default".into(),
-            plugin_id: "hostpath".into(),
-            requested_capabilities: vec![CsiVolumeCapability { access_mode, attachment_mode: CsiVolumeAttachmentMode::FileSystem }],
-            ..CsiVolume::default()
-        };
-        ts.consensus.apply(Command::CsiVolumeRegister { volumes: vec![vol] }).await.unwrap();
-    }
-
-    async fn place_alloc(ts: &TestServer, node_id: &str, status: ClientStatus) -> Allocation {
-        let mut j = job("web", 1);
-        j.canonicalize();
-        let idx = ts.store.snapshot().index + 1;
-        ts.store.write(idx, |tx| tx.upsert_job(j.clone()).map(|_| ())).unwrap();
-        let a = Allocation {
-            id: nomad_proto::new_id(),
-            namespace: "default".into(),
-            job_id: "web".into(),
-            job: ts.store.snapshot().job("default", "web").cloned(),
-            task_group: "web".into(),
-            name: "web.web[0]".into(),
-            node_id: node_id.into(),
-            client_status: status,
-            ..Allocation::default()
-        };
-        ts.store.write(idx + 1, |tx| Ok(tx.upsert_allocs_from_plan(vec![a.clone()]))).unwrap();
-        a
+        csi::register(ts, csi::volume(id, CsiVolumeAccessMode::SingleNodeWriter)).await
     }
 
     fn claim_req(n: &Node, alloc: &str, vol: &str) -> CsiVolumeClaimRequest {
@@ -268,17 +223,13 @@ mod tests {
         }
     }
 
-    fn stored(ts: &TestServer, vol: &str) -> CsiVolume {
-        (**ts.store.snapshot().csi_volume("default", vol).unwrap()).clone()
-    }
-
     #[tokio::test]
     async fn claim_is_the_nodes_own_for_its_own_live_allocs() {
         let ts = TestServer::new();
         let n1 = plugin_node(&ts, "n1", false).await;
         let n2 = plugin_node(&ts, "n2", false).await;
         register_volume(&ts, "vol").await;
-        let a = place_alloc(&ts, "n1", ClientStatus::Running).await;
+        let a = place_alloc(&ts, "n1", ClientStatus::Running);
 
         let mut wrong = claim_req(&n1, &a.id, "vol");
         wrong.secret_id = "not-the-secret".into();
@@ -290,7 +241,7 @@ mod tests {
         assert_eq!(e, EndpointError::NotFound("Unknown allocation: ghost".into()));
         let e = ts.endpoints.csi_volume_claim(claim_req(&n1, &a.id, "nope")).await.unwrap_err();
         assert_eq!(e, EndpointError::NotFound("volume not found: nope".into()));
-        let done = place_alloc(&ts, "n1", ClientStatus::Complete).await;
+        let done = place_alloc(&ts, "n1", ClientStatus::Complete);
         assert!(matches!(ts.endpoints.csi_volume_claim(claim_req(&n1, &done.id, "vol")).await, Err(EndpointError::Invalid(_))));
         assert!(!stored(&ts, "vol").in_use(), "nothing refused was written");
 
@@ -299,31 +250,19 @@ mod tests {
         assert!(vol.write_allocs.contains(&a.id));
         assert!(stored(&ts, "vol").write_claims[&a.id].node_id == "n1");
         // A second writer on single-node-writer: the text the client retries on.
-        let b = place_alloc(&ts, "n1", ClientStatus::Pending).await;
+        let b = place_alloc(&ts, "n1", ClientStatus::Pending);
         let e = ts.endpoints.csi_volume_claim(claim_req(&n1, &b.id, "vol")).await.unwrap_err();
         assert_eq!(e, EndpointError::Invalid("volume max claims reached".into()));
     }
 
-    /// Makes a registered node ready, as its first heartbeat does.
-    async fn ready(ts: &TestServer, n: &Node) {
-        let hb = nomad_proto::rpc::NodeUpdateStatusRequest {
-            node_id: n.id.clone(),
-            secret_id: n.secret_id.clone(),
-            status: nomad_proto::NodeStatus::Ready,
-            ..Default::default()
-        };
-        ts.endpoints.node_update_status(hb).await.unwrap();
-        assert_eq!(ts.store.snapshot().node(&n.id).unwrap().status, nomad_proto::NodeStatus::Ready);
-    }
-
     /// Endpoints of `ts` reaching clients through a recording fake.
-    fn with_fake(ts: &TestServer) -> (Endpoints, Arc<FakeClientCsi>) {
-        let fake = Arc::new(FakeClientCsi::default());
+    fn with_fake(ts: &TestServer) -> (Endpoints, Arc<RecordingClientCsi>) {
+        let fake = RecordingClientCsi::new();
         (ts.endpoints.clone().with_client_csi(fake.clone()), fake)
     }
 
-    fn attaches(fake: &FakeClientCsi) -> Vec<ClientCsiControllerAttachRequest> {
-        fake.seen().into_iter().filter_map(|s| if let Seen::Attach(a) = s { Some(a) } else { None }).collect()
+    fn attaches(fake: &RecordingClientCsi) -> Vec<ClientCsiControllerAttachRequest> {
+        fake.requests().into_iter().filter_map(|s| if let CsiRequest::ControllerAttach(a) = s { Some(a) } else { None }).collect()
     }
 
     #[tokio::test]
@@ -332,9 +271,9 @@ mod tests {
         let n1 = plugin_node(&ts, "n1", true).await;
         ready(&ts, &n1).await;
         register_volume(&ts, "vol").await;
-        let a = place_alloc(&ts, "n1", ClientStatus::Pending).await;
+        let a = place_alloc(&ts, "n1", ClientStatus::Pending);
         let (endpoints, fake) = with_fake(&ts);
-        *fake.publish_context.lock().unwrap() = BTreeMap::from([("device".to_string(), "/dev/xvdb".to_string())]);
+        fake.set_publish_context(BTreeMap::from([("device".to_string(), "/dev/xvdb".to_string())]));
 
         let r = endpoints.csi_volume_claim(claim_req(&n1, &a.id, "vol")).await.unwrap();
         assert_eq!(r.publish_context["device"], "/dev/xvdb");
@@ -373,7 +312,7 @@ mod tests {
             ready(&ts, &c2).await;
             let n = plugin_node(&ts, "n", false).await;
             register_volume(&ts, "vol").await;
-            let a = place_alloc(&ts, "n", ClientStatus::Pending).await;
+            let a = place_alloc(&ts, "n", ClientStatus::Pending);
             let (endpoints, fake) = with_fake(&ts);
             fake.fail_next(cannot.clone());
             endpoints.csi_volume_claim(claim_req(&n, &a.id, "vol")).await.unwrap();
@@ -392,7 +331,7 @@ mod tests {
         ready(&ts, &c1).await;
         ready(&ts, &c2).await;
         register_volume(&ts, "vol").await;
-        let a = place_alloc(&ts, "c1", ClientStatus::Pending).await;
+        let a = place_alloc(&ts, "c1", ClientStatus::Pending);
         let (endpoints, fake) = with_fake(&ts);
         fake.fail_next(ClientCallError::Failed(
             "CSI.ControllerAttachVolume: volume \"vol\" is already published on another node: rpc error: code = FailedPrecondition desc = busy".into(),
@@ -417,12 +356,12 @@ mod tests {
         // Registered (initializing, not ready) with a healthy controller.
         let n1 = plugin_node(&ts, "n1", true).await;
         register_volume(&ts, "vol").await;
-        let a = place_alloc(&ts, "n1", ClientStatus::Pending).await;
+        let a = place_alloc(&ts, "n1", ClientStatus::Pending);
         let (endpoints, fake) = with_fake(&ts);
         let e = endpoints.csi_volume_claim(claim_req(&n1, &a.id, "vol")).await.unwrap_err().to_string();
         assert!(e.contains("failed to find clients running controller plugin \"hostpath\""), "{e}");
         assert!(e.contains("node \"n1\" for plugin instance \"plugin-n1\" is not ready"), "{e}");
-        assert!(fake.seen().is_empty());
+        assert!(fake.requests().is_empty());
     }
 
     #[tokio::test]
@@ -464,7 +403,7 @@ mod tests {
             let n1 = plugin_node(&ts, "n1", false).await;
             let n2 = plugin_node(&ts, "n2", false).await;
             register_volume(&ts, "vol").await;
-            let a = place_alloc(&ts, "n1", ClientStatus::Running).await;
+            let a = place_alloc(&ts, "n1", ClientStatus::Running);
             ts.endpoints.csi_volume_claim(claim_req(&n1, &a.id, "vol")).await.unwrap();
             // An earlier, interrupted release left this checkpoint.
             if !matches!(state, CsiVolumeClaimState::Taken | CsiVolumeClaimState::ReadyToFree) {
@@ -498,8 +437,8 @@ mod tests {
         let idx = ts.store.snapshot().index + 1;
         ts.store.write(idx, |tx| tx.update_node_status("n1", nomad_proto::NodeStatus::Ready, None, 0).map(|_| ())).unwrap();
         let multi = CsiVolumeAccessMode::MultiNodeMultiWriter;
-        register_volume_with(&ts, "vol", multi).await;
-        let a = place_alloc(&ts, "n1", ClientStatus::Complete).await;
+        csi::register(&ts, csi::volume("vol", multi)).await;
+        let a = place_alloc(&ts, "n1", ClientStatus::Complete);
         // Taken by a path that did the controller publish.
         let mut claim = claim_req(&n1, &a.id, "vol").to_claim();
         claim.access_mode = multi;
@@ -517,7 +456,7 @@ mod tests {
         assert!(calls.calls().iter().all(|c| matches!(c, crate::testing::CsiCall::ControllerDetach { .. })), "{:?}", calls.calls());
         let tried = calls.calls().len();
         // With the volume held by a second live alloc on the node, no controller call is needed.
-        let b = place_alloc(&ts, "n1", ClientStatus::Running).await;
+        let b = place_alloc(&ts, "n1", ClientStatus::Running);
         let mut claim = claim_req(&n1, &b.id, "vol").to_claim();
         claim.mode = CsiVolumeClaimMode::Read;
         claim.access_mode = multi;

@@ -3,16 +3,15 @@
 use std::sync::Arc;
 
 use nomad_proto::csi::{
-    CsiControllerInfo, CsiInfo, CsiNodeInfo, CsiVolume, CsiVolumeAccessMode, CsiVolumeAttachmentMode, CsiVolumeCapability, CsiVolumeClaim,
-    CsiVolumeClaimMode, CsiVolumeClaimState,
+    CsiControllerInfo, CsiInfo, CsiVolume, CsiVolumeAccessMode, CsiVolumeClaim, CsiVolumeClaimMode, CsiVolumeClaimState,
 };
-use nomad_proto::{Allocation, ClientStatus, Node, NodeStatus};
+use nomad_proto::{Allocation, ClientStatus, NodeStatus};
 
 use super::*;
-use crate::consensus::Consensus;
 use crate::csi::ClientCallError;
 use crate::endpoints::CSI_CLIENT_RETRYABLE;
-use crate::testing::{CsiCall, RecordingClientCsi, TestServer, job, node};
+use crate::testing::csi::{claim_of, finish_lost, place_alloc, plugin_node, register, set_status, stored, volume};
+use crate::testing::{CsiCall, RecordingClientCsi, TestServer, node};
 
 const MODE: CsiVolumeAccessMode = CsiVolumeAccessMode::MultiNodeMultiWriter;
 
@@ -23,100 +22,25 @@ async fn server(controllers: &[&str]) -> (TestServer, Arc<RecordingClientCsi>) {
     let ts = TestServer::new().with_client_csi(calls.clone());
     for id in ["n1", "n2"] {
         plugin_node(&ts, id, true, false).await;
+        set_status(&ts, id, NodeStatus::Ready);
     }
     for id in controllers {
         plugin_node(&ts, id, false, true).await;
+        set_status(&ts, id, NodeStatus::Ready);
     }
     register_volume(&ts, !controllers.is_empty()).await;
     (ts, calls)
 }
 
-async fn plugin_node(ts: &TestServer, id: &str, node_plugin: bool, controller: bool) -> Node {
-    let mut n = node(id);
-    let info = CsiInfo { plugin_id: "hostpath".into(), healthy: true, alloc_id: format!("plugin-{id}"), ..CsiInfo::default() };
-    if node_plugin {
-        n.csi_node_plugins.insert(
-            "hostpath".into(),
-            CsiInfo { node_info: Some(CsiNodeInfo { id: format!("ext-{id}"), ..CsiNodeInfo::default() }), ..info.clone() },
-        );
-    }
-    if controller {
-        let caps = CsiControllerInfo { supports_attach_detach: true, ..CsiControllerInfo::default() };
-        n.csi_controller_plugins
-            .insert("hostpath".into(), CsiInfo { requires_controller_plugin: true, controller_info: Some(caps), ..info });
-    }
-    let n = ts.register_node(n).await;
-    set_status(ts, id, NodeStatus::Ready).await;
-    n
-}
-
-async fn set_status(ts: &TestServer, id: &str, status: NodeStatus) {
-    let idx = ts.store.snapshot().index + 1;
-    ts.store.write(idx, |tx| tx.update_node_status(id, status, None, 0).map(|_| ())).unwrap();
-}
-
 async fn register_volume(ts: &TestServer, controller_required: bool) {
-    let vol = CsiVolume {
-        id: "vol".into(),
-        external_id: "ext-vol".into(),
-        namespace: "default".into(),
-        plugin_id: "hostpath".into(),
-        controller_required,
-        requested_capabilities: vec![CsiVolumeCapability { access_mode: MODE, attachment_mode: CsiVolumeAttachmentMode::FileSystem }],
-        ..CsiVolume::default()
-    };
-    ts.consensus.apply(Command::CsiVolumeRegister { volumes: vec![vol] }).await.unwrap();
-}
-
-async fn place_alloc(ts: &TestServer, node_id: &str, status: ClientStatus) -> Allocation {
-    let mut j = job("web", 1);
-    j.canonicalize();
-    let idx = ts.store.snapshot().index + 1;
-    ts.store.write(idx, |tx| tx.upsert_job(j.clone()).map(|_| ())).unwrap();
-    let a = Allocation {
-        id: nomad_proto::new_id(),
-        namespace: "default".into(),
-        job_id: "web".into(),
-        job: ts.store.snapshot().job("default", "web").cloned(),
-        task_group: "web".into(),
-        name: "web.web[0]".into(),
-        node_id: node_id.into(),
-        client_status: status,
-        ..Allocation::default()
-    };
-    ts.store.write(idx + 1, |tx| Ok(tx.upsert_allocs_from_plan(vec![a.clone()]))).unwrap();
-    a
-}
-
-fn claim_of(alloc: &Allocation, state: CsiVolumeClaimState) -> CsiVolumeClaim {
-    CsiVolumeClaim {
-        allocation_id: alloc.id.clone(),
-        node_id: alloc.node_id.clone(),
-        mode: CsiVolumeClaimMode::Write,
-        access_mode: MODE,
-        attachment_mode: CsiVolumeAttachmentMode::FileSystem,
-        state,
-        ..CsiVolumeClaim::default()
-    }
+    register(ts, CsiVolume { external_id: "ext-vol".into(), controller_required, ..volume("vol", MODE) }).await;
 }
 
 /// A claim taken by `alloc` (as the claim RPC writes it), then finished.
 async fn claimed(ts: &TestServer, node_id: &str) -> Allocation {
-    let a = place_alloc(ts, node_id, ClientStatus::Running).await;
-    ts.endpoints.write_claim("default", "vol", claim_of(&a, CsiVolumeClaimState::Taken)).await.unwrap();
+    let a = place_alloc(ts, node_id, ClientStatus::Running);
+    ts.endpoints.write_claim("default", "vol", claim_of(&a, MODE, CsiVolumeClaimState::Taken)).await.unwrap();
     a
-}
-
-async fn finish(ts: &TestServer, a: &Allocation) {
-    let mut done = (**ts.store.snapshot().alloc(&a.id).unwrap()).clone();
-    // (A plan keeps the client's status; `lost` is the server's to write.)
-    done.client_status = ClientStatus::Lost;
-    let idx = ts.store.snapshot().index + 1;
-    ts.store.write(idx, |tx| Ok(tx.upsert_allocs_from_plan(vec![done]))).unwrap();
-}
-
-fn stored(ts: &TestServer) -> CsiVolume {
-    (**ts.store.snapshot().csi_volume("default", "vol").unwrap()).clone()
 }
 
 fn node_detach(node: &str, a: &Allocation) -> CsiCall {
@@ -136,7 +60,7 @@ async fn release(ts: &TestServer, claim: CsiVolumeClaim, by: ReleaseBy) -> Resul
 }
 
 fn assert_freed(ts: &TestServer, what: &str) {
-    let vol = stored(ts);
+    let vol = stored(ts, "vol");
     assert!(!vol.in_use() && vol.past_claims.is_empty(), "{what}: {vol:?}");
 }
 
@@ -152,8 +76,8 @@ async fn a_server_release_resumes_at_each_checkpoint_with_only_the_calls_left() 
     ] {
         let (ts, calls) = server(&["c1"]).await;
         let a = claimed(&ts, "n1").await;
-        finish(&ts, &a).await;
-        release(&ts, claim_of(&a, state), ReleaseBy::Server).await.unwrap();
+        finish_lost(&ts, &a);
+        release(&ts, claim_of(&a, MODE, state), ReleaseBy::Server).await.unwrap();
         let mut want = Vec::new();
         if node_call {
             want.push(node_detach("n1", &a));
@@ -170,7 +94,7 @@ async fn a_server_release_resumes_at_each_checkpoint_with_only_the_calls_left() 
 async fn the_claim_nodes_own_report_is_the_node_step() {
     let (ts, calls) = server(&["c1"]).await;
     let a = claimed(&ts, "n1").await;
-    release(&ts, claim_of(&a, CsiVolumeClaimState::Unpublishing), ReleaseBy::ClaimNode).await.unwrap();
+    release(&ts, claim_of(&a, MODE, CsiVolumeClaimState::Unpublishing), ReleaseBy::ClaimNode).await.unwrap();
     assert_eq!(calls.calls(), vec![controller_detach("c1", "n1")], "no node call: the node unpublished before it called");
     assert_freed(&ts, "client report");
 }
@@ -179,18 +103,18 @@ async fn the_claim_nodes_own_report_is_the_node_step() {
 async fn a_down_or_collected_node_gets_no_node_call() {
     let (ts, calls) = server(&[]).await;
     let a = claimed(&ts, "n1").await;
-    finish(&ts, &a).await;
-    set_status(&ts, "n1", NodeStatus::Down).await;
-    release(&ts, claim_of(&a, CsiVolumeClaimState::Unpublishing), ReleaseBy::Server).await.unwrap();
+    finish_lost(&ts, &a);
+    set_status(&ts, "n1", NodeStatus::Down);
+    release(&ts, claim_of(&a, MODE, CsiVolumeClaimState::Unpublishing), ReleaseBy::Server).await.unwrap();
     assert_eq!(calls.calls(), vec![], "node down: skipped");
     assert_freed(&ts, "node down");
 
     // Garbage collected (no such node): the same.
     let b = claimed(&ts, "n2").await;
-    finish(&ts, &b).await;
+    finish_lost(&ts, &b);
     let idx = ts.store.snapshot().index + 1;
     ts.store.write(idx, |tx| tx.delete_node("n2").map(|_| ())).unwrap();
-    release(&ts, claim_of(&b, CsiVolumeClaimState::Unpublishing), ReleaseBy::Server).await.unwrap();
+    release(&ts, claim_of(&b, MODE, CsiVolumeClaimState::Unpublishing), ReleaseBy::Server).await.unwrap();
     assert_eq!(calls.calls(), vec![]);
     assert_freed(&ts, "node gone");
 }
@@ -199,16 +123,16 @@ async fn a_down_or_collected_node_gets_no_node_call() {
 async fn a_live_node_is_asked_to_detach_unless_the_claim_was_never_mounted() {
     let (ts, calls) = server(&[]).await;
     let a = claimed(&ts, "n1").await;
-    finish(&ts, &a).await;
+    finish_lost(&ts, &a);
     // "Unknown node" from the client: nothing is mounted there any more.
     calls.fail("n1", ClientCallError::Failed("node detach volume: Unknown node n1".into()), Some(1));
-    release(&ts, claim_of(&a, CsiVolumeClaimState::Unpublishing), ReleaseBy::Server).await.unwrap();
+    release(&ts, claim_of(&a, MODE, CsiVolumeClaimState::Unpublishing), ReleaseBy::Server).await.unwrap();
     assert_eq!(calls.calls(), vec![node_detach("n1", &a)]);
     assert_freed(&ts, "unknown node");
 
     let b = claimed(&ts, "n1").await;
-    finish(&ts, &b).await;
-    let unmounted = CsiVolumeClaim { access_mode: CsiVolumeAccessMode::Unknown, ..claim_of(&b, CsiVolumeClaimState::Unpublishing) };
+    finish_lost(&ts, &b);
+    let unmounted = CsiVolumeClaim { access_mode: CsiVolumeAccessMode::Unknown, ..claim_of(&b, MODE, CsiVolumeClaimState::Unpublishing) };
     release(&ts, unmounted, ReleaseBy::Server).await.unwrap();
     assert_eq!(calls.calls().len(), 1, "no access mode: released client-side, no call");
     assert_freed(&ts, "unmounted");
@@ -218,22 +142,22 @@ async fn a_live_node_is_asked_to_detach_unless_the_claim_was_never_mounted() {
 async fn a_failure_leaves_the_checkpoint_and_a_resend_resumes_there() {
     let (ts, calls) = server(&["c1"]).await;
     let a = claimed(&ts, "n1").await;
-    finish(&ts, &a).await;
+    finish_lost(&ts, &a);
 
     // The node plugin fails: the claim stays `unpublishing`.
     calls.fail("n1", ClientCallError::Failed("rpc error: code = Internal desc = plugin gone".into()), None);
-    let e = release(&ts, claim_of(&a, CsiVolumeClaimState::Unpublishing), ReleaseBy::Server).await.unwrap_err();
+    let e = release(&ts, claim_of(&a, MODE, CsiVolumeClaimState::Unpublishing), ReleaseBy::Server).await.unwrap_err();
     assert!(e.to_string().starts_with("could not detach from node: node detach volume: rpc error"), "{e}");
-    let past = stored(&ts).past_claims[&a.id].clone();
+    let past = stored(&ts, "vol").past_claims[&a.id].clone();
     assert_eq!(past.state, CsiVolumeClaimState::Unpublishing);
-    assert!(stored(&ts).write_allocs.contains(&a.id));
+    assert!(stored(&ts, "vol").write_allocs.contains(&a.id));
 
     // The node is back, the controller fails: the claim stays `node-detached`.
     calls.heal("n1");
     calls.fail("c1", ClientCallError::Failed("rpc error: code = Internal desc = controller gone".into()), None);
     let e = release(&ts, past, ReleaseBy::Server).await.unwrap_err();
     assert!(e.to_string().starts_with("could not detach from controller: controller detach volume: rpc error"), "{e}");
-    let past = stored(&ts).past_claims[&a.id].clone();
+    let past = stored(&ts, "vol").past_claims[&a.id].clone();
     assert_eq!(past.state, CsiVolumeClaimState::NodeDetached);
     assert_eq!(past.external_node_id, "", "the external node ID is recorded only with a successful step");
 
@@ -263,17 +187,17 @@ async fn a_controller_that_cannot_be_reached_is_passed_over_for_the_next() {
     );
     ts.register_node(sick).await; // registered, never ready
     let a = claimed(&ts, "n1").await;
-    finish(&ts, &a).await;
+    finish_lost(&ts, &a);
 
     // Both fail in a way the next controller may not: both are tried, the claim stays.
     calls.fail("c1", ClientCallError::NoPath { node_id: "c1".into(), reason: "not connected".into() }, None);
     calls.fail("c2", ClientCallError::Failed(format!("{CSI_CLIENT_RETRYABLE}: no controller plugin")), None);
-    let claim = claim_of(&a, CsiVolumeClaimState::NodeDetached);
+    let claim = claim_of(&a, MODE, CsiVolumeClaimState::NodeDetached);
     assert!(release(&ts, claim.clone(), ReleaseBy::Server).await.is_err());
     let mut asked: Vec<String> = calls.calls().iter().map(|c| c.target().to_string()).collect();
     asked.sort();
     assert_eq!(asked, ["c1", "c2"]);
-    assert_eq!(stored(&ts).past_claims[&a.id].state, CsiVolumeClaimState::NodeDetached);
+    assert_eq!(stored(&ts, "vol").past_claims[&a.id].state, CsiVolumeClaimState::NodeDetached);
 
     // One comes back: whichever order the shuffle gives, the release finishes there.
     calls.heal("c2");
@@ -283,12 +207,12 @@ async fn a_controller_that_cannot_be_reached_is_passed_over_for_the_next() {
 
     // A plain failure is not passed on.
     let b = claimed(&ts, "n1").await;
-    finish(&ts, &b).await;
+    finish_lost(&ts, &b);
     calls.heal("c1");
     calls.fail("c1", ClientCallError::Failed("rpc error: code = Internal desc = boom".into()), None);
     calls.fail("c2", ClientCallError::Failed("rpc error: code = Internal desc = boom".into()), None);
     let before = calls.calls().len();
-    assert!(release(&ts, claim_of(&b, CsiVolumeClaimState::NodeDetached), ReleaseBy::Server).await.is_err());
+    assert!(release(&ts, claim_of(&b, MODE, CsiVolumeClaimState::NodeDetached), ReleaseBy::Server).await.is_err());
     assert_eq!(calls.calls().len() - before, 1, "stopped at the first controller");
 }
 
@@ -297,10 +221,10 @@ async fn no_controller_call_while_another_live_alloc_on_the_node_holds_the_volum
     let (ts, calls) = server(&["c1"]).await;
     let a = claimed(&ts, "n1").await;
     let _b = claimed(&ts, "n1").await;
-    finish(&ts, &a).await;
-    release(&ts, claim_of(&a, CsiVolumeClaimState::Unpublishing), ReleaseBy::Server).await.unwrap();
+    finish_lost(&ts, &a);
+    release(&ts, claim_of(&a, MODE, CsiVolumeClaimState::Unpublishing), ReleaseBy::Server).await.unwrap();
     assert_eq!(calls.calls(), vec![node_detach("n1", &a)]);
-    let vol = stored(&ts);
+    let vol = stored(&ts, "vol");
     assert!(!vol.write_allocs.contains(&a.id) && vol.write_allocs.len() == 1);
 }
 
@@ -311,10 +235,10 @@ async fn a_detach_claim_without_alloc_detaches_every_past_claim_on_its_node() {
     let b = claimed(&ts, "n1").await;
     let c = claimed(&ts, "n2").await;
     for x in [&a, &b, &c] {
-        finish(&ts, x).await;
+        finish_lost(&ts, x);
     }
     let detach = CsiVolumeClaim { node_id: "n1".into(), mode: CsiVolumeClaimMode::Gc, ..CsiVolumeClaim::default() };
-    let before = stored(&ts).modify_index;
+    let before = stored(&ts, "vol").modify_index;
     let index = release(&ts, detach, ReleaseBy::Server).await.unwrap();
     let mut got = calls.calls();
     let controller = got.pop();
@@ -324,7 +248,7 @@ async fn a_detach_claim_without_alloc_detaches_every_past_claim_on_its_node() {
     assert_eq!(got, want, "both past claims on n1, none on n2");
     assert_eq!(controller, Some(controller_detach("c1", "n1")));
     // Nomad's detach claim only bumps the volume's index: the watcher frees the past claims.
-    let vol = stored(&ts);
+    let vol = stored(&ts, "vol");
     assert!(vol.modify_index > before && index >= vol.modify_index);
     assert_eq!(vol.write_allocs.len(), 3);
 }
@@ -333,8 +257,8 @@ async fn a_detach_claim_without_alloc_detaches_every_past_claim_on_its_node() {
 async fn a_claim_released_meanwhile_is_not_brought_back() {
     let (ts, calls) = server(&[]).await;
     let a = claimed(&ts, "n1").await;
-    finish(&ts, &a).await;
-    let claim = claim_of(&a, CsiVolumeClaimState::Unpublishing);
+    finish_lost(&ts, &a);
+    let claim = claim_of(&a, MODE, CsiVolumeClaimState::Unpublishing);
     release(&ts, claim.clone(), ReleaseBy::ClaimNode).await.unwrap();
     assert_freed(&ts, "client release");
     let index = ts.store.snapshot().index;
@@ -343,6 +267,7 @@ async fn a_claim_released_meanwhile_is_not_brought_back() {
     assert_eq!(calls.calls(), vec![]);
     assert_eq!(ts.store.snapshot().index, index, "nothing written");
     assert_freed(&ts, "resent");
-    let e = ts.endpoints.csi_release_claim("default", "nope", claim_of(&a, CsiVolumeClaimState::Unpublishing), ReleaseBy::Server).await;
+    let e =
+        ts.endpoints.csi_release_claim("default", "nope", claim_of(&a, MODE, CsiVolumeClaimState::Unpublishing), ReleaseBy::Server).await;
     assert_eq!(e, Err(EndpointError::NotFound("no such volume".into())));
 }

@@ -177,8 +177,6 @@ impl Endpoints {
 }
 
 #[cfg(test)]
-pub(crate) use csi_controller::fake as fake_client_csi;
-#[cfg(test)]
 mod admission_tests;
 #[cfg(test)]
 mod support_tests;

@@ -3,7 +3,10 @@
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
-use nomad_proto::csi::{CsiInfo, CsiNodeInfo, CsiVolumeAccessMode, CsiVolumeAttachmentMode, CsiVolumeClaim, CsiVolumeClaimMode};
+use nomad_proto::csi::{
+    CsiInfo, CsiNodeInfo, CsiVolumeAccessMode, CsiVolumeAttachmentMode, CsiVolumeCapability, CsiVolumeClaim, CsiVolumeClaimMode,
+};
+use nomad_proto::rpc::client_csi::CsiControllerQuery;
 use nomad_proto::{Allocation, ClientStatus, DesiredStatus};
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -212,7 +215,7 @@ async fn register_refuses_bad_volumes_with_nomads_messages() {
     assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
     assert_eq!(get(&ts, "/v1/volumes?type=csi").await.json(), json!([]), "nothing was registered");
 
-    // A plugin that needs a controller: Nomad validates through it, nomad-rs cannot yet.
+    // A plugin that needs a controller: validated through it, so not without a ready one.
     let mut n = node("n2");
     n.csi_controller_plugins.insert(
         "ctrl".into(),
@@ -220,8 +223,9 @@ async fn register_refuses_bad_volumes_with_nomads_messages() {
     );
     ts.register_node(n).await;
     let r = call(&ts, Method::PUT, "/v1/volume/csi/v", volume_body("v", "ctrl")).await;
-    assert_eq!(r.status, StatusCode::NOT_IMPLEMENTED, "{}", r.text());
-    assert!(r.text().contains("not supported by nomad-rs yet"), "{}", r.text());
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.text());
+    assert!(r.text().starts_with("controller validate volume: failed to find clients running controller plugin \"ctrl\""), "{}", r.text());
+    assert!(get(&ts, "/v1/volume/csi/v").await.status == StatusCode::NOT_FOUND, "not registered");
 
     // An update may not change what identifies the volume.
     assert_eq!(call(&ts, Method::PUT, "/v1/volume/csi/v", volume_body("v", "hostpath")).await.status, StatusCode::OK);
@@ -471,15 +475,15 @@ async fn call_with(router: &axum::Router, method: Method, path: &str, headers: &
 
 #[tokio::test]
 async fn create_asks_a_controller_then_registers_and_delete_asks_it_then_deregisters() {
-    use crate::endpoints::fake_client_csi::{FakeClientCsi, Seen};
+    use crate::testing::{CsiRequest, RecordingClientCsi};
     let ts = controller_server().await;
-    let fake = std::sync::Arc::new(FakeClientCsi::default());
-    *fake.created.lock().unwrap() = nomad_proto::rpc::client_csi::ClientCsiControllerCreateResponse {
+    let fake = RecordingClientCsi::new();
+    fake.set_created(nomad_proto::rpc::client_csi::ClientCsiControllerCreateResponse {
         external_volume_id: "hp-123".into(),
         capacity_bytes: 1 << 30,
         volume_context: [("path".to_string(), "/srv/hp-123".to_string())].into(),
         topologies: vec![],
-    };
+    });
     let endpoints = ts.endpoints.clone().with_client_csi(fake.clone());
     let router = crate::http::router(crate::http::HttpState {
         endpoints,
@@ -495,7 +499,7 @@ async fn create_asks_a_controller_then_registers_and_delete_asks_it_then_deregis
     assert_eq!(created["Volumes"][0]["ExternalID"], "hp-123", "{created}");
     assert_eq!(created["Volumes"][0]["Secrets"], Value::Null, "no secrets in the reply: {created}");
     assert!(r.index.unwrap() > 0);
-    let Seen::Create(asked) = &fake.seen()[0] else { panic!("{:?}", fake.seen()) };
+    let CsiRequest::ControllerCreate(asked) = &fake.requests()[0] else { panic!("{:?}", fake.requests()) };
     assert_eq!(asked.controller.controller_node_id, "n1");
     assert_eq!(asked.controller.plugin_id, "hostpath");
     assert_eq!(asked.name, "vol name");
@@ -522,7 +526,7 @@ async fn create_asks_a_controller_then_registers_and_delete_asks_it_then_deregis
         .unwrap();
     let r = call_with(&router, Method::DELETE, "/v1/volume/csi/vol/delete", &[], Body::empty()).await;
     assert_eq!((r.status, r.text().as_str()), (StatusCode::INTERNAL_SERVER_ERROR, "volume in use: vol"));
-    assert_eq!(fake.seen().len(), 1, "the controller was not asked");
+    assert_eq!(fake.requests().len(), 1, "the controller was not asked");
 
     // Released: the controller deletes it (the request's secrets over the volume's), then it goes.
     let freed = CsiVolumeClaim { state: nomad_proto::csi::CsiVolumeClaimState::ReadyToFree, ..taken };
@@ -530,7 +534,7 @@ async fn create_asks_a_controller_then_registers_and_delete_asks_it_then_deregis
     let secrets = [("X-Nomad-CSI-Secrets", "password=s3cret,token=t,junk")];
     let r = call_with(&router, Method::DELETE, "/v1/volume/csi/vol/delete", &secrets, Body::empty()).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-    let Seen::Delete(asked) = &fake.seen()[1] else { panic!("{:?}", fake.seen()) };
+    let CsiRequest::ControllerDelete(asked) = &fake.requests()[1] else { panic!("{:?}", fake.requests()) };
     assert_eq!(asked.external_volume_id, "hp-123");
     assert_eq!(asked.controller.controller_node_id, "n1");
     assert_eq!(asked.secrets, [("password".to_string(), "s3cret".to_string()), ("token".to_string(), "t".to_string())].into());
@@ -546,4 +550,51 @@ async fn create_asks_a_controller_then_registers_and_delete_asks_it_then_deregis
     assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert!(r.text().starts_with("controller delete volume: CSI.ControllerDeleteVolume"), "{}", r.text());
     assert_eq!(get(&ts, "/v1/volume/csi/vol").await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn register_with_a_controller_is_validated_by_it_and_a_refused_volume_is_not_registered() {
+    use crate::testing::{CsiRequest, RecordingClientCsi};
+    let ts = controller_server().await;
+    let fake = RecordingClientCsi::new();
+    let router = crate::http::router(crate::http::HttpState {
+        endpoints: ts.endpoints.clone().with_client_csi(fake.clone()),
+        agent: std::sync::Arc::new(crate::http::AgentInfo { name: "test".into(), region: "global".into(), ..Default::default() }),
+        forwarder: None,
+    });
+    let mut body: Value = serde_json::from_str(&volume_body("vol", "hostpath")).unwrap();
+    body["Volumes"][0]["Context"] = json!({"path": "/srv/ext-vol"});
+    let r = call_with(&router, Method::PUT, "/v1/volume/csi/vol", &[], body.to_string()).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let requests = fake.requests();
+    let [CsiRequest::ControllerValidate(asked)] = requests.as_slice() else { panic!("{requests:?}") };
+    assert_eq!(asked.controller, CsiControllerQuery { controller_node_id: "n1".into(), plugin_id: "hostpath".into() });
+    assert_eq!(asked.volume_id, "ext-vol", "the provider's ID");
+    assert_eq!(
+        asked.volume_capabilities,
+        [CsiVolumeCapability { access_mode: CsiVolumeAccessMode::SingleNodeWriter, attachment_mode: CsiVolumeAttachmentMode::FileSystem }]
+    );
+    assert_eq!((asked.secrets["password"].as_str(), asked.parameters["size"].as_str()), ("hunter2", "1G"));
+    assert_eq!(asked.context["path"], "/srv/ext-vol");
+    assert_eq!(asked.mount_options, None, "Nomad sends none");
+    assert_eq!(get(&ts, "/v1/volume/csi/vol").await.status, StatusCode::OK);
+
+    // Refused by the plugin: Nomad's error, and nothing registered.
+    fake.fail_next(crate::csi::ClientCallError::Failed(
+        "CSI.ControllerValidateVolume: volume \"ext-other\" could not be found: rpc error: code = NotFound desc = no such volume".into(),
+    ));
+    let r = call_with(&router, Method::PUT, "/v1/volume/csi/other", &[], volume_body("other", "hostpath")).await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        r.text(),
+        "controller validate volume: CSI.ControllerValidateVolume: volume \"ext-other\" could not be found: rpc error: code = NotFound desc = no such volume"
+    );
+    assert_eq!(get(&ts, "/v1/volume/csi/other").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(fake.requests().len(), 2);
+
+    // A plugin without a controller is not asked.
+    let plain = server_calling(fake.clone()).await;
+    let r = call(&plain, Method::PUT, "/v1/volume/csi/nc", volume_body("nc", "hostpath")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(fake.requests().len(), 2, "no controller call");
 }

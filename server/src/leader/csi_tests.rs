@@ -4,10 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use nomad_proto::csi::{
-    CsiInfo, CsiNodeInfo, CsiVolume, CsiVolumeAccessMode, CsiVolumeAttachmentMode, CsiVolumeCapability, CsiVolumeClaim, CsiVolumeClaimMode,
-    CsiVolumeClaimState,
-};
+use nomad_proto::csi::{CsiVolumeAccessMode, CsiVolumeClaimState};
 use nomad_proto::{Allocation, ClientStatus, NodeStatus};
 
 use super::*;
@@ -16,75 +13,27 @@ use crate::csi::ClientCallError;
 use crate::fsm::Command;
 use crate::sim::{FirstReadyNode, start_leader};
 use crate::test_support::eventually;
-use crate::testing::{CsiCall, RecordingClientCsi, TestServer, job, node};
+use crate::testing::csi::{claim_of, finish_lost, place_alloc, plugin_node, register, set_status, volume};
+use crate::testing::{CsiCall, RecordingClientCsi, TestServer};
 
 const MODE: CsiVolumeAccessMode = CsiVolumeAccessMode::MultiNodeMultiWriter;
 
+/// A ready node n1 running the node plugin, and volume `vol` (no controller).
 async fn server() -> (TestServer, Arc<RecordingClientCsi>) {
     let calls = RecordingClientCsi::new();
     let ts = TestServer::new().with_client_csi(calls.clone());
-    let mut n = node("n1");
-    n.csi_node_plugins.insert(
-        "hostpath".into(),
-        CsiInfo {
-            plugin_id: "hostpath".into(),
-            healthy: true,
-            node_info: Some(CsiNodeInfo { id: "ext-n1".into(), ..CsiNodeInfo::default() }),
-            ..CsiInfo::default()
-        },
-    );
-    ts.register_node(n).await;
-    let idx = ts.store.snapshot().index + 1;
-    ts.store.write(idx, |tx| tx.update_node_status("n1", NodeStatus::Ready, None, 0).map(|_| ())).unwrap();
-    let vol = CsiVolume {
-        id: "vol".into(),
-        namespace: "default".into(),
-        plugin_id: "hostpath".into(),
-        requested_capabilities: vec![CsiVolumeCapability { access_mode: MODE, attachment_mode: CsiVolumeAttachmentMode::FileSystem }],
-        ..CsiVolume::default()
-    };
-    ts.consensus.apply(Command::CsiVolumeRegister { volumes: vec![vol] }).await.unwrap();
+    plugin_node(&ts, "n1", true, false).await;
+    set_status(&ts, "n1", NodeStatus::Ready);
+    register(&ts, volume("vol", MODE)).await;
     (ts, calls)
 }
 
 /// An alloc on n1 holding a write claim on `vol`.
 async fn claimed(ts: &TestServer) -> Allocation {
-    let mut j = job("web", 1);
-    j.canonicalize();
-    let idx = ts.store.snapshot().index + 1;
-    ts.store.write(idx, |tx| tx.upsert_job(j.clone()).map(|_| ())).unwrap();
-    let a = Allocation {
-        id: nomad_proto::new_id(),
-        namespace: "default".into(),
-        job_id: "web".into(),
-        job: ts.store.snapshot().job("default", "web").cloned(),
-        task_group: "web".into(),
-        name: "web.web[0]".into(),
-        node_id: "n1".into(),
-        client_status: ClientStatus::Running,
-        ..Allocation::default()
-    };
-    ts.store.write(idx + 1, |tx| Ok(tx.upsert_allocs_from_plan(vec![a.clone()]))).unwrap();
-    let claim = CsiVolumeClaim {
-        allocation_id: a.id.clone(),
-        node_id: "n1".into(),
-        mode: CsiVolumeClaimMode::Write,
-        access_mode: MODE,
-        attachment_mode: CsiVolumeAttachmentMode::FileSystem,
-        state: CsiVolumeClaimState::Taken,
-        ..CsiVolumeClaim::default()
-    };
+    let a = place_alloc(ts, "n1", ClientStatus::Running);
+    let claim = claim_of(&a, MODE, CsiVolumeClaimState::Taken);
     ts.consensus.apply(Command::CsiVolumeClaim { namespace: "default".into(), volume_id: "vol".into(), claim }).await.unwrap();
     a
-}
-
-/// The alloc ends (lost with its node, say) and its client never sends `CSIVolume.Unpublish`:
-/// a write to the allocs table only, nothing on the volume.
-fn finish_without_report(ts: &TestServer, a: &Allocation) {
-    let mut done = (**ts.store.snapshot().alloc(&a.id).unwrap()).clone();
-    done.client_status = ClientStatus::Lost;
-    let idx = ts.store.snapshot().index + 1;
-    ts.store.write(idx, |tx| Ok(tx.upsert_allocs_from_plan(vec![done]))).unwrap();
 }
 
 fn freed(s: &crate::state::State) -> bool {
@@ -110,7 +59,7 @@ async fn the_claim_gc_marks_a_volume_whose_alloc_ended_unreported_and_the_watche
         .await;
     eventually(&ts, "the other claim released", |s| !s.csi_volume("default", "vol").unwrap().write_allocs.contains(&other.id)).await;
 
-    finish_without_report(&ts, &a);
+    finish_lost(&ts, &a);
     let before = ts.store.snapshot().csi_volume("default", "vol").unwrap().modify_index;
     assert!(ts.store.snapshot().csi_volume("default", "vol").unwrap().in_use(), "nothing released the claim yet");
 
@@ -144,7 +93,7 @@ async fn claimed_elsewhere(ts: &TestServer) -> Allocation {
 async fn a_failed_reap_is_retried_on_a_timer_until_the_plugin_is_back() {
     let (ts, calls) = server().await;
     let a = claimed(&ts).await;
-    finish_without_report(&ts, &a);
+    finish_lost(&ts, &a);
     calls.fail("n1", ClientCallError::Failed("rpc error: code = Unavailable desc = plugin restarting".into()), None);
     // A new term's first pass looks at every volume with past claims.
     let watcher = tokio::spawn(VolumeWatcher::new(Arc::new(ts.endpoints.clone()), fast()).run());
@@ -173,7 +122,7 @@ async fn the_leader_runs_the_claim_gc_and_the_watcher() {
     };
     let (_leader, task) = start_leader(&ts, Arc::new(FirstReadyNode), config);
     // Whether the watcher's first pass or the GC's mark finds it, the leader releases it.
-    finish_without_report(&ts, &a);
+    finish_lost(&ts, &a);
     eventually(&ts, "released by the leader's GC and watcher", freed).await;
     assert_eq!(calls.calls().len(), 1);
     task.abort();

@@ -15,10 +15,11 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use nomad_csi::capability::volume_capability;
 use nomad_csi::{CsiError, CsiPluginClient, v1};
-use nomad_proto::csi::{CsiTopology, CsiTopologyRequest, CsiVolumeAccessMode, CsiVolumeAttachmentMode};
+use nomad_proto::csi::{CsiTopology, CsiTopologyRequest, CsiVolumeAccessMode, CsiVolumeAttachmentMode, CsiVolumeCapability};
 use nomad_proto::rpc::client_csi::{
     ClientCsiControllerAttachRequest, ClientCsiControllerAttachResponse, ClientCsiControllerCreateRequest,
-    ClientCsiControllerCreateResponse, ClientCsiControllerDeleteRequest, ClientCsiControllerDetachRequest, ClientCsiNodeDetachRequest,
+    ClientCsiControllerCreateResponse, ClientCsiControllerDeleteRequest, ClientCsiControllerDetachRequest,
+    ClientCsiControllerValidateVolumeRequest, ClientCsiNodeDetachRequest,
 };
 use nomad_proto::volume::CsiMountOptions;
 use nomad_server::client_conn::methods;
@@ -118,6 +119,14 @@ fn capability(
     volume_capability(attachment.as_str(), access.as_str(), fs_type, flags)
 }
 
+/// Every capability of a request, with the request's mount options.
+fn capabilities(method: &str, caps: &[CsiVolumeCapability], mount: Option<&CsiMountOptions>) -> Result<Vec<v1::VolumeCapability>, String> {
+    caps.iter()
+        .map(|c| capability(c.attachment_mode, c.access_mode, mount))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{method}: {e}"))
+}
+
 fn topologies(t: &[CsiTopology]) -> Vec<v1::Topology> {
     t.iter().map(|t| v1::Topology { segments: t.segments.clone().into_iter().collect() }).collect()
 }
@@ -145,6 +154,7 @@ impl CsiEndpoint {
             methods::CONTROLLER_DETACH,
             methods::CONTROLLER_CREATE,
             methods::CONTROLLER_DELETE,
+            methods::CONTROLLER_VALIDATE,
             methods::NODE_DETACH,
         ]
         .contains(&method)
@@ -161,6 +171,10 @@ impl CsiEndpoint {
             methods::CONTROLLER_CREATE => encode(method, &self.controller_create(decode(method, body)?).await?),
             methods::CONTROLLER_DELETE => {
                 self.controller_delete(decode(method, body)?).await?;
+                Ok(serde_json::json!({}))
+            }
+            methods::CONTROLLER_VALIDATE => {
+                self.controller_validate(decode(method, body)?).await?;
                 Ok(serde_json::json!({}))
             }
             methods::NODE_DETACH => {
@@ -225,12 +239,7 @@ impl CsiEndpoint {
     async fn controller_create(&self, req: ClientCsiControllerCreateRequest) -> Result<ClientCsiControllerCreateResponse, String> {
         let method = methods::CONTROLLER_CREATE;
         let plugin = self.plugin(method, &req.controller.plugin_id)?;
-        let caps = req
-            .volume_capabilities
-            .iter()
-            .map(|c| capability(c.attachment_mode, c.access_mode, req.mount_options.as_ref()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("{method}: {e}"))?;
+        let caps = capabilities(method, &req.volume_capabilities, req.mount_options.as_ref())?;
         let source = if !req.snapshot_id.is_empty() {
             if !req.clone_id.is_empty() {
                 return Err(format!("{method}: one of SnapshotID or CloneID must be set if ContentSource is set"));
@@ -263,6 +272,24 @@ impl CsiEndpoint {
                 .map(|t| CsiTopology { segments: t.segments.into_iter().collect() })
                 .collect(),
         })
+    }
+
+    /// `ValidateVolumeCapabilities` for a volume being registered: an error when the plugin
+    /// fails the call or confirms other capabilities than those asked.
+    async fn controller_validate(&self, req: ClientCsiControllerValidateVolumeRequest) -> Result<(), String> {
+        let method = methods::CONTROLLER_VALIDATE;
+        require(method, !req.volume_id.is_empty(), "VolumeID")?;
+        require(method, !req.controller.plugin_id.is_empty(), "PluginID")?;
+        let plugin = self.plugin(method, &req.controller.plugin_id)?;
+        let caps = capabilities(method, &req.volume_capabilities, req.mount_options.as_ref())?;
+        let csi = v1::ValidateVolumeCapabilitiesRequest {
+            volume_id: req.volume_id,
+            volume_context: hash(req.context),
+            volume_capabilities: caps,
+            parameters: hash(req.parameters),
+            secrets: hash(req.secrets),
+        };
+        self.within(method, plugin.validate_volume_capabilities(csi)).await?.map_err(|e| format!("{method}: {e}"))
     }
 
     async fn controller_delete(&self, req: ClientCsiControllerDeleteRequest) -> Result<(), String> {

@@ -7,8 +7,9 @@
 //! - Node: NodeStageVolume bind-mounts the volume directory at the staging path,
 //!   NodePublishVolume bind-mounts the staging path (the volume directory with `--no-staging`) at
 //!   the target, read-only when asked; unpublish and unstage unmount and remove the path.
-//! - Failure injection: `--slow MS` delays every call, `--fail-times METHOD=N` fails the first N
-//!   calls of METHOD with UNAVAILABLE.
+//! - Failure injection: `--slow MS` delays every call, `--slow-call METHOD=MS` the calls of one
+//!   method (logging when each starts), `--fail-times METHOD=N` fails the first N calls of METHOD
+//!   with UNAVAILABLE.
 //!
 //! Not done, as in the reference driver: snapshots, block volumes, topology. The single-node
 //! publish rules are left to the orchestrator's claims (every node plugin on one machine sees
@@ -71,6 +72,10 @@ struct Args {
     /// Delay every call by this many milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 0)]
     slow: u64,
+    /// Delay every call of METHOD (a gRPC method name) by MS milliseconds instead, logging when
+    /// each starts. Repeatable.
+    #[arg(long = "slow-call", value_name = "METHOD=MS")]
+    slow_calls: Vec<String>,
     /// Fail the first N calls of METHOD (a gRPC method name, e.g. NodePublishVolume) with
     /// UNAVAILABLE. Repeatable.
     #[arg(long = "fail-times", value_name = "METHOD=N")]
@@ -101,7 +106,7 @@ fn main() -> ExitCode {
 
 async fn run(args: Args) -> Result<(), String> {
     let socket = endpoint::socket_path(&args.endpoint).map_err(|e| e.to_string())?;
-    let faults = Faults::from_flags(args.slow, &args.fail_times)?;
+    let faults = Faults::from_flags(args.slow, &args.slow_calls, &args.fail_times)?;
     if args.nodeid.is_empty() || args.nodeid.len() > 128 {
         return Err(format!("--nodeid {:?}: must be 1 to 128 bytes", args.nodeid));
     }

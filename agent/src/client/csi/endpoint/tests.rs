@@ -14,6 +14,9 @@ struct Recorder {
     unpublishes: Mutex<Vec<v1::ControllerUnpublishVolumeRequest>>,
     creates: Mutex<Vec<v1::CreateVolumeRequest>>,
     deletes: Mutex<Vec<v1::DeleteVolumeRequest>>,
+    validations: Mutex<Vec<v1::ValidateVolumeCapabilitiesRequest>>,
+    /// Validation answers NOT_FOUND, as for a volume the provider does not have.
+    validate_not_found: bool,
     /// The unpublish answer: NOT_FOUND (ignorable) or a real failure.
     unpublish_fails_hard: bool,
     hang: bool,
@@ -89,8 +92,10 @@ impl CsiPluginClient for Recorder {
         self.deletes.lock().unwrap().push(r);
         Box::pin(async { Ok(()) })
     }
-    fn validate_volume_capabilities(&self, _: v1::ValidateVolumeCapabilitiesRequest) -> BoxFuture<'_, Result<(), CsiError>> {
-        Box::pin(async { Ok(()) })
+    fn validate_volume_capabilities(&self, r: v1::ValidateVolumeCapabilitiesRequest) -> BoxFuture<'_, Result<(), CsiError>> {
+        self.validations.lock().unwrap().push(r);
+        let refused = self.validate_not_found.then(|| status("ValidateVolumeCapabilities", tonic::Code::NotFound, false));
+        Box::pin(async move { refused.map_or(Ok(()), Err) })
     }
 }
 
@@ -261,4 +266,37 @@ async fn node_detach_goes_to_the_volume_manager_and_without_one_says_so() {
     assert_eq!(err, "unknown client rpc \"CSI.Nope\"");
     let err = e.handle(methods::CONTROLLER_DELETE, serde_json::json!({"Secrets": 7})).await.unwrap_err();
     assert!(err.starts_with("CSI.ControllerDeleteVolume: decoding the request"), "{err}");
+}
+
+#[tokio::test]
+async fn validate_asks_the_controller_with_the_volumes_capabilities_and_reports_a_refusal() {
+    let r = Arc::new(Recorder::default());
+    let req = ClientCsiControllerValidateVolumeRequest {
+        controller: query(),
+        volume_id: "vol-ext".into(),
+        volume_capabilities: vec![CsiVolumeCapability {
+            attachment_mode: CsiVolumeAttachmentMode::FileSystem,
+            access_mode: CsiVolumeAccessMode::SingleNodeWriter,
+        }],
+        parameters: BTreeMap::from([("p".to_string(), "1".to_string())]),
+        context: BTreeMap::from([("c".to_string(), "d".to_string())]),
+        secrets: BTreeMap::from([("k".to_string(), "v".to_string())]),
+        ..ClientCsiControllerValidateVolumeRequest::default()
+    };
+    endpoint(Some(r.clone())).handle(methods::CONTROLLER_VALIDATE, serde_json::to_value(&req).unwrap()).await.unwrap();
+    let asked = r.validations.lock().unwrap()[0].clone();
+    assert_eq!(asked.volume_id, "vol-ext");
+    assert_eq!((asked.parameters["p"].as_str(), asked.volume_context["c"].as_str(), asked.secrets["k"].as_str()), ("1", "d", "v"));
+    let mode = asked.volume_capabilities[0].access_mode.unwrap().mode;
+    assert_eq!(mode, v1::volume_capability::access_mode::Mode::SingleNodeWriter as i32);
+
+    let refusing = Arc::new(Recorder { validate_not_found: true, ..Recorder::default() });
+    let err = endpoint(Some(refusing)).handle(methods::CONTROLLER_VALIDATE, serde_json::to_value(&req).unwrap()).await.unwrap_err();
+    assert!(err.starts_with("CSI.ControllerValidateVolume: ValidateVolumeCapabilities: rpc error: code = NotFound"), "{err}");
+    let mut missing = req.clone();
+    missing.volume_id.clear();
+    let err = endpoint(Some(r.clone())).handle(methods::CONTROLLER_VALIDATE, serde_json::to_value(&missing).unwrap()).await.unwrap_err();
+    assert_eq!(err, "CSI.ControllerValidateVolume: VolumeID is required");
+    let err = endpoint(None).handle(methods::CONTROLLER_VALIDATE, serde_json::to_value(&req).unwrap()).await.unwrap_err();
+    assert!(err.starts_with("CSI.ControllerValidateVolume: CSI client error (retryable): "), "{err}");
 }
