@@ -91,10 +91,11 @@ fn hex(bytes: &[u8]) -> String {
 
 /// Options for tests: dangling reaping off (the reaper is tested by itself).
 fn test_options() -> DockerOptions {
-    let mut o = DockerOptions::default();
-    o.dangling_enabled = false;
-    o.socket = nomad_testkit::prereq::docker_socket().display().to_string();
-    o
+    DockerOptions {
+        dangling_enabled: false,
+        socket: nomad_testkit::prereq::docker_socket().display().to_string(),
+        ..DockerOptions::default()
+    }
 }
 
 fn driver(options: DockerOptions) -> Arc<DockerDriver> {
