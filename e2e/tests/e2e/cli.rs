@@ -73,7 +73,7 @@ fn isolated_tasks_possible() -> bool {
 }
 
 /// `scripts/make-busybox-rootfs <dir>/rootfs`.
-pub(crate) fn busybox_rootfs(dir: &Path) -> PathBuf {
+fn busybox_rootfs(dir: &Path) -> PathBuf {
     let rootfs = dir.join("rootfs");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/make-busybox-rootfs");
     let out = Command::new(script).arg(&rootfs).output().expect("run make-busybox-rootfs");
@@ -87,7 +87,7 @@ fn allocs(http: &HttpClient, job: &str) -> Vec<Value> {
 }
 
 /// The one allocation of `job`, once it has `status`.
-pub(crate) fn alloc_with_status(agent: &Agent, job: &str, status: &str) -> Value {
+fn alloc_with_status(agent: &Agent, job: &str, status: &str) -> Value {
     let http = agent.http();
     wait_for(&format!("the alloc of {job} to be {status}"), SETTLE, || {
         let list = allocs(&http, job);
@@ -97,7 +97,7 @@ pub(crate) fn alloc_with_status(agent: &Agent, job: &str, status: &str) -> Value
 }
 
 /// `alloc logs [flags] <alloc>` until its output contains `text` (a task may not have flushed yet).
-pub(crate) fn logs_contain(agent: &Agent, alloc_id: &str, flags: &[&str], text: &str) -> String {
+fn logs_contain(agent: &Agent, alloc_id: &str, flags: &[&str], text: &str) -> String {
     let mut last = String::new();
     wait_for(&format!("`alloc logs {flags:?}` to show {text:?}"), SETTLE, || {
         let mut args = vec!["alloc", "logs"];
@@ -111,7 +111,7 @@ pub(crate) fn logs_contain(agent: &Agent, alloc_id: &str, flags: &[&str], text: 
 }
 
 /// `job stop -purge`, then the job is gone.
-pub(crate) fn stop_and_purge(agent: &Agent, job: &str) {
+fn stop_and_purge(agent: &Agent, job: &str) {
     nomad(agent, &["job", "stop", "-purge", job]).expect(0, &format!("job stop -purge {job}"));
     let http = agent.http();
     wait_for(&format!("{job} to be purged"), SETTLE, || {
@@ -123,13 +123,13 @@ pub(crate) fn stop_and_purge(agent: &Agent, job: &str) {
 }
 
 /// An assigned host port of the alloc.
-pub(crate) fn port(alloc: &Value, label: &str) -> u16 {
+fn port(alloc: &Value, label: &str) -> u16 {
     let ports = alloc["AllocatedResources"]["Shared"]["Ports"].as_array().cloned().unwrap_or_default();
     let p = ports.iter().find(|p| p["Label"] == label).unwrap_or_else(|| panic!("no port {label} in {alloc}"));
     p["Value"].as_u64().unwrap() as u16
 }
 
-pub(crate) fn http_get(port: u16, path: &str) -> Option<String> {
+fn http_get(port: u16, path: &str) -> Option<String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(std::time::Duration::from_secs(5))).ok()?;
