@@ -562,6 +562,14 @@ impl AgentConfig {
         }
     }
 
+    /// The docker driver's settings: `plugin "docker" { config { ... } }` with Nomad's keys and
+    /// defaults; an unknown or ill-typed key is an error naming it.
+    pub fn docker_options(&self) -> Result<crate::client::driver::docker::DockerOptions, String> {
+        let config: serde_json::Map<String, Value> =
+            self.plugins.get("docker").map(|c| c.clone().into_iter().collect()).unwrap_or_default();
+        crate::client::driver::docker::DockerOptions::from_plugin_config(&config)
+    }
+
     /// The exec driver's policy: `plugin "exec" { config { allow_caps = [...] } }` (Nomad's
     /// default set when absent) and the users tasks may not run as: the client option
     /// `user.denylist` (`root,Administrator` by default; the old `user.blacklist` too) when

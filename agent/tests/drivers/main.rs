@@ -1,5 +1,6 @@
-//! Driver tests, one binary: raw_exec, exec, oci, and recovery of tasks across agent restarts.
+//! Driver tests, one binary: raw_exec, exec, oci, docker, and recovery of tasks across agent restarts.
 
+mod docker;
 mod exec;
 mod oci;
 mod raw_exec;

@@ -91,7 +91,7 @@ async fn signal_reaches_the_running_task() {
     wait_for_output(&task, "got-usr1").await;
     std::fs::write(task.task_dir().join("done"), "").unwrap();
     assert!(driver.wait(&handle).await.unwrap().successful());
-    let status = driver.inspect(&handle).unwrap();
+    let status = driver.inspect(&handle).await.unwrap();
     assert!(!status.running && status.exit.is_some());
 }
 

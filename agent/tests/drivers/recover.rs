@@ -33,7 +33,7 @@ async fn recover_reattaches_to_the_same_running_task_from_the_serialized_handle(
     // The restarted "agent" knows only the persisted handle.
     let handle: TaskHandle = serde_json::from_str(&persisted).unwrap();
     let driver = DriverRegistry::new(&options(true)).get("raw_exec").unwrap();
-    let Recovered::Running(recovered) = driver.recover(&handle).unwrap() else { panic!("task should still run") };
+    let Recovered::Running(recovered) = driver.recover(&handle).await.unwrap() else { panic!("task should still run") };
     assert_eq!(recovered.task, handle.task, "same process, not a restart");
     assert!(recovered.task.is_alive() && recovered.executor.is_alive());
 
@@ -61,14 +61,14 @@ async fn a_task_that_exited_while_the_agent_was_down_reports_its_real_exit_code(
     wait_until("the executor has exited", || !handle.executor.is_alive()).await;
 
     let driver = DriverRegistry::new(&options(true)).get("raw_exec").unwrap();
-    match driver.recover(&handle).unwrap() {
+    match driver.recover(&handle).await.unwrap() {
         Recovered::Exited(exit) => assert_eq!((exit.exit_code, exit.err), (3, None)),
         Recovered::Running(_) => panic!("the task has exited"),
     }
 }
 
-#[test]
-fn a_reused_pid_is_not_mistaken_for_the_executor() {
+#[tokio::test]
+async fn a_reused_pid_is_not_mistaken_for_the_executor() {
     // Our own PID with another start time: a stranger that inherited the executor's PID.
     let me = ProcessRef::of(std::process::id() as i32).unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -83,7 +83,7 @@ fn a_reused_pid_is_not_mistaken_for_the_executor() {
         driver_state: nomad_agent::client::driver::DriverState::RawExec,
     };
     let driver = DriverRegistry::new(&options(true)).get("raw_exec").unwrap();
-    match driver.recover(&handle).unwrap() {
+    match driver.recover(&handle).await.unwrap() {
         Recovered::Exited(exit) => assert!(exit.err.unwrap().contains("without recording")),
         Recovered::Running(_) => panic!("a reused PID must not count as the executor"),
     }
@@ -162,7 +162,7 @@ async fn a_killed_executor_is_reported_and_its_orphaned_task_is_still_destroyed(
 
     kill(Pid::from_raw(handle.executor.pid), Signal::SIGKILL).unwrap();
     wait_until("the executor is gone", || !handle.executor.is_alive()).await;
-    match driver.recover(&handle).unwrap() {
+    match driver.recover(&handle).await.unwrap() {
         Recovered::Exited(exit) => {
             let err = exit.err.unwrap();
             assert!(err.contains("without recording") && err.contains("unsupervised"), "{err}");

@@ -53,6 +53,12 @@ pub enum DriverError {
     /// The OCI runtime failed.
     #[error("oci runtime: {0}")]
     Runtime(String),
+    /// The Docker Engine refused or failed a call.
+    #[error("docker: {0}")]
+    Docker(String),
+    /// The task's image is neither present nor obtainable; the message is the task event's.
+    #[error("{0}")]
+    ImageUnavailable(String),
     /// A handle from another driver was passed in.
     #[error("task handle belongs to driver {found:?}, not {expected}")]
     WrongDriver {

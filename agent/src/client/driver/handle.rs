@@ -57,6 +57,19 @@ pub enum DriverState {
         /// Bundle directory, removed on destroy.
         bundle: PathBuf,
     },
+    /// docker: the container the Engine supervises (no executor).
+    Docker {
+        /// Container ID.
+        container_id: String,
+        /// The image's ID, reference-counted for image GC.
+        image_id: String,
+        /// The alloc dir, where the agent writes the container's logs.
+        alloc_dir: PathBuf,
+        /// Log files kept per stream.
+        log_max_files: u32,
+        /// Log file size limit in bytes.
+        log_max_file_size: u64,
+    },
 }
 
 /// What [`super::Driver::recover`] found.

@@ -1,10 +1,11 @@
-//! Task drivers behind one trait (decision 8): `raw_exec`, `exec` and `oci`.
+//! Task drivers behind one trait (decision 8): `raw_exec`, `exec`, `oci` and `docker`.
 //!
-//! Every driver starts its task under a `nomad-rs-executor` process (see [`crate::executor`]) and
-//! hands back a serializable [`TaskHandle`]. The agent persists the handle; after a restart,
+//! Every driver but docker starts its task under a `nomad-rs-executor` process (see
+//! [`crate::executor`]); docker's containers are supervised by the Docker Engine. Each hands back a serializable [`TaskHandle`]. The agent persists the handle; after a restart,
 //! [`Driver::recover`] reattaches to the same task from it, or reports how it ended meanwhile.
 
 pub mod capabilities;
+pub mod docker;
 mod error;
 pub mod exec;
 mod handle;
@@ -68,15 +69,19 @@ pub trait Driver: Send + Sync {
     fn destroy<'a>(&'a self, handle: &'a TaskHandle) -> BoxFuture<'a, Result<(), DriverError>>;
 
     /// Reattaches to a task after an agent restart: same process, no restart.
-    fn recover(&self, handle: &TaskHandle) -> Result<Recovered, DriverError> {
-        handle.check_driver(self.name())?;
-        Ok(handle.recover())
+    fn recover<'a>(&'a self, handle: &'a TaskHandle) -> BoxFuture<'a, Result<Recovered, DriverError>> {
+        Box::pin(async move {
+            handle.check_driver(self.name())?;
+            Ok(handle.recover())
+        })
     }
 
     /// The task's current state.
-    fn inspect(&self, handle: &TaskHandle) -> Result<TaskStatus, DriverError> {
-        handle.check_driver(self.name())?;
-        Ok(handle.status())
+    fn inspect<'a>(&'a self, handle: &'a TaskHandle) -> BoxFuture<'a, Result<TaskStatus, DriverError>> {
+        Box::pin(async move {
+            handle.check_driver(self.name())?;
+            Ok(handle.status())
+        })
     }
 
     /// Sends a signal to the task (by default to its process group).
@@ -267,6 +272,8 @@ pub struct DriverOptions {
     pub exec: exec::ExecOptions,
     /// oci settings.
     pub oci: oci::OciOptions,
+    /// docker settings (`plugin "docker" { config {...} }`).
+    pub docker: docker::DockerOptions,
 }
 
 impl DriverOptions {
@@ -277,6 +284,7 @@ impl DriverOptions {
             raw_exec_enabled,
             exec: exec::ExecOptions::default(),
             oci: oci::OciOptions::default(),
+            docker: docker::DockerOptions::default(),
         }
     }
 }
@@ -295,10 +303,11 @@ pub struct DriverRegistry {
 impl DriverRegistry {
     /// Every built-in driver, configured from the agent's options.
     pub fn new(options: &DriverOptions) -> DriverRegistry {
-        let drivers: [Arc<dyn Driver>; 3] = [
+        let drivers: [Arc<dyn Driver>; 4] = [
             Arc::new(raw_exec::RawExecDriver::new(options.executor_path.clone(), options.raw_exec_enabled)),
             Arc::new(exec::ExecDriver::new(options.executor_path.clone(), options.exec.clone())),
             Arc::new(oci::OciDriver::new(options.executor_path.clone(), options.oci.clone())),
+            Arc::new(docker::DockerDriver::new(options.docker.clone())),
         ];
         DriverRegistry { drivers: drivers.into_iter().map(|d| (d.name(), d)).collect() }
     }

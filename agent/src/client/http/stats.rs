@@ -172,8 +172,9 @@ fn task_cgroup(handle: &TaskHandle) -> Option<CgroupDirs> {
                 Some(CgroupDirs { version: CgroupVersion::V1, memory, cpu })
             }
         },
-        // The runtime made the container's cgroup: where its init process is, is where it is.
-        DriverState::Oci { .. } => {
+        // The runtime (or the Docker Engine) made the container's cgroup: where its init process
+        // is, is where it is.
+        DriverState::Oci { .. } | DriverState::Docker { .. } => {
             let proc_cgroup = std::fs::read_to_string(format!("/proc/{}/cgroup", handle.task.pid)).ok()?;
             cgroup_of(&proc_cgroup, Path::new(CGROUP_ROOT))
         }

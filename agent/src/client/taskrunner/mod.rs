@@ -115,7 +115,12 @@ fn recoverable(e: &DriverError) -> bool {
     e.transient_files_error()
         || matches!(
             e,
-            DriverError::Executor(_) | DriverError::Cgroup(_) | DriverError::Runtime(_) | DriverError::Signal(_) | DriverError::Io { .. }
+            DriverError::Executor(_)
+                | DriverError::Cgroup(_)
+                | DriverError::Runtime(_)
+                | DriverError::Docker(_)
+                | DriverError::Signal(_)
+                | DriverError::Io { .. }
         )
 }
 
@@ -448,7 +453,7 @@ impl TaskRunner {
     }
 
     /// Where a restored runner picks up.
-    fn initial(&self) -> Next {
+    async fn initial(&self) -> Next {
         let (handle, dead) = {
             let l = lock(&self.local);
             (l.handle.clone(), l.state.state == task_state::DEAD)
@@ -460,7 +465,7 @@ impl TaskRunner {
             Ok(d) => d,
             Err(e) => return Next::Exited(ExitResult::failed(format!("recovering the task: {e}"))),
         };
-        match driver.recover(&handle) {
+        match driver.recover(&handle).await {
             Ok(Recovered::Running(h)) => {
                 tracing::info!(alloc_id = %self.alloc_id, task = %self.name, pid = h.task.pid, "reattached to a running task");
                 Next::Attach(driver, h)
@@ -472,7 +477,7 @@ impl TaskRunner {
 
     async fn run_loop(self: &Arc<Self>) -> Flow {
         let mut tracker = self.restart_tracker();
-        let mut next = self.initial();
+        let mut next = self.initial().await;
         loop {
             let (driver, handle) = match std::mem::replace(&mut next, Next::Start) {
                 Next::Finished => return Flow::Done,
