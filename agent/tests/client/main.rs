@@ -8,6 +8,7 @@ mod consul_services;
 mod consul_si;
 mod escape;
 mod http;
+mod operator;
 mod reconnect;
 mod register;
 mod restore;
