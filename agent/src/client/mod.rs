@@ -24,6 +24,7 @@ pub mod context;
 pub mod csi;
 pub mod driver;
 pub mod fingerprint;
+pub mod gc;
 pub mod heartbeat;
 pub mod http;
 pub mod network;
@@ -334,6 +335,11 @@ impl Client {
     /// The runner of a local alloc.
     pub fn alloc_runner(&self, alloc_id: &str) -> Option<Arc<AllocRunner>> {
         lock(&self.inner.allocs).get(alloc_id).cloned()
+    }
+
+    /// Where alloc dirs go.
+    pub fn alloc_root(&self) -> std::path::PathBuf {
+        self.inner.ctx.alloc_root.clone()
     }
 
     /// The Consul service sync, when the agent has a `consul {}` block.

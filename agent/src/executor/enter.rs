@@ -134,9 +134,21 @@ fn enter_and_run(spec_path: &Path, task: ProcessRef, command: &OsStr, args: &[Os
 
     let mut cmd = Command::new(command);
     cmd.args(args).env_clear().envs(&process.env);
+    // The helper only waits: a ^C on an `alloc exec` terminal is for the command (which may
+    // handle it), so the helper ignores it and the command gets the default dispositions back.
+    const TERMINAL_SIGNALS: [libc::c_int; 2] = [libc::SIGINT, libc::SIGQUIT];
+    for sig in TERMINAL_SIGNALS {
+        // SAFETY: setting a disposition to SIG_IGN installs no handler code.
+        unsafe { libc::signal(sig, libc::SIG_IGN) };
+    }
     // SAFETY: the helper is single-threaded; the hook only makes system calls.
     unsafe {
-        cmd.pre_exec(move || identity.apply().map_err(|(_, errno)| std::io::Error::from_raw_os_error(errno as i32)));
+        cmd.pre_exec(move || {
+            for sig in TERMINAL_SIGNALS {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            identity.apply().map_err(|(_, errno)| std::io::Error::from_raw_os_error(errno as i32))
+        });
     }
     let status = match cmd.status() {
         Ok(s) => s,

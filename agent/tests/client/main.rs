@@ -9,6 +9,7 @@ mod consul_si;
 mod dns;
 mod escape;
 mod http;
+mod operator;
 mod reconnect;
 mod register;
 mod restore;

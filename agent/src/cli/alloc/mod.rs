@@ -1,7 +1,10 @@
-//! `nomad-rs alloc ...`: status, logs, stop, restart.
+//! `nomad-rs alloc ...`: status, logs, fs, exec, signal, stop, restart.
 
+pub mod exec;
+pub mod fs;
 pub mod logs;
 pub mod restart;
+pub mod signal;
 pub mod status;
 pub mod stop;
 
@@ -33,6 +36,12 @@ pub enum AllocCommand {
     Stop(stop::StopArgs),
     /// Restart an allocation's tasks in place.
     Restart(restart::RestartArgs),
+    /// List, print, describe or follow files of an allocation's directory.
+    Fs(fs::FsArgs),
+    /// Run a command in a running task.
+    Exec(exec::ExecArgs),
+    /// Send a signal to an allocation's tasks.
+    Signal(signal::SignalArgs),
 }
 
 /// Runs an alloc command.
@@ -42,6 +51,9 @@ pub async fn run(a: AllocArgs) -> CmdResult {
         AllocCommand::Logs(l) => logs::run(&a.api, l).await,
         AllocCommand::Stop(s) => stop::run(&a.api, s).await,
         AllocCommand::Restart(r) => restart::run(&a.api, r).await,
+        AllocCommand::Fs(f) => fs::run(&a.api, f).await,
+        AllocCommand::Exec(e) => exec::run(&a.api, e).await,
+        AllocCommand::Signal(s) => signal::run(&a.api, s).await,
     }
 }
 

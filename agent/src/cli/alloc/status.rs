@@ -43,12 +43,24 @@ pub async fn show(ctx: &Ctx, id_prefix: &str, verbose: bool, json: bool, short: 
         .await
         .map_err(|e| Failure::new(format!("Error querying allocation: {e}")))?
         .value;
-    println!("{}", render(&alloc, verbose, short, now_nanos(), &ctx.style));
+    // Usage comes from the client running the alloc; without it the table shows what was asked.
+    let stats = if alloc.client_status == nomad_proto::ClientStatus::Running && !short {
+        let path = format!("/v1/client/allocation/{}/stats", encode_path(&alloc.id));
+        ctx.client.get_json(&path, &Query::new()).await.ok().map(|a| a.value)
+    } else {
+        None
+    };
+    println!("{}", render_with_usage(&alloc, verbose, short, now_nanos(), &ctx.style, stats.as_ref()));
     Ok(exit::OK)
 }
 
 /// The whole `alloc status` output.
 pub fn render(a: &Allocation, verbose: bool, short: bool, now: i64, style: &Style) -> String {
+    render_with_usage(a, verbose, short, now, style, None)
+}
+
+/// `alloc status` with the tasks' usage (`/v1/client/allocation/<id>/stats`) when known.
+pub fn render_with_usage(a: &Allocation, verbose: bool, short: bool, now: i64, style: &Style, stats: Option<&serde_json::Value>) -> String {
     let len = if verbose { usize::MAX } else { 8 };
     let mut out = vec![details(a, len, verbose, now)];
     if let Some(m) = a.metrics.as_ref().filter(|m| verbose && m.nodes_evaluated > 0) {
@@ -69,7 +81,8 @@ pub fn render(a: &Allocation, verbose: bool, short: bool, now: i64, style: &Styl
         let state = states.get(&name).cloned().unwrap_or_default();
         let shown = if state.state.is_empty() { "pending" } else { state.state.as_str() };
         out.push(style.section(&format!("Task {name:?} is {shown:?}")));
-        out.push(task_block(a, &name, &state, verbose, short));
+        let usage = stats.map(|s| &s["Tasks"][&name]["ResourceUsage"]).filter(|u| !u.is_null() && state.state == "running");
+        out.push(task_block(a, &name, &state, verbose, short, usage));
     }
     out.join("\n")
 }
@@ -106,11 +119,11 @@ fn details(a: &Allocation, len: usize, verbose: bool, now: i64) -> String {
     kv(&pairs)
 }
 
-fn task_block(a: &Allocation, task: &str, state: &TaskState, verbose: bool, short: bool) -> String {
+fn task_block(a: &Allocation, task: &str, state: &TaskState, verbose: bool, short: bool, usage: Option<&serde_json::Value>) -> String {
     let mut out = Vec::new();
     if !short {
         out.push("Task Resources:".to_string());
-        out.push(task_resources(a, task));
+        out.push(task_resources(a, task, usage));
         out.push(String::new());
     }
     out.push("Task Events:".to_string());
@@ -128,7 +141,18 @@ fn task_block(a: &Allocation, task: &str, state: &TaskState, verbose: bool, shor
     out.join("\n")
 }
 
-fn task_resources(a: &Allocation, task: &str) -> String {
+/// go-humanize's `IBytes`: one decimal under 10, none above.
+pub fn ibytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 10 {
+        return format!("{n} B");
+    }
+    let e = ((n as f64).ln() / 1024f64.ln()).floor().min(5.0) as i32;
+    let v = n as f64 / 1024f64.powi(e);
+    if v < 10.0 { format!("{:.1} {}", v, UNITS[e as usize]) } else { format!("{:.0} {}", v, UNITS[e as usize]) }
+}
+
+fn task_resources(a: &Allocation, task: &str, usage: Option<&serde_json::Value>) -> String {
     let res = a.allocated_resources.as_ref();
     let t = res.and_then(|r| r.tasks.get(task));
     let cpu = t.map(|t| t.cpu.cpu_shares).unwrap_or_default();
@@ -144,7 +168,17 @@ fn task_resources(a: &Allocation, task: &str) -> String {
         }
     }
     let addrs = if addrs.is_empty() { "<none>".to_string() } else { addrs.join(", ") };
-    table_with_header(&["CPU", "Memory", "Disk", "Addresses"], vec![vec![format!("{cpu} MHz"), mib(mem), mib(disk), addrs]])
+    // As Nomad: used/asked, CPU in MHz (ticks of one core), memory as RSS (else usage).
+    let (cpu, mem) = match usage {
+        Some(u) => {
+            let ticks = u["CpuStats"]["TotalTicks"].as_f64().unwrap_or(0.0).floor();
+            let m = &u["MemoryStats"];
+            let used = m["RSS"].as_u64().filter(|r| *r > 0).or_else(|| m["Usage"].as_u64()).unwrap_or(0);
+            (format!("{ticks}/{cpu} MHz"), format!("{}/{}", ibytes(used), mib(mem)))
+        }
+        None => (format!("{cpu} MHz"), mib(mem)),
+    };
+    table_with_header(&["CPU", "Memory", "Disk", "Addresses"], vec![vec![cpu, mem, mib(disk), addrs]])
 }
 
 #[cfg(test)]
@@ -185,6 +219,12 @@ mod tests {
         assert!(out.starts_with("ID                  = 0af996ed\n"), "{out}");
         assert!(out.contains("Created             = 1m3s ago"), "{out}");
         assert!(out.contains("\nTask \"web\" is \"running\"\nTask Resources:\nCPU      Memory   Disk     Addresses\n100 MHz  300 MiB  300 MiB  http: 127.0.0.1:23456"), "{out}");
+        let usage = serde_json::json!({"Tasks": {"web": {"ResourceUsage": {
+            "CpuStats": {"TotalTicks": 42.7}, "MemoryStats": {"RSS": 1_258_291, "Usage": 2_000_000}
+        }}}});
+        let with = render_with_usage(&a, false, false, 64_000_000_000, &Style::plain(), Some(&usage));
+        assert!(with.contains("42/100 MHz  1.2 MiB/300 MiB  300 MiB"), "{with}");
+        assert_eq!((ibytes(5), ibytes(4096), ibytes(300 << 20)), ("5 B".to_string(), "4.0 KiB".to_string(), "300 MiB".to_string()));
         let started = out.find("Task started by client").unwrap();
         let received = out.find("Task received by client").unwrap();
         assert!(started < received, "newest event first:\n{out}");

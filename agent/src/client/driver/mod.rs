@@ -32,7 +32,7 @@ pub use crate::executor::process::{ProcessRef, parse_signal};
 pub use error::DriverError;
 use handle::stop_with_escalation;
 pub use handle::{DriverState, Recovered, TaskHandle, TaskStatus};
-pub use task_exec::{CHECK_BUF_SIZE, ExecOutput};
+pub use task_exec::{CHECK_BUF_SIZE, ExecInput, ExecOutput, ExecOutputChunk, ExecSession};
 
 /// A task driver. Object-safe: the registry holds `Arc<dyn Driver>`.
 pub trait Driver: Send + Sync {
@@ -113,6 +113,25 @@ pub trait Driver: Send + Sync {
             handle.check_driver(self.name())?;
             let cmd = self.exec_command(handle, command, args)?;
             task_exec::run_bounded(cmd, timeout).await
+        })
+    }
+
+    /// Starts `command` interactively in the running task's context (`alloc exec`), with a
+    /// pseudo-terminal of `size` (rows, columns) when `tty` is set, else pipes. By default it
+    /// runs what [`Driver::exec_command`] builds; a driver whose commands do not run as local
+    /// processes (a container engine's exec API) overrides this.
+    fn exec_streaming<'a>(
+        &'a self,
+        handle: &'a TaskHandle,
+        command: &'a str,
+        args: &'a [String],
+        tty: bool,
+        size: Option<(u16, u16)>,
+    ) -> BoxFuture<'a, Result<ExecSession, DriverError>> {
+        Box::pin(async move {
+            handle.check_driver(self.name())?;
+            let cmd = self.exec_command(handle, command, args)?;
+            task_exec::spawn_session(cmd, tty, size)
         })
     }
 }

@@ -3,6 +3,11 @@
 //! - `GET /v1/client/fs/logs/<alloc_id>`: a task's stdout or stderr ([`logs`]).
 //! - `PUT|POST /v1/client/allocation/<alloc_id>/restart`: restart tasks ([`restart`]).
 //! - `GET /v1/client/allocation/<alloc_id>/stats`: resource usage ([`stats`]).
+//! - `GET /v1/client/fs/{ls,stat,cat,readat,stream}/<alloc_id>`: the alloc dir ([`fs`]).
+//! - `PUT|POST /v1/client/allocation/<alloc_id>/signal`: signal tasks ([`signal`]).
+//! - `GET /v1/client/allocation/<alloc_id>/exec`: a command in a task, over a websocket ([`exec`]).
+//! - `GET /v1/client/stats`: the host's usage ([`host_stats`]).
+//! - `/v1/client/gc`, `/v1/client/allocation/<alloc_id>/gc`: collect terminal allocs ([`gc`]).
 //!
 //! An agent serves these for its own allocs. For an alloc another client runs, an agent that
 //! can look the alloc up (it runs the server role) forwards the request once to that node: to the
@@ -10,9 +15,14 @@
 //! names), without the caller's credentials; an agent that can do neither answers 400 and says
 //! where to send it.
 
+mod exec;
 mod forward;
+pub mod fs;
+mod gc;
+pub mod host_stats;
 mod logs;
 mod restart;
+pub mod signal;
 mod stats;
 
 pub use stats::task_resource_usage;
@@ -49,6 +59,16 @@ pub fn router(state: ClientHttp) -> Router {
         .route("/v1/client/fs/logs/{alloc_id}", any(logs::handle))
         .route("/v1/client/allocation/{alloc_id}/restart", any(restart::handle))
         .route("/v1/client/allocation/{alloc_id}/stats", any(stats::handle))
+        .route("/v1/client/allocation/{alloc_id}/signal", any(signal::handle))
+        .route("/v1/client/allocation/{alloc_id}/exec", any(exec::handle))
+        .route("/v1/client/allocation/{alloc_id}/gc", any(gc::alloc))
+        .route("/v1/client/gc", any(gc::all))
+        .route("/v1/client/stats", any(host_stats::handle))
+        .route("/v1/client/fs/ls/{alloc_id}", any(fs::ls))
+        .route("/v1/client/fs/stat/{alloc_id}", any(fs::stat_route))
+        .route("/v1/client/fs/cat/{alloc_id}", any(fs::cat))
+        .route("/v1/client/fs/readat/{alloc_id}", any(fs::readat))
+        .route("/v1/client/fs/stream/{alloc_id}", any(fs::stream))
         .route("/v1/client/{*rest}", any(other))
         .with_state(state)
 }
@@ -94,6 +114,25 @@ impl ClientHttp {
         };
         Target::Done(err.into_response())
     }
+}
+
+/// The local client for a request about a node (`node_id`, empty for this one).
+pub(crate) fn local_node_client(state: &ClientHttp, node_id: Option<&str>) -> Result<Client, HttpError> {
+    let Some(client) = state.client.clone() else {
+        return Err(HttpError::bad_request("No local Node and node_id not provided"));
+    };
+    match node_id.filter(|n| !n.is_empty()) {
+        Some(n) if n != client.node_id() => Err(HttpError::bad_request(format!(
+            "node {n:?} is not this agent's node ({}): send the request to that node's HTTP address",
+            client.node_id()
+        ))),
+        _ => Ok(client),
+    }
+}
+
+/// One core's clock in MHz, as fingerprinted (1000 when unknown).
+pub(crate) fn core_mhz(client: &Client) -> f64 {
+    client.node().attributes.get("cpu.frequency").and_then(|f| f.parse::<f64>().ok()).filter(|mhz| *mhz > 0.0).unwrap_or(1000.0)
 }
 
 async fn other(State(state): State<ClientHttp>, Path(rest): Path<String>) -> Response {

@@ -15,6 +15,8 @@ pub const MAX_EVENTS: usize = 10;
 pub const FAILED_VALIDATION: &str = "Failed Validation";
 /// Every main task of the group is dead, so its sidecars are stopped.
 pub const MAIN_DEAD: &str = "Main Tasks Dead";
+/// A user sent the task a signal.
+pub const SIGNALING: &str = "Signaling";
 
 fn event(kind: &str, message: impl Into<String>) -> TaskEvent {
     let message = message.into();
@@ -136,6 +138,14 @@ pub fn reconnected() -> TaskEvent {
 pub fn restart_signaled(reason: &str) -> TaskEvent {
     let mut e = with(event(task_event::RESTART_SIGNAL, reason), &[("restart_reason", reason.to_string())]);
     e.restart_reason = reason.to_string();
+    e
+}
+
+/// A user sent the task a signal (`alloc signal`): the signal is in the details only, so the
+/// message is Nomad's generic one.
+pub fn signaling(signal: &str) -> TaskEvent {
+    let mut e = with(event(SIGNALING, ""), &[("signal", signal.to_string())]);
+    e.display_message = "Task being sent a signal".into();
     e
 }
 

@@ -211,6 +211,13 @@ impl TaskRunner {
         lock(&self.local).handle.clone()
     }
 
+    /// The driver and handle of the running task (for signals and exec sessions).
+    pub fn running_driver(&self) -> Option<(Arc<dyn Driver>, TaskHandle)> {
+        let handle = self.handle()?;
+        let driver = self.ctx.drivers.get(&handle.driver).ok()?;
+        Some((driver, handle))
+    }
+
     /// The run loop has ended (the task is dead and its stop hooks ran).
     pub fn is_finished(&self) -> bool {
         *self.finished.borrow()
