@@ -467,7 +467,8 @@ mod tests {
     #[test]
     fn an_old_spelling_points_at_the_command_we_have() {
         assert_eq!(not_implemented_message("run"), "\"nomad-rs run\" is not implemented yet; use \"nomad-rs job run\"");
-        assert_eq!(not_implemented_message("exec"), "\"nomad-rs exec\" is not implemented yet");
+        assert_eq!(not_implemented_message("exec"), "\"nomad-rs exec\" is not implemented yet; use \"nomad-rs alloc exec\"");
+        assert_eq!(not_implemented_message("var"), "\"nomad-rs var\" is not implemented yet");
         for (old, target) in NOMAD_ALIASES {
             assert!(NOMAD_COMMANDS.contains(old) && NOMAD_COMMANDS.contains(target), "{old} -> {target}");
         }

@@ -101,8 +101,6 @@ async fn a_nomad_command_nomad_rs_lacks_says_so_and_exits_1() {
         (&["job", "history", "web"][..], "job history"),
         (&["job", "-namespace", "prod", "revert", "web", "3"], "job revert"),
         (&["job", "dispatch", "batch"], "job dispatch"),
-        (&["alloc", "exec", "-task", "web", "ab12", "/bin/sh"], "alloc exec"),
-        (&["alloc", "fs", "ab12", "alloc/logs"], "alloc fs"),
         (&["var", "put", "app/config", "k=v"], "var put"),
         (&["acl", "bootstrap"], "acl bootstrap"),
         (&["volume", "snapshot", "list"], "volume snapshot list"),

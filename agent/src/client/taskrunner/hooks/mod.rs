@@ -347,9 +347,9 @@ mod tests {
     #[test]
     fn the_hook_list_is_fixed_plus_conditional_hooks() {
         let names = |t: &Task| init_hooks(t, None, Default::default(), None).iter().map(|h| h.name()).collect::<Vec<_>>();
-        assert_eq!(names(&Task::default()), ["validate", "task_dir"]);
+        assert_eq!(names(&Task::default()), ["validate", "task_dir", "dns"]);
         let t = Task { dispatch_payload: Some(serde_json::json!({"File": "in.txt"})), ..Task::default() };
-        assert_eq!(names(&t), ["validate", "task_dir", "dispatch_payload"]);
+        assert_eq!(names(&t), ["validate", "task_dir", "dns", "dispatch_payload"]);
     }
 }
 
