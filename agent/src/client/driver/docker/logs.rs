@@ -181,9 +181,7 @@ mod tests {
         assert!(p.admit(10, &mut seen));
         assert!(p.admit(10, &mut seen), "a second line with the same stamp");
         assert!(p.admit(20, &mut seen));
-        let saved = p;
-        // Resumed: the stream starts again at second 0.
-        let mut p = saved;
+        // Resumed with the saved position: the stream starts again at second 0.
         let mut seen = 0;
         assert!(!p.admit(10, &mut seen));
         assert!(!p.admit(10, &mut seen));

@@ -96,9 +96,9 @@ pub fn resolv_conf(dns: &DnsConfig, host: &str) -> Result<String, String> {
     // glibc uses the last search (or domain) line; the host's is read the same way.
     let searches = if dns.searches.is_empty() {
         host.lines()
+            .rev()
             .map(str::trim)
-            .filter(|l| l.starts_with("search ") || l.starts_with("search\t") || l.starts_with("domain ") || l.starts_with("domain\t"))
-            .last()
+            .find(|l| l.starts_with("search ") || l.starts_with("search\t") || l.starts_with("domain ") || l.starts_with("domain\t"))
             .map(|l| l.split_whitespace().skip(1).map(str::to_string).collect())
             .unwrap_or_default()
     } else {
