@@ -148,6 +148,8 @@ pub struct ClientCsiNodeDetachRequest {
     /// The node that holds the claim.
     #[serde(rename = "NodeID")]
     pub node_id: String,
+    /// The volume's namespace (the client's staging path has it; Nomad 1.6 sends none).
+    pub namespace: String,
     /// Nomad's ID of the volume.
     #[serde(rename = "VolumeID")]
     pub volume_id: String,

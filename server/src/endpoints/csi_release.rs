@@ -130,6 +130,7 @@ impl Endpoints {
             let req = ClientCsiNodeDetachRequest {
                 plugin_id: vol.plugin_id.clone(),
                 node_id: c.node_id.clone(),
+                namespace: vol.namespace.clone(),
                 volume_id: vol.id.clone(),
                 external_id: vol.remote_id().to_string(),
                 alloc_id: c.allocation_id.clone(),

@@ -11,7 +11,7 @@ use super::*;
 use crate::csi::ClientCallError;
 use crate::endpoints::CSI_CLIENT_RETRYABLE;
 use crate::testing::csi::{claim_of, finish_lost, place_alloc, plugin_node, register, set_status, stored, volume};
-use crate::testing::{CsiCall, RecordingClientCsi, TestServer, node};
+use crate::testing::{CsiCall, CsiRequest, RecordingClientCsi, TestServer, node};
 
 const MODE: CsiVolumeAccessMode = CsiVolumeAccessMode::MultiNodeMultiWriter;
 
@@ -86,6 +86,12 @@ async fn a_server_release_resumes_at_each_checkpoint_with_only_the_calls_left() 
             want.push(controller_detach("c1", "n1"));
         }
         assert_eq!(calls.calls(), want, "from {}", state.name());
+        for r in calls.requests() {
+            if let CsiRequest::NodeDetach(r) = r {
+                // The client's staging path has the namespace.
+                assert_eq!((r.namespace.as_str(), r.volume_id.as_str()), ("default", "vol"));
+            }
+        }
         assert_freed(&ts, state.name());
     }
 }

@@ -16,6 +16,7 @@ use futures::future::BoxFuture;
 use nomad_csi::capability::volume_capability;
 use nomad_csi::{CsiError, CsiPluginClient, v1};
 use nomad_proto::csi::{CsiTopology, CsiTopologyRequest, CsiVolumeAccessMode, CsiVolumeAttachmentMode, CsiVolumeCapability};
+use nomad_proto::job::DEFAULT_NAMESPACE;
 use nomad_proto::rpc::client_csi::{
     ClientCsiControllerAttachRequest, ClientCsiControllerAttachResponse, ClientCsiControllerCreateRequest,
     ClientCsiControllerCreateResponse, ClientCsiControllerDeleteRequest, ClientCsiControllerDetachRequest,
@@ -67,10 +68,19 @@ impl NodeDetach for VolumeManagerDetach {
                 access_mode: req.access_mode,
                 mount_options: None,
             };
-            self.0
-                .unmount_volume(&req.plugin_id, &req.volume_id, &req.external_id, &req.alloc_id, &usage)
-                .await
-                .map_err(|e| format!("CSI.NodeDetachVolume: {e}"))
+            // Servers before namespaced staging send no namespace: their volumes are "default"'s.
+            let namespace = if req.namespace.is_empty() { DEFAULT_NAMESPACE.to_string() } else { req.namespace };
+            let volume = super::VolumeUse {
+                plugin_id: req.plugin_id,
+                namespace,
+                volume_id: req.volume_id,
+                external_id: req.external_id,
+                alloc_id: req.alloc_id,
+                usage,
+                // Where this process staged or restored the pair, else the layout of this agent.
+                staging_layout: super::StagingLayout::Namespaced,
+            };
+            self.0.unmount_volume(&volume).await.map_err(|e| format!("CSI.NodeDetachVolume: {e}"))
         })
     }
 }

@@ -385,7 +385,7 @@ async fn side_fingerprint(client: &dyn CsiPluginClient, side: PluginSide, base: 
 pub mod endpoint;
 pub mod volume;
 
-pub use volume::{CsiVolumes, MountInfo, MountRequest, UsageOptions, VolumeError};
+pub use volume::{CsiVolumes, MountInfo, MountRequest, StagingLayout, UsageOptions, VolumeError, VolumeUse};
 
 #[cfg(test)]
 pub(crate) mod fake;

@@ -3,14 +3,22 @@
 //!
 //! Paths, per node plugin, under the plugin's host root `<csi root>/<type>/<plugin id>` (made
 //! by the plugin supervisor):
-//! - staging: `<root>/staging/<volume id>/<usage>`,
+//! - staging: `<root>/staging/<namespace>/<volume id>/<usage>`,
 //! - publish target: `<root>/per-alloc/<alloc id>/<volume id>/<usage>`,
 //!
 //! where `<usage>` is [`UsageOptions::to_fs`] (`rw-file-system-single-node-writer`). The plugin
 //! is sent the same paths under its own view of the root (`PluginRegistration::
 //! container_mount_point`). Every directory is made beneath the CSI root through `fs_beneath`
 //! (mode 0700, never through a symlink), and removed the same way, never across a mount point.
-//! Volume and alloc IDs must be plain names.
+//! Namespaces, volume and alloc IDs must be plain names.
+//!
+//! Volumes are namespaced, so the staging dir is too: Nomad 1.6's `staging/<volume id>/<usage>`
+//! let two namespaces' volumes with one ID collide on a node (Nomad fixed it the same way
+//! later). The publish target needs no namespace: an alloc claims volumes of its own namespace
+//! only. A volume staged by an agent from before the namespaced layout stays where it is
+//! ([`StagingLayout::Unnamespaced`], recorded in the alloc's stub and in the usage tracker)
+//! until its last user unstages it, so an upgraded agent never moves a mount under a plugin
+//! that recorded its path.
 //!
 //! [`CsiVolumes::mount_volume`]: `NodeStageVolume` when the plugin has `STAGE_UNSTAGE_VOLUME`,
 //! then `NodePublishVolume` (read-only when asked); each call has a deadline and is tried 3
@@ -69,12 +77,41 @@ impl UsageOptions {
     }
 }
 
+/// Which layout a volume's staging dir follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StagingLayout {
+    /// `staging/<volume id>/<usage>`: Nomad 1.6's, written by agents before the namespaced
+    /// layout (their stubs name no layout).
+    #[serde(rename = "volume")]
+    Unnamespaced,
+    /// `staging/<namespace>/<volume id>/<usage>`.
+    #[serde(rename = "namespace/volume")]
+    Namespaced,
+}
+
+impl StagingLayout {
+    /// What a stub without a layout was staged with.
+    fn before_namespaces() -> StagingLayout {
+        StagingLayout::Unnamespaced
+    }
+}
+
 /// Where a mounted volume is on the host (Nomad's `MountInfo`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct MountInfo {
     /// The host publish target: what tasks bind at their `volume_mount.destination`.
     pub source: PathBuf,
+    /// The layout of the staging dir the volume was staged at (for its unstage).
+    #[serde(default = "StagingLayout::before_namespaces")]
+    pub staging_layout: StagingLayout,
+}
+
+impl MountInfo {
+    /// A mount at `source` staged with the namespaced layout.
+    pub fn new(source: PathBuf) -> MountInfo {
+        MountInfo { source, staging_layout: StagingLayout::Namespaced }
+    }
 }
 
 /// A volume to mount for an alloc.
@@ -82,6 +119,8 @@ pub struct MountInfo {
 pub struct MountRequest {
     /// The node plugin.
     pub plugin_id: String,
+    /// The volume's namespace (paths).
+    pub namespace: String,
     /// Nomad's volume ID (paths).
     pub volume_id: String,
     /// The provider's volume ID (`RemoteID`: the external ID, else the ID): sent to the plugin.
@@ -98,6 +137,32 @@ pub struct MountRequest {
     pub volume_context: BTreeMap<String, String>,
     /// The volume's own mount options (the usage's win where set).
     pub volume_mount_options: Option<CsiMountOptions>,
+}
+
+/// One alloc's use of one mounted volume: what its unmount needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VolumeUse {
+    /// The node plugin.
+    pub plugin_id: String,
+    /// The volume's namespace.
+    pub namespace: String,
+    /// Nomad's volume ID (paths).
+    pub volume_id: String,
+    /// The provider's ID (sent to the plugin; empty: the same as `volume_id`).
+    pub external_id: String,
+    /// The alloc.
+    pub alloc_id: String,
+    /// How the alloc uses it.
+    pub usage: UsageOptions,
+    /// The layout it was staged with, when the usage tracker does not know it (a use this
+    /// process never mounted nor restored).
+    pub staging_layout: StagingLayout,
+}
+
+impl VolumeUse {
+    fn key(&self) -> UsageKey {
+        UsageKey::new(&self.plugin_id, &self.namespace, &self.volume_id, &self.usage)
+    }
 }
 
 /// Why a volume operation failed.
@@ -139,46 +204,70 @@ pub trait CsiVolumes: Send + Sync {
     /// Stages (if the plugin stages) and publishes the volume for the alloc.
     fn mount_volume<'a>(&'a self, req: &'a MountRequest) -> BoxFuture<'a, Result<MountInfo, VolumeError>>;
     /// Unpublishes the alloc's use of the volume, and unstages it when no other alloc uses the
-    /// (volume, usage) pair. `volume_id` is Nomad's (paths), `external_id` the provider's (sent
-    /// to the plugin; empty: the same as `volume_id`).
+    /// (volume, usage) pair.
     ///
     /// This is also what a server-requested `ClientCSI.NodeDetachVolume` calls, with the
-    /// request's `PluginID`, `VolumeID`, `ExternalID`, `AllocID` and a usage of its
-    /// `ReadOnly`, `AttachmentMode` and `AccessMode`.
-    fn unmount_volume<'a>(
-        &'a self,
-        plugin_id: &'a str,
-        volume_id: &'a str,
-        external_id: &'a str,
-        alloc_id: &'a str,
-        usage: &'a UsageOptions,
-    ) -> BoxFuture<'a, Result<(), VolumeError>>;
+    /// request's `PluginID`, `Namespace`, `VolumeID`, `ExternalID`, `AllocID` and a usage of
+    /// its `ReadOnly`, `AttachmentMode` and `AccessMode`.
+    fn unmount_volume<'a>(&'a self, volume: &'a VolumeUse) -> BoxFuture<'a, Result<(), VolumeError>>;
     /// Whether a restored mount is still there: its source is a mount point.
     fn has_mount(&self, info: &MountInfo) -> bool;
-    /// Records that a restored alloc still uses the (volume, usage) pair.
-    fn restore_usage(&self, plugin_id: &str, volume_id: &str, alloc_id: &str, usage: &UsageOptions);
+    /// Records that a restored alloc still uses the (volume, usage) pair, staged with
+    /// `volume.staging_layout`.
+    fn restore_usage(&self, volume: &VolumeUse);
 }
 
-/// Which allocs use each (plugin, volume, usage) (Nomad's `usageTracker`).
+/// A (plugin, namespace, volume, usage) whose users are tracked.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct UsageKey {
+    plugin_id: String,
+    namespace: String,
+    volume_id: String,
+    usage: String,
+}
+
+impl UsageKey {
+    /// The key of a volume's usage.
+    pub fn new(plugin_id: &str, namespace: &str, volume_id: &str, usage: &UsageOptions) -> UsageKey {
+        UsageKey { plugin_id: plugin_id.into(), namespace: namespace.into(), volume_id: volume_id.into(), usage: usage.to_fs() }
+    }
+}
+
+/// The allocs using a staged volume, and where it is staged.
+#[derive(Debug)]
+struct Users {
+    staging_layout: StagingLayout,
+    allocs: BTreeSet<String>,
+}
+
+/// Which allocs use each (plugin, namespace, volume, usage), and where it is staged (Nomad's
+/// `usageTracker`).
 #[derive(Debug, Default)]
 pub struct UsageTracker {
-    users: Mutex<BTreeMap<(String, String, String), BTreeSet<String>>>,
+    users: Mutex<BTreeMap<UsageKey, Users>>,
 }
 
 impl UsageTracker {
-    /// Records the alloc's use.
-    pub fn claim(&self, plugin_id: &str, volume_id: &str, usage: &UsageOptions, alloc_id: &str) {
-        lock(&self.users).entry((plugin_id.into(), volume_id.into(), usage.to_fs())).or_default().insert(alloc_id.into());
+    /// Records the alloc's use of a pair staged with `layout` (a pair already in use keeps the
+    /// layout it was staged with).
+    pub fn claim(&self, key: UsageKey, alloc_id: &str, layout: StagingLayout) {
+        let mut users = lock(&self.users);
+        let users = users.entry(key).or_insert_with(|| Users { staging_layout: layout, allocs: BTreeSet::new() });
+        users.allocs.insert(alloc_id.into());
+    }
+
+    /// Where a pair in use is staged.
+    pub fn staged(&self, key: &UsageKey) -> Option<StagingLayout> {
+        lock(&self.users).get(key).map(|u| u.staging_layout)
     }
 
     /// Drops the alloc's use; true when no alloc uses the pair any more.
-    pub fn free(&self, plugin_id: &str, volume_id: &str, usage: &UsageOptions, alloc_id: &str) -> bool {
+    pub fn free(&self, key: &UsageKey, alloc_id: &str) -> bool {
         let mut users = lock(&self.users);
-        let key = (plugin_id.to_string(), volume_id.to_string(), usage.to_fs());
-        let Some(set) = users.get_mut(&key) else { return true };
-        set.remove(alloc_id);
-        if set.is_empty() {
-            users.remove(&key);
+        let Some(u) = users.get_mut(key) else { return true };
+        u.allocs.remove(alloc_id);
+        if u.allocs.is_empty() {
+            users.remove(key);
             true
         } else {
             false
@@ -204,7 +293,8 @@ pub struct NodePlugin {
 /// The directories of one (volume, usage, alloc), relative to the plugin's root.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumePaths {
-    /// `staging/<vol>/<usage>`.
+    /// `staging/<namespace>/<vol>/<usage>` (`staging/<vol>/<usage>` in the unnamespaced
+    /// layout).
     pub staging: PathBuf,
     /// `per-alloc/<alloc>/<vol>/<usage>`.
     pub target: PathBuf,
@@ -212,15 +302,25 @@ pub struct VolumePaths {
 
 impl VolumePaths {
     /// The paths, or why a name cannot be a directory.
-    pub fn new(volume_id: &str, alloc_id: &str, usage: &UsageOptions) -> Result<VolumePaths, VolumeError> {
+    pub fn new(
+        layout: StagingLayout,
+        namespace: &str,
+        volume_id: &str,
+        alloc_id: &str,
+        usage: &UsageOptions,
+    ) -> Result<VolumePaths, VolumeError> {
         let bad = |what, name: &str, reason| VolumeError::BadName { what, name: name.to_string(), reason };
+        if layout == StagingLayout::Namespaced {
+            check_name(namespace).map_err(|r| bad("namespace", namespace, r))?;
+        }
         check_name(volume_id).map_err(|r| bad("volume ID", volume_id, r))?;
         check_name(alloc_id).map_err(|r| bad("alloc ID", alloc_id, r))?;
         let usage = usage.to_fs();
-        Ok(VolumePaths {
-            staging: Path::new(STAGING_DIR).join(volume_id).join(&usage),
-            target: Path::new(PER_ALLOC_DIR).join(alloc_id).join(volume_id).join(&usage),
-        })
+        let staging = match layout {
+            StagingLayout::Namespaced => Path::new(STAGING_DIR).join(namespace).join(volume_id).join(&usage),
+            StagingLayout::Unnamespaced => Path::new(STAGING_DIR).join(volume_id).join(&usage),
+        };
+        Ok(VolumePaths { staging, target: Path::new(PER_ALLOC_DIR).join(alloc_id).join(volume_id).join(&usage) })
     }
 }
 
@@ -299,7 +399,10 @@ impl CsiManager {
 
     async fn mount(&self, req: &MountRequest) -> Result<MountInfo, VolumeError> {
         let plugin = self.node_plugin(&req.plugin_id).ok_or_else(|| VolumeError::PluginNotFound { plugin: req.plugin_id.clone() })?;
-        let paths = VolumePaths::new(&req.volume_id, &req.alloc_id, &req.usage)?;
+        let key = UsageKey::new(&req.plugin_id, &req.namespace, &req.volume_id, &req.usage);
+        // A pair already in use is staged again where it is (stage is idempotent there only).
+        let layout = self.usage.staged(&key).unwrap_or(StagingLayout::Namespaced);
+        let paths = VolumePaths::new(layout, &req.namespace, &req.volume_id, &req.alloc_id, &req.usage)?;
         let root = self.csi_root_dir()?;
         let remote_id = if req.external_id.is_empty() { req.volume_id.clone() } else { req.external_id.clone() };
         let options = merged_mount_options(req.volume_mount_options.as_ref(), req.usage.mount_options.as_ref());
@@ -345,22 +448,19 @@ impl CsiManager {
             })
             .await
             .map_err(|e| VolumeError::Plugin(format!("publishing volume {:?}: {e}", req.volume_id)))?;
-        self.usage.claim(&req.plugin_id, &req.volume_id, &req.usage, &req.alloc_id);
-        Ok(MountInfo { source: self.csi_root.join(&plugin.root).join(&paths.target) })
+        self.usage.claim(key, &req.alloc_id, layout);
+        Ok(MountInfo { source: self.csi_root.join(&plugin.root).join(&paths.target), staging_layout: layout })
     }
 
-    async fn unmount(
-        &self,
-        plugin_id: &str,
-        volume_id: &str,
-        external_id: &str,
-        alloc_id: &str,
-        usage: &UsageOptions,
-    ) -> Result<(), VolumeError> {
+    async fn unmount(&self, volume: &VolumeUse) -> Result<(), VolumeError> {
+        let VolumeUse { plugin_id, namespace, volume_id, external_id, alloc_id, usage, .. } = volume;
+        let (plugin_id, volume_id, alloc_id) = (plugin_id.as_str(), volume_id.as_str(), alloc_id.as_str());
         let plugin = self.node_plugin(plugin_id).ok_or_else(|| VolumeError::PluginNotFound { plugin: plugin_id.to_string() })?;
-        let paths = VolumePaths::new(volume_id, alloc_id, usage)?;
+        let key = volume.key();
+        let layout = self.usage.staged(&key).unwrap_or(volume.staging_layout);
+        let paths = VolumePaths::new(layout, namespace, volume_id, alloc_id, usage)?;
         let root = self.csi_root_dir()?;
-        let remote_id = if external_id.is_empty() { volume_id } else { external_id };
+        let remote_id = if external_id.is_empty() { volume_id } else { external_id.as_str() };
         let host_target = plugin.root.join(&paths.target);
         let rpc =
             plugin.client.node_unpublish_volume(remote_id.to_string(), plugin.plugin_root.join(&paths.target).display().to_string()).await;
@@ -391,7 +491,7 @@ impl CsiManager {
         for dir in [Path::new(PER_ALLOC_DIR).join(alloc_id).join(volume_id), Path::new(PER_ALLOC_DIR).join(alloc_id)] {
             let _ = remove_empty_dir(&root, &plugin.root.join(dir));
         }
-        if !self.usage.free(plugin_id, volume_id, usage, alloc_id) || !plugin.requires_staging {
+        if !self.usage.free(&key, alloc_id) || !plugin.requires_staging {
             return Ok(());
         }
         let staging = plugin.plugin_root.join(&paths.staging).display().to_string();
@@ -435,23 +535,16 @@ impl CsiVolumes for CsiManager {
         Box::pin(self.mount(req))
     }
 
-    fn unmount_volume<'a>(
-        &'a self,
-        plugin_id: &'a str,
-        volume_id: &'a str,
-        external_id: &'a str,
-        alloc_id: &'a str,
-        usage: &'a UsageOptions,
-    ) -> BoxFuture<'a, Result<(), VolumeError>> {
-        Box::pin(self.unmount(plugin_id, volume_id, external_id, alloc_id, usage))
+    fn unmount_volume<'a>(&'a self, volume: &'a VolumeUse) -> BoxFuture<'a, Result<(), VolumeError>> {
+        Box::pin(self.unmount(volume))
     }
 
     fn has_mount(&self, info: &MountInfo) -> bool {
         is_mount_point(&info.source)
     }
 
-    fn restore_usage(&self, plugin_id: &str, volume_id: &str, alloc_id: &str, usage: &UsageOptions) {
-        self.usage.claim(plugin_id, volume_id, usage, alloc_id);
+    fn restore_usage(&self, volume: &VolumeUse) {
+        self.usage.claim(volume.key(), &volume.alloc_id, volume.staging_layout);
     }
 }
 

@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use super::{AllocHook, AllocHookError, AllocHookRequest, DestroyHook, PostrunHook, PrerunHook, UpdateHook};
-use crate::client::csi::{CsiVolumes, MountInfo, MountRequest, UsageOptions};
+use crate::client::csi::{CsiVolumes, MountInfo, MountRequest, StagingLayout, UsageOptions, VolumeUse};
 use crate::client::servers::{RpcError, Servers};
 use crate::client::state::HookState;
 use crate::client::taskrunner::lock;
@@ -133,6 +133,21 @@ pub struct VolumeStub {
     pub usage: UsageOptions,
     /// Set once mounted.
     pub mount_info: Option<MountInfo>,
+}
+
+impl VolumeStub {
+    /// The alloc's use of this volume, staged as its mount says.
+    fn volume_use(&self, alloc_id: &str) -> VolumeUse {
+        VolumeUse {
+            plugin_id: self.plugin_id.clone(),
+            namespace: self.namespace.clone(),
+            volume_id: self.volume_id.clone(),
+            external_id: self.external_id.clone(),
+            alloc_id: alloc_id.to_string(),
+            usage: self.usage.clone(),
+            staging_layout: self.mount_info.as_ref().map_or(StagingLayout::Namespaced, |m| m.staging_layout),
+        }
+    }
 }
 
 /// See the module docs.
@@ -236,7 +251,8 @@ impl CsiHook {
     }
 
     fn namespace(alloc: &Allocation) -> String {
-        alloc.job.as_ref().map(|j| j.namespace.clone()).filter(|n| !n.is_empty()).unwrap_or_else(|| alloc.namespace.clone())
+        let namespace = alloc.job.as_ref().map(|j| j.namespace.as_str()).filter(|n| !n.is_empty()).unwrap_or(&alloc.namespace);
+        if namespace.is_empty() { nomad_proto::job::DEFAULT_NAMESPACE.to_string() } else { namespace.to_string() }
     }
 
     async fn claim_with_retry(&self, req: CsiVolumeClaimRequest) -> Result<CsiVolumeClaimResponse, String> {
@@ -295,7 +311,8 @@ impl CsiHook {
                 .map_err(|e| AllocHookError(format!("restoring mounts: {e}")))?;
             if self.volumes.has_mount(&info) {
                 tracing::info!(alloc_id = %alloc.id, volume = %stub.volume_id, source = %info.source.display(), "CSI volume still mounted: restored");
-                self.volumes.restore_usage(&old.plugin_id, &old.volume_id, &alloc.id, &old.usage);
+                // A stub from before namespaced staging keeps its staging dir (see `StagingLayout`).
+                self.volumes.restore_usage(&old.volume_use(&alloc.id));
                 *stub = old.clone();
             } else {
                 tracing::info!(alloc_id = %alloc.id, volume = %stub.volume_id, "CSI volume no longer mounted: claiming it again");
@@ -340,6 +357,7 @@ impl CsiHook {
             self.volumes.wait_for_node_plugin(&stub.plugin_id, &self.stop).await.map_err(err)?;
             let mount = MountRequest {
                 plugin_id: stub.plugin_id.clone(),
+                namespace: stub.namespace.clone(),
                 volume_id: stub.volume_id.clone(),
                 external_id: stub.external_id.clone(),
                 alloc_id: alloc.id.clone(),
@@ -405,10 +423,7 @@ struct Release {
 
 impl Release {
     async fn unmount(&self, stub: &VolumeStub) -> Result<(), String> {
-        self.volumes
-            .unmount_volume(&stub.plugin_id, &stub.volume_id, &stub.external_id, &self.alloc_id, &stub.usage)
-            .await
-            .map_err(|e| e.to_string())
+        self.volumes.unmount_volume(&stub.volume_use(&self.alloc_id)).await.map_err(|e| e.to_string())
     }
 
     async fn unmount_with_retry(&self, stub: &VolumeStub) -> Result<(), String> {

@@ -37,6 +37,7 @@ async fn setup(plugin: Arc<FakePlugin>) -> (tempfile::TempDir, Arc<CsiManager>) 
 fn request(alloc: &str, read_only: bool) -> MountRequest {
     MountRequest {
         plugin_id: "hostpath".into(),
+        namespace: "prod".into(),
         volume_id: "vol[0]".into(),
         external_id: "ext-1".into(),
         alloc_id: alloc.into(),
@@ -45,17 +46,43 @@ fn request(alloc: &str, read_only: bool) -> MountRequest {
     }
 }
 
+fn volume_use(alloc: &str, usage: &UsageOptions) -> VolumeUse {
+    VolumeUse {
+        plugin_id: "hostpath".into(),
+        namespace: "prod".into(),
+        volume_id: "vol[0]".into(),
+        external_id: "ext-1".into(),
+        alloc_id: alloc.into(),
+        usage: usage.clone(),
+        staging_layout: StagingLayout::Namespaced,
+    }
+}
+
 #[test]
 fn usage_dir_names_are_nomads() {
     assert_eq!(usage(false).to_fs(), "rw-file-system-single-node-writer");
     let ro = UsageOptions { access_mode: CsiVolumeAccessMode::MultiNodeReader, ..usage(true) };
     assert_eq!(ro.to_fs(), "ro-file-system-multi-node-reader-only");
-    let p = VolumePaths::new("vol[0]", "a1", &usage(false)).unwrap();
-    assert_eq!(p.staging, Path::new("staging/vol[0]/rw-file-system-single-node-writer"));
+    let ns = StagingLayout::Namespaced;
+    let p = VolumePaths::new(ns, "prod", "vol[0]", "a1", &usage(false)).unwrap();
+    assert_eq!(p.staging, Path::new("staging/prod/vol[0]/rw-file-system-single-node-writer"));
     assert_eq!(p.target, Path::new("per-alloc/a1/vol[0]/rw-file-system-single-node-writer"));
+    let before = VolumePaths::new(StagingLayout::Unnamespaced, "prod", "vol[0]", "a1", &usage(false)).unwrap();
+    assert_eq!(before.staging, Path::new("staging/vol[0]/rw-file-system-single-node-writer"), "Nomad 1.6's");
+    assert_eq!(before.target, p.target);
     for bad in ["..", ".", "a/b", ""] {
-        assert!(matches!(VolumePaths::new(bad, "a1", &usage(false)), Err(VolumeError::BadName { what: "volume ID", .. })), "{bad:?}");
-        assert!(matches!(VolumePaths::new("v", bad, &usage(false)), Err(VolumeError::BadName { what: "alloc ID", .. })), "{bad:?}");
+        assert!(
+            matches!(VolumePaths::new(ns, bad, "v", "a1", &usage(false)), Err(VolumeError::BadName { what: "namespace", .. })),
+            "{bad:?}"
+        );
+        assert!(
+            matches!(VolumePaths::new(ns, "prod", bad, "a1", &usage(false)), Err(VolumeError::BadName { what: "volume ID", .. })),
+            "{bad:?}"
+        );
+        assert!(
+            matches!(VolumePaths::new(ns, "prod", "v", bad, &usage(false)), Err(VolumeError::BadName { what: "alloc ID", .. })),
+            "{bad:?}"
+        );
     }
 }
 
@@ -68,32 +95,32 @@ async fn mount_stages_then_publishes_under_the_plugins_view_and_unmount_unstages
     let info = manager.mount_volume(&request("a1", false)).await.unwrap();
     assert_eq!(info.source, root.join(format!("per-alloc/a1/vol[0]/{rw}")));
     assert!(info.source.is_dir());
-    for d in [format!("staging/vol[0]/{rw}"), format!("per-alloc/a1/vol[0]/{rw}"), "per-alloc/a1".to_string()] {
+    for d in [format!("staging/prod/vol[0]/{rw}"), format!("per-alloc/a1/vol[0]/{rw}"), "per-alloc/a1".to_string()] {
         assert_eq!(std::fs::metadata(root.join(&d)).unwrap().permissions().mode() & 0o777, 0o700, "{d}");
     }
     manager.mount_volume(&request("a2", false)).await.unwrap();
     assert_eq!(
         plugin.calls(),
         [
-            format!("NodeStageVolume ext-1 /local/csi/staging/vol[0]/{rw}"),
-            format!("NodePublishVolume ext-1 /local/csi/staging/vol[0]/{rw} /local/csi/per-alloc/a1/vol[0]/{rw} readonly=false"),
-            format!("NodeStageVolume ext-1 /local/csi/staging/vol[0]/{rw}"),
-            format!("NodePublishVolume ext-1 /local/csi/staging/vol[0]/{rw} /local/csi/per-alloc/a2/vol[0]/{rw} readonly=false"),
+            format!("NodeStageVolume ext-1 /local/csi/staging/prod/vol[0]/{rw}"),
+            format!("NodePublishVolume ext-1 /local/csi/staging/prod/vol[0]/{rw} /local/csi/per-alloc/a1/vol[0]/{rw} readonly=false"),
+            format!("NodeStageVolume ext-1 /local/csi/staging/prod/vol[0]/{rw}"),
+            format!("NodePublishVolume ext-1 /local/csi/staging/prod/vol[0]/{rw} /local/csi/per-alloc/a2/vol[0]/{rw} readonly=false"),
         ]
     );
     plugin.calls.lock().unwrap().clear();
 
     let u = usage(false);
-    manager.unmount_volume("hostpath", "vol[0]", "ext-1", "a1", &u).await.unwrap();
+    manager.unmount_volume(&volume_use("a1", &u)).await.unwrap();
     assert_eq!(plugin.calls(), [format!("NodeUnpublishVolume ext-1 /local/csi/per-alloc/a1/vol[0]/{rw}")], "a2 still uses it: no unstage");
     assert!(!root.join("per-alloc/a1").exists(), "the alloc's emptied dirs are removed");
     plugin.calls.lock().unwrap().clear();
-    manager.unmount_volume("hostpath", "vol[0]", "ext-1", "a2", &u).await.unwrap();
+    manager.unmount_volume(&volume_use("a2", &u)).await.unwrap();
     assert_eq!(
         plugin.calls(),
         [
             format!("NodeUnpublishVolume ext-1 /local/csi/per-alloc/a2/vol[0]/{rw}"),
-            format!("NodeUnstageVolume ext-1 /local/csi/staging/vol[0]/{rw}"),
+            format!("NodeUnstageVolume ext-1 /local/csi/staging/prod/vol[0]/{rw}"),
         ],
         "the last user unstages"
     );
@@ -108,7 +135,7 @@ async fn a_plugin_without_staging_is_only_published_read_only_when_asked() {
     let ro = "ro-file-system-single-node-writer";
     assert_eq!(plugin.calls(), [format!("NodePublishVolume vol[0] - /local/csi/per-alloc/a1/vol[0]/{ro} readonly=true")]);
     plugin.calls.lock().unwrap().clear();
-    manager.unmount_volume("hostpath", "vol[0]", "", "a1", &usage(true)).await.unwrap();
+    manager.unmount_volume(&VolumeUse { external_id: String::new(), ..volume_use("a1", &usage(true)) }).await.unwrap();
     assert_eq!(plugin.calls(), [format!("NodeUnpublishVolume vol[0] /local/csi/per-alloc/a1/vol[0]/{ro}")], "no unstage");
 }
 
@@ -120,13 +147,13 @@ async fn unpublish_errors_are_ignorable_once_the_target_is_gone_and_reported_whi
     let u = usage(false);
     // The plugin fails all three tries of NodeUnpublishVolume: the target is still there.
     plugin.node_fails.store(1, Ordering::SeqCst);
-    let err = manager.unmount_volume("hostpath", "vol[0]", "ext-1", "a1", &u).await.unwrap_err();
+    let err = manager.unmount_volume(&volume_use("a1", &u)).await.unwrap_err();
     assert!(matches!(&err, VolumeError::Plugin(m) if m.contains("unpublishing volume \"vol[0]\"")), "{err}");
     // The fake counts one failure per call (the gRPC client's own retries are not in the fake);
     // the dir was removed anyway, so a second try finds nothing published there.
     assert!(!info.source.exists());
     plugin.node_fails.store(1, Ordering::SeqCst);
-    manager.unmount_volume("hostpath", "vol[0]", "ext-1", "a1", &u).await.unwrap();
+    manager.unmount_volume(&volume_use("a1", &u)).await.unwrap();
     assert!(dir.path().join("csi/monolith/hostpath").is_dir());
 }
 
@@ -161,13 +188,99 @@ fn mount_points_are_read_from_mountinfo_with_escapes() {
 fn the_usage_tracker_frees_a_pair_only_with_its_last_alloc() {
     let t = UsageTracker::default();
     let (rw, ro) = (usage(false), usage(true));
-    t.claim("p", "v", &rw, "a1");
-    t.claim("p", "v", &rw, "a2");
-    t.claim("p", "v", &ro, "a3");
-    assert!(!t.free("p", "v", &rw, "a1"));
-    assert!(t.free("p", "v", &ro, "a3"), "another usage is another pair");
-    assert!(t.free("p", "v", &rw, "a2"));
-    assert!(t.free("p", "v", &rw, "a9"), "an unknown pair has no users");
+    let key = |ns: &str, u: &UsageOptions| UsageKey::new("p", ns, "v", u);
+    t.claim(key("default", &rw), "a1", StagingLayout::Unnamespaced);
+    t.claim(key("default", &rw), "a2", StagingLayout::Namespaced);
+    t.claim(key("default", &ro), "a3", StagingLayout::Namespaced);
+    t.claim(key("other", &rw), "a4", StagingLayout::Namespaced);
+    assert_eq!(t.staged(&key("default", &rw)), Some(StagingLayout::Unnamespaced), "a pair keeps where it was first staged");
+    assert!(!t.free(&key("default", &rw), "a1"));
+    assert!(t.free(&key("default", &ro), "a3"), "another usage is another pair");
+    assert!(t.free(&key("other", &rw), "a4"), "another namespace is another pair");
+    assert!(t.free(&key("default", &rw), "a2"));
+    assert_eq!(t.staged(&key("default", &rw)), None);
+    assert!(t.free(&key("default", &rw), "a9"), "an unknown pair has no users");
+}
+
+#[tokio::test]
+async fn one_volume_id_in_two_namespaces_is_staged_twice_and_unstaged_apart() {
+    let plugin = Arc::new(FakePlugin::default());
+    let (_dir, manager) = setup(plugin.clone()).await;
+    let rw = "rw-file-system-single-node-writer";
+    manager.mount_volume(&request("a1", false)).await.unwrap();
+    let other = MountRequest { namespace: "other".into(), external_id: "ext-2".into(), ..request("a2", false) };
+    manager.mount_volume(&other).await.unwrap();
+    let stages: Vec<String> = plugin.calls().into_iter().filter(|c| c.starts_with("NodeStageVolume")).collect();
+    assert_eq!(
+        stages,
+        [
+            format!("NodeStageVolume ext-1 /local/csi/staging/prod/vol[0]/{rw}"),
+            format!("NodeStageVolume ext-2 /local/csi/staging/other/vol[0]/{rw}")
+        ]
+    );
+    plugin.calls.lock().unwrap().clear();
+    let u = usage(false);
+    manager.unmount_volume(&VolumeUse { namespace: "other".into(), external_id: "ext-2".into(), ..volume_use("a2", &u) }).await.unwrap();
+    assert_eq!(
+        plugin.calls(),
+        [
+            format!("NodeUnpublishVolume ext-2 /local/csi/per-alloc/a2/vol[0]/{rw}"),
+            format!("NodeUnstageVolume ext-2 /local/csi/staging/other/vol[0]/{rw}"),
+        ],
+        "prod's volume is no user of other's"
+    );
+}
+
+#[tokio::test]
+async fn a_volume_staged_before_namespaced_staging_is_reused_and_unstaged_where_it_is() {
+    let plugin = Arc::new(FakePlugin::default());
+    let (dir, manager) = setup(plugin.clone()).await;
+    let root = dir.path().join("csi/monolith/hostpath");
+    let rw = "rw-file-system-single-node-writer";
+    // An upgraded agent restores a1's mount, staged by its predecessor at staging/<vol>/<usage>.
+    std::fs::create_dir_all(root.join(format!("staging/vol[0]/{rw}"))).unwrap();
+    std::fs::create_dir_all(root.join(format!("per-alloc/a1/vol[0]/{rw}"))).unwrap();
+    let u = usage(false);
+    manager.restore_usage(&VolumeUse { staging_layout: StagingLayout::Unnamespaced, ..volume_use("a1", &u) });
+
+    // A second alloc of the same namespace uses the volume staged where it is, and so records it.
+    let info = manager.mount_volume(&request("a2", false)).await.unwrap();
+    assert_eq!(info.staging_layout, StagingLayout::Unnamespaced);
+    assert_eq!(
+        plugin.calls(),
+        [
+            format!("NodeStageVolume ext-1 /local/csi/staging/vol[0]/{rw}"),
+            format!("NodePublishVolume ext-1 /local/csi/staging/vol[0]/{rw} /local/csi/per-alloc/a2/vol[0]/{rw} readonly=false"),
+        ]
+    );
+    plugin.calls.lock().unwrap().clear();
+    // The restored stub says where it was staged; the last user unstages there.
+    let a1 = VolumeUse { staging_layout: StagingLayout::Unnamespaced, ..volume_use("a1", &u) };
+    manager.unmount_volume(&a1).await.unwrap();
+    manager.unmount_volume(&VolumeUse { staging_layout: info.staging_layout, ..volume_use("a2", &u) }).await.unwrap();
+    assert_eq!(
+        plugin.calls(),
+        [
+            format!("NodeUnpublishVolume ext-1 /local/csi/per-alloc/a1/vol[0]/{rw}"),
+            format!("NodeUnpublishVolume ext-1 /local/csi/per-alloc/a2/vol[0]/{rw}"),
+            format!("NodeUnstageVolume ext-1 /local/csi/staging/vol[0]/{rw}"),
+        ]
+    );
+
+    // Once unstaged, a new mount stages with the namespaced layout.
+    plugin.calls.lock().unwrap().clear();
+    let info = manager.mount_volume(&request("a3", false)).await.unwrap();
+    assert_eq!(info.staging_layout, StagingLayout::Namespaced);
+    assert_eq!(plugin.calls()[0], format!("NodeStageVolume ext-1 /local/csi/staging/prod/vol[0]/{rw}"));
+}
+
+#[test]
+fn a_mount_info_persisted_without_a_layout_was_staged_before_namespaces() {
+    let old: MountInfo = serde_json::from_str(r#"{"Source":"/s"}"#).unwrap();
+    assert_eq!(old, MountInfo { source: "/s".into(), staging_layout: StagingLayout::Unnamespaced });
+    let new = serde_json::to_string(&MountInfo::new("/s".into())).unwrap();
+    assert_eq!(new, r#"{"Source":"/s","StagingLayout":"namespace/volume"}"#);
+    assert_eq!(serde_json::from_str::<MountInfo>(&new).unwrap(), MountInfo::new("/s".into()));
 }
 
 #[tokio::test]
@@ -181,6 +294,7 @@ async fn a_servers_node_detach_unmounts_the_allocs_volume_through_the_manager() 
     let req = nomad_proto::rpc::client_csi::ClientCsiNodeDetachRequest {
         plugin_id: "hostpath".into(),
         node_id: "n1".into(),
+        namespace: "prod".into(),
         volume_id: "vol[0]".into(),
         external_id: "ext-1".into(),
         alloc_id: "a1".into(),

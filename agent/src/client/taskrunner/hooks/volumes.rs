@@ -115,7 +115,7 @@ mod tests {
     #[test]
     fn csi_mounts_become_binds_read_only_when_either_side_says_so() {
         let mounts = CsiMounts::default();
-        lock(&mounts).insert("data".into(), MountInfo { source: "/state/csi/node/p/per-alloc/a/v/rw".into() });
+        lock(&mounts).insert("data".into(), MountInfo::new("/state/csi/node/p/per-alloc/a/v/rw".into()));
         for (group_ro, mount_ro) in [(false, false), (true, false), (false, true)] {
             let (alloc, task) = fixture("exec", group_ro, mount_ro);
             let binds = volume_mounts(&alloc, &task, &mounts);
@@ -141,7 +141,7 @@ mod tests {
         let err = PrestartHook::prestart(&VolumesHook::new(CsiMounts::default()), &request(&alloc, &task, &config)).unwrap_err();
         assert_eq!(err.message, "No CSI Mount Point found for volume: data");
         let mounts = CsiMounts::default();
-        lock(&mounts).insert("data".into(), MountInfo { source: "/x".into() });
+        lock(&mounts).insert("data".into(), MountInfo::new("/x".into()));
         let (alloc, task) = fixture("raw_exec", false, false);
         let err = PrestartHook::prestart(&VolumesHook::new(mounts), &request(&alloc, &task, &config)).unwrap_err();
         assert_eq!(err.message, "task driver \"raw_exec\" for \"t\" does not support CSI");

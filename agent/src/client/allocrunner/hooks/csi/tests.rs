@@ -30,28 +30,45 @@ impl CsiVolumes for FakeVolumes {
         Box::pin(async { Ok(()) })
     }
     fn mount_volume<'a>(&'a self, req: &'a MountRequest) -> BoxFuture<'a, Result<MountInfo, VolumeError>> {
-        lock(&self.calls).push(format!("mount {} {} {} {}", req.plugin_id, req.volume_id, req.external_id, req.usage.to_fs()));
+        lock(&self.calls).push(format!(
+            "mount {} {}/{} {} {}",
+            req.plugin_id,
+            req.namespace,
+            req.volume_id,
+            req.external_id,
+            req.usage.to_fs()
+        ));
         let source = PathBuf::from(format!("/csi/per-alloc/{}/{}", req.alloc_id, req.volume_id));
         lock(&self.mounted).push(source.clone());
-        Box::pin(async move { Ok(MountInfo { source }) })
+        Box::pin(async move { Ok(MountInfo::new(source)) })
     }
-    fn unmount_volume<'a>(
-        &'a self,
-        plugin_id: &'a str,
-        volume_id: &'a str,
-        external_id: &'a str,
-        alloc_id: &'a str,
-        usage: &'a UsageOptions,
-    ) -> BoxFuture<'a, Result<(), VolumeError>> {
-        lock(&self.calls).push(format!("unmount {plugin_id} {volume_id} {external_id} {alloc_id} {}", usage.to_fs()));
+    fn unmount_volume<'a>(&'a self, v: &'a VolumeUse) -> BoxFuture<'a, Result<(), VolumeError>> {
+        lock(&self.calls).push(format!(
+            "unmount {} {}/{} {} {} {} {:?}",
+            v.plugin_id,
+            v.namespace,
+            v.volume_id,
+            v.external_id,
+            v.alloc_id,
+            v.usage.to_fs(),
+            v.staging_layout
+        ));
         let fail = self.unmount_fails.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
         Box::pin(async move { if fail { Err(VolumeError::Plugin("unpublishing: plugin down".into())) } else { Ok(()) } })
     }
     fn has_mount(&self, info: &MountInfo) -> bool {
         lock(&self.mounted).contains(&info.source)
     }
-    fn restore_usage(&self, plugin_id: &str, volume_id: &str, alloc_id: &str, usage: &UsageOptions) {
-        lock(&self.calls).push(format!("restore {plugin_id} {volume_id} {alloc_id} {}", usage.to_fs()));
+    fn restore_usage(&self, v: &VolumeUse) {
+        lock(&self.calls).push(format!(
+            "restore {} {}/{} {} {} {:?}",
+            v.plugin_id,
+            v.namespace,
+            v.volume_id,
+            v.alloc_id,
+            v.usage.to_fs(),
+            v.staging_layout
+        ));
     }
 }
 
@@ -178,7 +195,7 @@ async fn prerun_claims_and_mounts_and_postrun_unmounts_then_unpublishes_once() {
     assert_eq!((c.volume_id.as_str(), c.allocation_id.as_str(), c.node_id.as_str(), c.namespace.as_str()), ("vol", "a1", "node-1", "prod"));
     assert_eq!((c.claim, c.state), (CsiVolumeClaimMode::Write, CsiVolumeClaimState::Taken));
     assert_eq!((c.access_mode, c.attachment_mode), (CsiVolumeAccessMode::SingleNodeWriter, CsiVolumeAttachmentMode::FileSystem));
-    assert_eq!(f.volumes.calls(), ["wait hostpath", "mount hostpath vol ext-vol rw-file-system-single-node-writer"]);
+    assert_eq!(f.volumes.calls(), ["wait hostpath", "mount hostpath prod/vol ext-vol rw-file-system-single-node-writer"]);
     assert_eq!(mount_source(&f.mounts, "data"), Some(PathBuf::from("/csi/per-alloc/a1/vol")));
     let stubs = stubs_of(Some(&state));
     assert_eq!(stubs["data"].mount_info.as_ref().unwrap().source, Path::new("/csi/per-alloc/a1/vol"));
@@ -189,7 +206,7 @@ async fn prerun_claims_and_mounts_and_postrun_unmounts_then_unpublishes_once() {
     assert!(lock(&f.mounts).is_empty(), "the tasks lose the mounts");
     until("the unpublish", || lock(&f.rpc.unpublishes).len() == 1).await;
     let calls = f.volumes.calls();
-    assert_eq!(calls.last().unwrap(), "unmount hostpath vol ext-vol a1 rw-file-system-single-node-writer");
+    assert_eq!(calls.last().unwrap(), "unmount hostpath prod/vol ext-vol a1 rw-file-system-single-node-writer Namespaced");
     let u = lock(&f.rpc.unpublishes)[0].clone();
     assert_eq!((u.volume_id.as_str(), u.namespace.as_str()), ("vol", "prod"));
     let claim = u.claim.unwrap();
@@ -277,7 +294,11 @@ async fn a_restored_mount_is_kept_without_claim_or_publish_and_a_lost_one_is_cla
     lock(&f.volumes.calls).clear();
     let again = PrerunHook::prerun(&env_hook, &request(&a, Some(&state))).await.unwrap().unwrap();
     assert!(lock(&g.rpc.claims).is_empty(), "no claim");
-    assert_eq!(f.volumes.calls(), ["wait hostpath", "restore hostpath vol a1 rw-file-system-single-node-writer"], "no mount");
+    assert_eq!(
+        f.volumes.calls(),
+        ["wait hostpath", "restore hostpath prod/vol a1 rw-file-system-single-node-writer Namespaced"],
+        "no mount"
+    );
     assert_eq!(stubs_of(Some(&again)), stubs_of(Some(&state)));
     assert_eq!(mount_source(&g.mounts, "data"), Some(PathBuf::from("/csi/per-alloc/a1/vol")));
 
@@ -286,7 +307,32 @@ async fn a_restored_mount_is_kept_without_claim_or_publish_and_a_lost_one_is_cla
     lock(&f.volumes.calls).clear();
     PrerunHook::prerun(&env_hook, &request(&a, Some(&state))).await.unwrap();
     assert_eq!(lock(&g.rpc.claims).len(), 1);
-    assert_eq!(f.volumes.calls(), ["wait hostpath", "wait hostpath", "mount hostpath vol ext-vol rw-file-system-single-node-writer"]);
+    assert_eq!(f.volumes.calls(), ["wait hostpath", "wait hostpath", "mount hostpath prod/vol ext-vol rw-file-system-single-node-writer"]);
+}
+
+/// The `csi` hook state an agent from before namespaced staging persisted for alloc `a1` with
+/// volume `vol` mounted (no `StagingLayout` in its mount info).
+const STUBS_BEFORE_NAMESPACED_STAGING: &str = r#"{"data":{"VolumeID":"vol","VolumeExternalID":"ext-vol","PluginID":"hostpath","Namespace":"prod","Write":true,"Usage":{"ReadOnly":false,"AttachmentMode":"file-system","AccessMode":"single-node-writer","MountOptions":null},"MountInfo":{"Source":"/csi/per-alloc/a1/vol"}}}"#;
+
+#[tokio::test]
+async fn a_mount_restored_from_an_agent_before_namespaced_staging_is_unstaged_where_it_was_staged() {
+    let f = fixture();
+    let a = alloc("exec", csi_volume("vol", false, false));
+    let old = HookState { done: false, data: BTreeMap::from([("volumes".to_string(), STUBS_BEFORE_NAMESPACED_STAGING.to_string())]) };
+    lock(&f.volumes.mounted).push(PathBuf::from("/csi/per-alloc/a1/vol"));
+    let state = PrerunHook::prerun(&f.hook, &request(&a, Some(&old))).await.unwrap().unwrap();
+    assert!(lock(&f.rpc.claims).is_empty(), "still mounted: no claim");
+    assert_eq!(
+        f.volumes.calls(),
+        ["wait hostpath", "restore hostpath prod/vol a1 rw-file-system-single-node-writer Unnamespaced"],
+        "restored with the layout it was staged with, not remounted"
+    );
+    let stubs = stubs_of(Some(&state));
+    assert_eq!(stubs["data"].mount_info.as_ref().unwrap().staging_layout, StagingLayout::Unnamespaced, "persisted as such");
+
+    PostrunHook::postrun(&f.hook, &request(&a, Some(&state))).unwrap();
+    until("the unpublish", || lock(&f.rpc.unpublishes).len() == 1).await;
+    assert_eq!(f.volumes.calls().last().unwrap(), "unmount hostpath prod/vol ext-vol a1 rw-file-system-single-node-writer Unnamespaced");
 }
 
 #[tokio::test]
