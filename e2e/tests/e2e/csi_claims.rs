@@ -203,7 +203,6 @@ fn job_stop_with_purge_releases_the_claims() {
 }
 
 #[test]
-#[ignore = "finds a real bug: the client's staging path is staging/<volume ID>/<usage> without the namespace, so two namespaces' volumes with one ID collide on a node (NodeStageVolume AlreadyExists); fix the layout, then un-ignore"]
 fn the_same_volume_id_in_two_namespaces_is_two_volumes_with_their_own_claims() {
     if !prereq::met(&[Prereq::Root]) {
         return;
@@ -227,6 +226,12 @@ fn the_same_volume_id_in_two_namespaces_is_two_volumes_with_their_own_claims() {
     let (a_id, b_id) = (a["ID"].as_str().unwrap(), b["ID"].as_str().unwrap());
     volume_at_when(&cluster, "/v1/volume/csi/vol1?namespace=default", "default's claim", |v| write_allocs(v) == [a_id]);
     volume_at_when(&cluster, "/v1/volume/csi/vol1?namespace=other", "other's claim", |v| write_allocs(v) == [b_id]);
+    // Each namespace's volume is staged at its own path on the one node.
+    let mounts = csi_mounts(&cluster.clients[0]);
+    for ns in ["default", "other"] {
+        let staging = format!("/staging/{ns}/vol1/rw-file-system-single-node-writer");
+        assert!(mounts.iter().any(|m| m.ends_with(&staging)), "{staging} in {mounts:?}");
+    }
     let all = http.get_json("/v1/volumes?type=csi&namespace=*").unwrap();
     let mut listed: Vec<(String, String)> = all
         .as_array()
