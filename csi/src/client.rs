@@ -136,8 +136,8 @@ pub enum CsiError {
         method: &'static str,
         /// The gRPC status code.
         code: Code,
-        /// The whole message: the RPC, Nomad's explanation of the code where CSI gives it a
-        /// meaning, and the plugin's own message.
+        /// The whole message, Nomad's: its explanation of the code where CSI gives it a
+        /// meaning, and the plugin's own message (the RPC is in `method`, not here).
         message: String,
         /// The caller may treat it as success (an unpublish of a volume that is gone).
         ignorable: bool,
@@ -409,10 +409,11 @@ impl GrpcPluginClient {
                 let code = status.code();
                 // Go's rendering of a status, which Nomad's servers match on ("FailedPrecondition").
                 let rpc = format!("rpc error: code = {code:?} desc = {}", status.message());
+                // Nomad's text, which names no RPC: callers say which call failed.
                 let (ignorable, message) = match explain(code) {
-                    Some((true, sentence)) => (true, format!("{method}: {IGNORABLE}: {sentence}: {rpc}")),
-                    Some((false, sentence)) => (false, format!("{method}: {sentence}: {rpc}")),
-                    None => (false, format!("{method}: {rpc}")),
+                    Some((true, sentence)) => (true, format!("{IGNORABLE}: {sentence}: {rpc}")),
+                    Some((false, sentence)) => (false, format!("{sentence}: {rpc}")),
+                    None => (false, rpc),
                 };
                 CsiError::Status { method, code, message, ignorable }
             }

@@ -181,10 +181,10 @@ table! {
     Artifact: Block "artifact" in "task" => R(""),
     DispatchPayload: Block "dispatch_payload" in "task" => R("jobs cannot be dispatched"),
     VolumeMount: Block "volume_mount" in "task" => R("only CSI volumes are mounted into tasks: host volumes are not"),
-    VolumeMountCsi: Value "volume_mount of a type = \"csi\" volume" in "task" => H("bound at destination (read_only honoured) for exec and oci tasks; refused when the task's driver takes no mounts (raw_exec)"),
+    VolumeMountCsi: Value "volume_mount of a type = \"csi\" volume" in "task" => H("bound at destination (read_only and propagation_mode honoured) for exec and oci tasks; refused when the task's driver takes no mounts (raw_exec)"),
     TaskKind: Attribute "kind" in "task" => R("it marks Consul Connect tasks"),
-    CsiPlugin: Block "csi_plugin" in "task" => H("raw_exec tasks: the plugin supervisor gives the task CSI_ENDPOINT, probes it and registers it with the client's CSI manager, which fingerprints it into the node"),
-    CsiPluginIsolated: Value "csi_plugin with a driver other than \"raw_exec\"" in "task" => R("the plugin supervisor does not yet mount the socket and staging dirs into an isolated task: run the plugin with driver = \"raw_exec\""),
+    CsiPlugin: Block "csi_plugin" in "task" => H("raw_exec, exec and oci tasks: the plugin supervisor gives the task CSI_ENDPOINT (exec and oci: the socket dir at mount_dir and the staging root at stage_publish_base_dir, bidirectional, and /dev), probes it and registers it with the client's CSI manager, which fingerprints it into the node"),
+    CsiPluginIsolated: Value "csi_plugin with a driver other than \"raw_exec\", \"exec\" or \"oci\"" in "task" => R("only those drivers mount the plugin's socket and staging dirs (with bidirectional propagation for exec and oci)"),
     Identity: Block "identity" in "task" => R(""),
     // resources (task).
     Cpu: Attribute "cpu" in "resources" => H("scheduler fit, cgroup weight"),
@@ -829,7 +829,7 @@ impl Walk {
             csi_plugin_config
         {}
         self.decide(Feature::CsiPlugin, csi_plugin_config.is_some());
-        self.decide(Feature::CsiPluginIsolated, csi_plugin_config.is_some() && driver != "raw_exec");
+        self.decide(Feature::CsiPluginIsolated, csi_plugin_config.is_some() && !["raw_exec", "exec", "oci"].contains(&driver.as_str()));
         self.decide(Feature::Identity, identity.as_ref().is_some_and(|i| !i.is_null()));
     }
 
@@ -1070,7 +1070,7 @@ pub fn sample_job_using(feature: Feature) -> Job {
         Feature::TaskKind => t.kind = "connect-proxy:redis".into(),
         Feature::CsiPlugin | Feature::CsiPluginIsolated => {
             if feature == Feature::CsiPluginIsolated {
-                t.driver = "exec".into();
+                t.driver = "docker".into();
             }
             t.csi_plugin_config = Some(CsiPluginConfig {
                 id: "ebs".into(),

@@ -324,6 +324,7 @@ async fn start_client(cfg: &AgentConfig, settings: crate::config::ClientSettings
         crate::client::fingerprint::network::interface_address(name).map_err(anyhow::Error::msg)?;
     }
     let cc_alloc_root = settings.alloc_dir.clone();
+    let chroot_env = settings.chroot_env.clone();
     let mut cc = ClientConfig::new(settings, &cfg.name, &cfg.datacenter, &cfg.region, &cfg.advertise_http);
     cc.dev_mode = cfg.dev;
     cc.consul = Some(cfg.consul.clone());
@@ -332,6 +333,7 @@ async fn start_client(cfg: &AgentConfig, settings: crate::config::ClientSettings
         options.oci.runtime_root = root;
     }
     (options.exec.allow_caps, options.exec.user_denylist) = exec_policy;
+    options.exec.chroot_env = chroot_env;
     options.docker = cfg.docker_options().map_err(anyhow::Error::msg)?;
     options.docker.alloc_root = Some(cc_alloc_root);
     let drivers = DriverRegistry::new(&options);

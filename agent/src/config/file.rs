@@ -222,6 +222,9 @@ pub struct ClientBlock {
     pub bridge_network_subnet: Option<String>,
     /// Hairpin mode on the bridge's ports.
     pub bridge_network_hairpin_mode: Option<bool>,
+    /// What the exec driver's chroot holds: host path to path in the chroot (replaces the
+    /// defaults).
+    pub chroot_env: Option<BTreeMap<String, String>>,
 }
 
 /// `client { reserved {} }`.

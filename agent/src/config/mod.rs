@@ -5,7 +5,7 @@ pub mod file;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use file::FileConfig;
@@ -119,6 +119,9 @@ pub struct ClientSettings {
     pub network_interface: Option<String>,
     /// Bridge and CNI networking.
     pub cni: CniSettings,
+    /// `chroot_env`: the exec driver's chroot (host path to path in the chroot); `None`: its
+    /// defaults.
+    pub chroot_env: Option<BTreeMap<PathBuf, PathBuf>>,
 }
 
 /// `cni_path`, `cni_config_dir` and the `bridge_network_*` keys.
@@ -465,7 +468,7 @@ impl AgentConfig {
             None
         };
 
-        let cb = f.client.unwrap_or_default();
+        let mut cb = f.client.unwrap_or_default();
         let client_enabled = dev || flags.client || cb.enabled.unwrap_or(false);
         let client = if client_enabled {
             let mut servers = flags.servers.clone();
@@ -489,6 +492,19 @@ impl AgentConfig {
                 }
             }
             let cni = CniSettings::resolve(&cb, std::env::var("CNI_PATH").ok())?;
+            let chroot_env = match cb.chroot_env.take() {
+                None => None,
+                Some(map) => Some(
+                    map.into_iter()
+                        .map(|(host, task)| {
+                            if !Path::new(&host).is_absolute() || !Path::new(&task).is_absolute() {
+                                return Err(invalid("client.chroot_env", format!("{host:?} = {task:?}: both paths must be absolute")));
+                            }
+                            Ok((PathBuf::from(host), PathBuf::from(task)))
+                        })
+                        .collect::<Result<BTreeMap<_, _>, _>>()?,
+                ),
+            };
             let (min_port, max_port) = (cb.min_dynamic_port.unwrap_or(20000), cb.max_dynamic_port.unwrap_or(32000));
             if !(1..=65535).contains(&min_port) || !(1..=65535).contains(&max_port) || min_port > max_port {
                 return Err(invalid("client.min_dynamic_port", format!("dynamic port range {min_port}-{max_port} is not valid")));
@@ -508,6 +524,7 @@ impl AgentConfig {
                 memory_total_mb: cb.memory_total_mb,
                 network_interface: cb.network_interface.filter(|i| !i.is_empty()),
                 cni,
+                chroot_env,
             })
         } else {
             None
@@ -793,6 +810,20 @@ mod tests {
         let c = resolve("client {\n  network_interface = \"lo\"\n}\n", dev.clone()).unwrap();
         assert_eq!(c.client.unwrap().network_interface.as_deref(), Some("lo"));
         assert_eq!(resolve("", dev).unwrap().client.unwrap().network_interface, None);
+    }
+
+    #[test]
+    fn chroot_env_reaches_the_client_settings_with_absolute_paths_only() {
+        let dev = AgentFlags { dev: true, ..Default::default() };
+        let file = "client {\n  chroot_env = {\n    \"/usr\" = \"/usr\"\n    \"/opt/tools/bin\" = \"/tools\"\n  }\n}\n";
+        let env = resolve(file, dev.clone()).unwrap().client.unwrap().chroot_env.unwrap();
+        assert_eq!(
+            env,
+            BTreeMap::from([(PathBuf::from("/opt/tools/bin"), PathBuf::from("/tools")), (PathBuf::from("/usr"), PathBuf::from("/usr"))])
+        );
+        assert_eq!(resolve("", dev.clone()).unwrap().client.unwrap().chroot_env, None, "the exec driver's defaults");
+        let e = resolve("client {\n  chroot_env = {\n    \"usr\" = \"/usr\"\n  }\n}\n", dev).unwrap_err().to_string();
+        assert!(e.contains("client.chroot_env") && e.contains("both paths must be absolute"), "{e}");
     }
 
     #[test]

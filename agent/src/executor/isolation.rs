@@ -5,10 +5,21 @@
 //! cgroups, unshares mount/IPC/UTS namespaces, mounts everything *inside its own private mount
 //! namespace* and chroots. Those mounts are never visible on the host and vanish with the
 //! namespace when the task's last process exits, so there is nothing to unmount on destroy.
+//!
+//! A bind may ask for mount propagation ([`Propagation`], Nomad's `propagation_mode`): a CSI
+//! plugin's staging root is `bidirectional`, so what the plugin mounts under it in its chroot
+//! appears on the host (and is unmounted there when the plugin unmounts it). The task's mount
+//! namespace is made private as a whole first, which cuts every peer link to the host; so the
+//! source of such a bind is cloned on the host side before fork (`open_tree(OPEN_TREE_CLONE)`:
+//! a detached copy that stays a peer of the source's mount) and attached at its target after
+//! the namespace is private (`move_mount`). Its target's parent mount being private, the attach
+//! itself does not reach the host; only mounts made under the bind do. A `bidirectional`
+//! source must be on a shared mount (checked, never changed here: that is the host's or the
+//! caller's business); `host-to-task` then turns the attached copy into a slave (rslave).
 
 use std::ffi::{CStr, CString};
 use std::fs;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Component, Path, PathBuf};
 
 use nix::errno::Errno;
@@ -56,6 +67,41 @@ pub struct BindMount {
     pub target: PathBuf,
     /// Remounted read-only.
     pub read_only: bool,
+    /// Whether mounts under it cross between the host and the task.
+    #[serde(default)]
+    pub propagation: Propagation,
+}
+
+impl BindMount {
+    /// A bind with no propagation.
+    pub fn private(source: PathBuf, target: PathBuf, read_only: bool) -> BindMount {
+        BindMount { source, target, read_only, propagation: Propagation::Private }
+    }
+}
+
+/// How mounts under a bind cross between the host and the task (Nomad's `propagation_mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Propagation {
+    /// Neither way (`private`).
+    #[default]
+    Private,
+    /// Mounts the host makes under the source appear in the task (`host-to-task`, rslave).
+    HostToTask,
+    /// Both ways (`bidirectional`, rshared).
+    Bidirectional,
+}
+
+impl Propagation {
+    /// Nomad's `propagation_mode` (empty: private), or `None` for an unknown one.
+    pub fn parse(mode: &str) -> Option<Propagation> {
+        match mode {
+            "" | "private" => Some(Propagation::Private),
+            "host-to-task" => Some(Propagation::HostToTask),
+            "bidirectional" => Some(Propagation::Bidirectional),
+            _ => None,
+        }
+    }
 }
 
 /// A symlink inside the root.
@@ -74,14 +120,33 @@ pub struct Symlink {
 #[derive(Debug)]
 pub struct Prepared {
     root: CString,
-    /// (host source, target relative to the root, read-only)
-    binds: Vec<(CString, CString, bool)>,
+    binds: Vec<PreparedBind>,
     proc_dir: CString,
     tmp_dir: CString,
     hostname: String,
     cgroup_procs: Vec<PathBuf>,
     cwd: CString,
     identity: Identity,
+}
+
+/// One bind, as the child makes it.
+#[derive(Debug)]
+struct PreparedBind {
+    source: BindSource,
+    /// Relative to the root.
+    target: CString,
+    read_only: bool,
+    propagation: Propagation,
+}
+
+/// What a bind mounts.
+#[derive(Debug)]
+enum BindSource {
+    /// A host path, bound after the namespace is private.
+    Path(CString),
+    /// A detached clone of the source's mount tree made on the host side (see the module
+    /// docs), still a peer of the source.
+    Tree(OwnedFd),
 }
 
 /// Who the task's processes run as: the user and the capability sets, resolved on the host
@@ -166,13 +231,30 @@ pub fn prepare(spec: &IsolationSpec) -> Result<Prepared, String> {
         let meta = fs::metadata(&bind.source).map_err(|e| format!("chroot source {} does not exist: {e}", bind.source.display()))?;
         let target = relative_in_root(&bind.target);
         make_mount_point(&root, &target, meta.is_dir())?;
-        binds.push((cstring(&bind.source)?, cstring(&target)?, bind.read_only));
+        let source = match bind.propagation {
+            Propagation::Private => BindSource::Path(cstring(&bind.source)?),
+            propagation => {
+                if propagation == Propagation::Bidirectional && !on_shared_mount(&bind.source)? {
+                    return Err(format!(
+                        "bidirectional mount of {}: it is not on a shared mount, so nothing mounted under it could reach the host",
+                        bind.source.display()
+                    ));
+                }
+                BindSource::Tree(clone_tree(&bind.source)?)
+            }
+        };
+        binds.push(PreparedBind { source, target: cstring(&target)?, read_only: bind.read_only, propagation: bind.propagation });
     }
     for device in &spec.devices {
         fs::metadata(device).map_err(|e| format!("device {} is missing on the host: {e}", device.display()))?;
         let target = relative_in_root(device);
         make_mount_point(&root, &target, false)?;
-        binds.push((cstring(device)?, cstring(&target)?, false));
+        binds.push(PreparedBind {
+            source: BindSource::Path(cstring(device)?),
+            target: cstring(&target)?,
+            read_only: false,
+            propagation: Propagation::Private,
+        });
     }
     for dir in ["proc", "tmp"] {
         make_mount_point(&root, Path::new(dir), true)?;
@@ -188,6 +270,76 @@ pub fn prepare(spec: &IsolationSpec) -> Result<Prepared, String> {
         cwd: cstring(&spec.cwd)?,
         identity,
     })
+}
+
+/// Whether `path` is on a mount that is shared (a member of a peer group: `shared:N` in
+/// `/proc/self/mountinfo`), read on the host side.
+fn on_shared_mount(path: &Path) -> Result<bool, String> {
+    let path = path.canonicalize().map_err(|e| format!("resolve {}: {e}", path.display()))?;
+    let info = fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("read /proc/self/mountinfo: {e}"))?;
+    Ok(mount_containing(&info, &path).is_some_and(|optional| optional.split(' ').any(|f| f.starts_with("shared:"))))
+}
+
+/// The optional fields (propagation) of the last-mounted mount whose mount point contains
+/// `path`, in a `mountinfo` text.
+fn mount_containing<'a>(info: &'a str, path: &Path) -> Option<&'a str> {
+    let mut best: Option<(usize, &str)> = None;
+    for line in info.lines() {
+        let (before, _) = line.split_once(" - ").unwrap_or((line, ""));
+        let fields: Vec<&str> = before.splitn(7, ' ').collect();
+        let (Some(point), optional) = (fields.get(4), fields.get(6).copied().unwrap_or("")) else { continue };
+        let point = PathBuf::from(unescape_mountinfo(point));
+        if path.starts_with(&point) {
+            let depth = point.components().count();
+            // A later line over the same mount point is mounted on top of the earlier one.
+            if best.is_none_or(|(d, _)| depth >= d) {
+                best = Some((depth, optional));
+            }
+        }
+    }
+    best.map(|(_, optional)| optional)
+}
+
+/// mountinfo writes space, tab, newline and backslash as `\` and three octal digits.
+fn unescape_mountinfo(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && let Some(Ok(v)) = field.get(i + 1..i + 4).map(|o| u8::from_str_radix(o, 8))
+        {
+            out.push(v);
+            i += 4;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A detached copy of the mount tree at `source` (`open_tree(OPEN_TREE_CLONE | AT_RECURSIVE)`);
+/// each copied mount stays in the peer group of the one it copies.
+fn clone_tree(source: &Path) -> Result<OwnedFd, String> {
+    let path = cstring(source)?;
+    let flags = libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC | libc::AT_RECURSIVE as libc::c_uint;
+    // SAFETY: open_tree with a NUL-terminated path; a non-negative result is a new fd we own.
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, path.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(format!("clone the mount tree of {}: {}", source.display(), Errno::last().desc()));
+    }
+    // SAFETY: the kernel just returned this fd and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Attaches the detached tree `tree` on the directory `rel` beneath `root` (`move_mount`).
+fn attach_beneath(root: &OwnedFd, rel: &CStr, tree: &OwnedFd) -> Result<(), Errno> {
+    let target = target_beneath(root, rel)?;
+    let flags = libc::MOVE_MOUNT_F_EMPTY_PATH | libc::MOVE_MOUNT_T_EMPTY_PATH;
+    // SAFETY: move_mount with two fds we hold and empty NUL-terminated paths.
+    let rc = unsafe { libc::syscall(libc::SYS_move_mount, tree.as_raw_fd(), c"".as_ptr(), target.as_raw_fd(), c"".as_ptr(), flags) };
+    if rc < 0 { Err(Errno::last()) } else { Ok(()) }
 }
 
 /// A directory (or an empty regular file, for a file bind) at `target` beneath the root; an
@@ -272,12 +424,24 @@ impl Prepared {
         let root = nix::fcntl::open(self.root.as_c_str(), OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
             .map_err(|e| (format!("open chroot root {}", self.root.to_string_lossy()), e))?;
         let none = None::<&CStr>;
-        for (source, target, read_only) in &self.binds {
-            let step = || format!("bind {} to /{}", source.to_string_lossy(), target.to_string_lossy());
-            mount_beneath(&root, target, Some(source.as_c_str()), none, MsFlags::MS_BIND | MsFlags::MS_REC, none)
-                .map_err(|e| (step(), e))?;
-            if *read_only {
-                // Resolved again: the target now is the bind mount just made.
+        for bind in &self.binds {
+            let target = bind.target.as_c_str();
+            let step = || match &bind.source {
+                BindSource::Path(source) => format!("bind {} to /{}", source.to_string_lossy(), target.to_string_lossy()),
+                BindSource::Tree(_) => format!("attach the {:?} mount at /{}", bind.propagation, target.to_string_lossy()),
+            };
+            match &bind.source {
+                BindSource::Path(source) => {
+                    mount_beneath(&root, target, Some(source.as_c_str()), none, MsFlags::MS_BIND | MsFlags::MS_REC, none)
+                }
+                BindSource::Tree(tree) => attach_beneath(&root, target, tree),
+            }
+            .map_err(|e| (step(), e))?;
+            // Resolved again from here on: the target now is the mount just made.
+            if bind.propagation == Propagation::HostToTask {
+                mount_beneath(&root, target, none, none, MsFlags::MS_REC | MsFlags::MS_SLAVE, none).map_err(|e| (step(), e))?;
+            }
+            if bind.read_only {
                 let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
                 mount_beneath(&root, target, none, none, flags, none).map_err(|e| (step(), e))?;
             }
@@ -387,7 +551,7 @@ mod tests {
     fn spec(root: &Path) -> IsolationSpec {
         IsolationSpec {
             root: root.to_path_buf(),
-            binds: vec![BindMount { source: PathBuf::from("/etc"), target: PathBuf::from("/etc"), read_only: true }],
+            binds: vec![BindMount::private(PathBuf::from("/etc"), PathBuf::from("/etc"), true)],
             symlinks: vec![Symlink { path: PathBuf::from("/lib-link"), target: PathBuf::from("usr/lib") }],
             devices: vec![PathBuf::from("/dev/null")],
             hostname: String::new(),
@@ -413,9 +577,45 @@ mod tests {
         assert!(dir.path().join("etc").is_dir() && dir.path().join("proc").is_dir() && dir.path().join("tmp").is_dir());
         assert!(dir.path().join("dev/null").is_file());
         assert_eq!(fs::read_link(dir.path().join("lib-link")).unwrap(), PathBuf::from("usr/lib"));
-        assert_eq!(prepared.binds[0].1.as_c_str(), c"etc", "targets stay relative to the root");
+        assert_eq!(prepared.binds[0].target.as_c_str(), c"etc", "targets stay relative to the root");
         // Again, with everything in place: nothing changes, nothing fails.
         prepare(&spec(dir.path())).unwrap();
+    }
+
+    #[test]
+    fn the_mount_holding_a_path_and_its_propagation_are_read_from_mountinfo() {
+        let info = "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n\
+                    45 27 254:0 /var/lib/docker /var/lib/docker rw,relatime shared:1 - ext4 /dev/vda rw\n\
+                    50 27 0:40 / /srv/a\\040b rw master:3 shared:7 - tmpfs tmpfs rw\n\
+                    51 50 0:41 / /srv/a\\040b/inner rw - tmpfs tmpfs rw\n";
+        assert_eq!(mount_containing(info, Path::new("/work/x")), Some(""), "on / (private)");
+        assert_eq!(mount_containing(info, Path::new("/var/lib/docker/volumes")), Some("shared:1"));
+        assert_eq!(mount_containing(info, Path::new("/srv/a b/c")), Some("master:3 shared:7"), "escapes decoded");
+        assert_eq!(mount_containing(info, Path::new("/srv/a b/inner/d")), Some(""), "the deepest mount wins");
+        assert_eq!(mount_containing("", Path::new("/x")), None);
+        assert_eq!(Propagation::parse("bidirectional"), Some(Propagation::Bidirectional));
+        assert_eq!(Propagation::parse(""), Some(Propagation::Private));
+        assert_eq!(Propagation::parse("sideways"), None);
+    }
+
+    #[test]
+    fn a_bidirectional_bind_of_a_path_on_no_shared_mount_is_refused_before_anything_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = tempfile::tempdir().unwrap();
+        let mut s = spec(dir.path());
+        s.binds.push(BindMount {
+            source: source.path().to_path_buf(),
+            target: PathBuf::from("/local/csi"),
+            read_only: false,
+            propagation: Propagation::Bidirectional,
+        });
+        // A temp dir on a mount that is not shared (the test host's `/` is private; when it is
+        // shared, this test has nothing to refuse).
+        if on_shared_mount(source.path()).unwrap() {
+            return;
+        }
+        let err = prepare(&s).unwrap_err();
+        assert!(err.starts_with(&format!("bidirectional mount of {}: it is not on a shared mount", source.path().display())), "{err}");
     }
 
     #[test]

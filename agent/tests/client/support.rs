@@ -352,6 +352,7 @@ pub fn client_config(root: &Path, servers: Vec<String>) -> ClientConfig {
         memory_total_mb: None,
         network_interface: None,
         cni: nomad_agent::config::CniSettings::default(),
+        chroot_env: None,
     };
     let mut c = ClientConfig::new(settings, "test-node", "dc1", "global", "127.0.0.1:4646");
     c.dev_mode = true;

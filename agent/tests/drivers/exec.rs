@@ -317,3 +317,78 @@ async fn exec_task_enters_the_tasks_namespaces_root_cgroup_and_user() {
     let err = driver.exec_task(&handle, "/bin/true", &[], std::time::Duration::from_secs(5)).await.unwrap_err();
     assert!(err.to_string().contains("is not running"), "{err}");
 }
+
+/// A temp dir bound onto itself and made a shared mount (as the CSI root is); unmounted on drop.
+struct SharedMount(tempfile::TempDir);
+
+impl SharedMount {
+    fn new() -> SharedMount {
+        use nix::mount::{MsFlags, mount};
+        let dir = tempfile::tempdir().unwrap();
+        mount(Some(dir.path()), dir.path(), None::<&str>, MsFlags::MS_BIND, None::<&str>).unwrap();
+        mount(None::<&str>, dir.path(), None::<&str>, MsFlags::MS_SHARED, None::<&str>).unwrap();
+        SharedMount(dir)
+    }
+}
+
+impl Drop for SharedMount {
+    fn drop(&mut self) {
+        // What the task mounted through the bidirectional bind, then the bind itself.
+        for _ in 0..4 {
+            let _ = nix::mount::umount2(&self.0.path().join("m"), nix::mount::MntFlags::MNT_DETACH);
+        }
+        let _ = nix::mount::umount2(self.0.path(), nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+fn is_mount_point(path: &Path) -> bool {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines().filter_map(|l| l.split(' ').nth(4)).any(|m| Path::new(m) == path)
+}
+
+#[tokio::test]
+async fn a_bidirectional_bind_carries_the_tasks_mounts_to_the_host_and_a_host_to_task_one_the_hosts_to_the_task() {
+    use nomad_agent::client::driver::{MountConfig, Propagation};
+    require_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let (shared, hosts) = (SharedMount::new(), SharedMount::new());
+    let private = tempfile::tempdir().unwrap();
+    let mut options = options(false);
+    options.exec.user_denylist.clear();
+    // As a CSI node plugin: mounts under its bidirectional staging root, and under a private
+    // bind; then waits for the host to mount something under the host-to-task bind.
+    let script = "mkdir -p /plug/m /priv/m && mount -t tmpfs plug /plug/m && echo from-task > /plug/m/f \
+                  && mount -t tmpfs priv /priv/m && echo hidden > /priv/m/f && echo ready; \
+                  for i in $(seq 1 300); do test -e /fromhost/m/f && echo saw=$(cat /fromhost/m/f) && break; sleep 0.1; done; \
+                  exec sleep 600";
+    let mut task = task(dir.path(), "plugin", json!({"command": "/bin/sh", "args": ["-c", script]}));
+    task.user = Some("root".to_string());
+    let bind = |host: &Path, at: &str, propagation| MountConfig {
+        host_path: host.to_path_buf(),
+        task_path: at.into(),
+        read_only: false,
+        propagation,
+    };
+    task.mounts = vec![
+        bind(shared.0.path(), "/plug", Propagation::Bidirectional),
+        bind(private.path(), "/priv", Propagation::Private),
+        bind(hosts.0.path(), "/fromhost", Propagation::HostToTask),
+    ];
+    let driver = exec_driver(&options);
+    let handle = driver.start(&task).await.unwrap_or_else(|e| panic!("{e}"));
+    wait_for_output(&task, "ready").await;
+
+    assert!(is_mount_point(&shared.0.path().join("m")), "the task's mount reached the host");
+    assert_eq!(fs::read_to_string(shared.0.path().join("m/f")).unwrap(), "from-task\n");
+    assert!(!is_mount_point(&private.path().join("m")), "a private bind keeps the task's mounts");
+    assert!(!private.path().join("m/f").exists());
+    assert!(!is_mount_point(&dir.path().join("alloc-dir/plugin/plug")), "the bind itself stays in the task");
+
+    fs::create_dir_all(hosts.0.path().join("m")).unwrap();
+    nix::mount::mount(Some("fromhost"), &hosts.0.path().join("m"), Some("tmpfs"), nix::mount::MsFlags::empty(), None::<&str>).unwrap();
+    fs::write(hosts.0.path().join("m/f"), "host\n").unwrap();
+    wait_for_output(&task, "saw=host").await;
+
+    driver.destroy(&handle).await.unwrap();
+    assert!(is_mount_point(&shared.0.path().join("m")), "a plugin's mount outlives the plugin");
+}

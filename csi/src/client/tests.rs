@@ -61,7 +61,7 @@ async fn statuses_are_explained_in_nomads_words() {
     let ignorable = client.error("NodeUnpublishVolume", per_try, status(Code::NotFound, "no volume v"), 1, &explain);
     assert_eq!(
         ignorable.to_string(),
-        "NodeUnpublishVolume: CSI client error (ignorable): volume \"v\" could not be found: rpc error: code = NotFound desc = no volume v"
+        "CSI client error (ignorable): volume \"v\" could not be found: rpc error: code = NotFound desc = no volume v"
     );
     assert!(ignorable.is_ignorable() && !ignorable.is_retryable());
 
@@ -69,7 +69,7 @@ async fn statuses_are_explained_in_nomads_words() {
     assert!(internal.to_string().contains("check the plugin allocation logs") && !internal.is_ignorable());
 
     let busy = client.error("NodeUnpublishVolume", per_try, status(Code::Unavailable, "busy"), 3, &explain);
-    assert_eq!(busy.to_string(), "NodeUnpublishVolume: rpc error: code = Unavailable desc = busy");
+    assert_eq!(busy.to_string(), "rpc error: code = Unavailable desc = busy", "Nomad's text: the caller names the RPC");
     assert!(busy.is_retryable() && busy.code() == Some(Code::Unavailable));
     assert!(client.error("X", per_try, status(Code::ResourceExhausted, ""), 3, &explain).is_retryable());
     for final_code in [Code::InvalidArgument, Code::FailedPrecondition, Code::AlreadyExists, Code::Unimplemented, Code::Aborted] {

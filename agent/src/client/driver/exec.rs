@@ -124,7 +124,7 @@ impl ExecDriver {
                     let link = fs::read_link(&source).map_err(|e| DriverError::io(format!("read link {}", source.display()), e))?;
                     symlinks.push(Symlink { path: target, target: link });
                 }
-                Ok(_) => binds.push(BindMount { source, target, read_only: true }),
+                Ok(_) => binds.push(BindMount::private(source, target, true)),
             }
         }
         Ok((binds, symlinks))
@@ -133,10 +133,16 @@ impl ExecDriver {
     fn isolation(&self, task: &TaskConfig, config: &ExecConfig, cgroup: &TaskCgroup) -> Result<IsolationSpec, DriverError> {
         let (user, caps) = self.identity(task, config)?;
         let (mut binds, symlinks) = self.chroot_entries()?;
-        binds.push(BindMount { source: task.shared_dir(), target: PathBuf::from("/alloc"), read_only: false });
-        // CSI volumes, made inside the task's mount namespace after its own dirs.
+        binds.push(BindMount::private(task.shared_dir(), PathBuf::from("/alloc"), false));
+        // CSI volumes and a CSI plugin's dirs, made inside the task's mount namespace after its
+        // own dirs, with the propagation asked for.
         for m in &task.mounts {
-            binds.push(BindMount { source: m.host_path.clone(), target: PathBuf::from(&m.task_path), read_only: m.read_only });
+            binds.push(BindMount {
+                source: m.host_path.clone(),
+                target: PathBuf::from(&m.task_path),
+                read_only: m.read_only,
+                propagation: m.propagation,
+            });
         }
         let hostname: String = task.task_name.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(63).collect();
         Ok(IsolationSpec {
@@ -264,18 +270,41 @@ impl Driver for ExecDriver {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::driver::{CgroupVersion, MountConfig};
+    use crate::client::driver::{CgroupVersion, MountConfig, Propagation};
 
     #[test]
     fn csi_volume_mounts_are_bound_in_the_chroot_after_the_tasks_own_dirs() {
         let mut task = crate::client::taskrunner::hooks::tests_support::config();
-        task.mounts = vec![MountConfig { host_path: "/state/csi/per-alloc/a/v/ro".into(), task_path: "/data".into(), read_only: true }];
+        task.mounts = vec![
+            MountConfig {
+                host_path: "/state/csi/per-alloc/a/v/ro".into(),
+                task_path: "/data".into(),
+                read_only: true,
+                propagation: Propagation::Private,
+            },
+            MountConfig {
+                host_path: "/state/csi/node/p".into(),
+                task_path: "/local/csi".into(),
+                read_only: false,
+                propagation: Propagation::Bidirectional,
+            },
+        ];
         let driver = ExecDriver::new("/nonexistent/executor".into(), ExecOptions::default());
         let config = ExecConfig { command: "/bin/true".into(), args: Vec::new(), cap_add: Vec::new(), cap_drop: Vec::new() };
         let cgroup = TaskCgroup { version: CgroupVersion::V2, dirs: Vec::new() };
         let spec = driver.isolation(&task, &config, &cgroup).unwrap();
         let n = spec.binds.len();
-        assert_eq!(spec.binds[n - 2].target, PathBuf::from("/alloc"));
-        assert_eq!(spec.binds[n - 1], BindMount { source: "/state/csi/per-alloc/a/v/ro".into(), target: "/data".into(), read_only: true });
+        assert_eq!(spec.binds[n - 3].target, PathBuf::from("/alloc"));
+        assert_eq!(spec.binds[n - 2], BindMount::private("/state/csi/per-alloc/a/v/ro".into(), "/data".into(), true));
+        assert_eq!(
+            spec.binds[n - 1],
+            BindMount {
+                source: "/state/csi/node/p".into(),
+                target: "/local/csi".into(),
+                read_only: false,
+                propagation: Propagation::Bidirectional
+            },
+            "the propagation asked for is kept"
+        );
     }
 }

@@ -177,7 +177,11 @@ pub struct MountConfig {
     pub task_path: String,
     /// Bound read-only.
     pub read_only: bool,
+    /// Whether mounts under it cross between host and task (`PropagationMode`).
+    pub propagation: Propagation,
 }
+
+pub use crate::executor::isolation::Propagation;
 
 /// The shared dir, relative to the alloc dir.
 pub const SHARED_DIR: &str = "alloc";

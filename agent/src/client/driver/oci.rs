@@ -20,7 +20,7 @@ use serde::Deserialize;
 use super::handle::{DESTROY_WAIT, stop_with_escalation};
 use super::launch::{launch, launch_spec};
 use super::oci_image::{self, ImageDefaults};
-use super::{Driver, DriverError, DriverState, SHARED_DIR, TaskConfig, TaskHandle};
+use super::{Driver, DriverError, DriverState, Propagation, SHARED_DIR, TaskConfig, TaskHandle};
 use crate::executor::cgroups::{CgroupVersion, detect_version};
 use crate::executor::{LaunchMode, OciLaunch};
 use crate::fs_beneath::{Beneath, Links};
@@ -174,19 +174,34 @@ impl OciDriver {
                     .map_err(|e| built("mount", e))?,
             );
         }
-        // CSI volumes: host paths the agent made (the plugin's publish targets), not the task's.
+        // CSI volumes and a CSI plugin's dirs: host paths the agent made, not the task's.
         for m in &task.mounts {
             let mode = if m.read_only { "ro" } else { "rw" };
+            let propagation = match m.propagation {
+                Propagation::Private => "rprivate",
+                Propagation::HostToTask => "rslave",
+                Propagation::Bidirectional => "rshared",
+            };
             mounts.push(
                 MountBuilder::default()
                     .destination(&m.task_path)
                     .typ("bind")
                     .source(&m.host_path)
-                    .options(vec!["rbind".to_string(), mode.to_string()])
+                    .options(vec!["rbind".to_string(), mode.to_string(), propagation.to_string()])
                     .build()
                     .map_err(|e| built("mount", e))?,
             );
         }
+        // runc makes the container's mounts rslave unless told otherwise, and a bind can only
+        // share with the host what its parent shares: so the rootfs propagation follows the
+        // widest mount (as Docker sets it), and runc keeps the rootfs' own parent private.
+        let rootfs_propagation = if task.mounts.iter().any(|m| m.propagation == Propagation::Bidirectional) {
+            Some("rshared")
+        } else if task.mounts.iter().any(|m| m.propagation == Propagation::HostToTask) {
+            Some("rslave")
+        } else {
+            None
+        };
         mounts.push(
             MountBuilder::default()
                 .destination("/tmp")
@@ -236,6 +251,9 @@ impl OciDriver {
             );
         }
         linux.set_namespaces(Some(namespaces));
+        if let Some(p) = rootfs_propagation {
+            linux.set_rootfs_propagation(Some(p.to_string()));
+        }
         spec.set_linux(Some(linux));
         spec.set_process(Some(process));
         spec.set_root(Some(RootBuilder::default().path(rootfs).readonly(read_only_root).build().map_err(|e| built("root", e))?));
@@ -453,18 +471,56 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("alloc")).unwrap();
         std::fs::create_dir_all(dir.path().join("t")).unwrap();
         task.mounts = vec![
-            MountConfig { host_path: "/state/csi/node/p/per-alloc/a/v/ro".into(), task_path: "/data".into(), read_only: true },
-            MountConfig { host_path: "/state/csi/node/p/per-alloc/a/w/rw".into(), task_path: "/scratch".into(), read_only: false },
+            MountConfig {
+                host_path: "/state/csi/node/p/per-alloc/a/v/ro".into(),
+                task_path: "/data".into(),
+                read_only: true,
+                propagation: Propagation::Private,
+            },
+            MountConfig {
+                host_path: "/state/csi/node/p/per-alloc/a/w/rw".into(),
+                task_path: "/scratch".into(),
+                read_only: false,
+                propagation: Propagation::Private,
+            },
         ];
-        let driver = OciDriver::new("/nonexistent/executor".into(), OciOptions::default());
         let config = OciConfig { image: "/img".into(), command: Some("/bin/true".into()), args: Vec::new(), work_dir: None };
+        let driver = OciDriver::new("/nonexistent/executor".into(), OciOptions::default());
         let spec = driver.build_spec(&task, &config, Path::new("/rootfs"), false, &ImageDefaults::default(), "c1").unwrap();
+        assert_eq!(spec.linux().as_ref().unwrap().rootfs_propagation(), &None, "runc's default when nothing propagates");
         let mounts = spec.mounts().clone().unwrap();
         let find = |dest: &str| mounts.iter().find(|m| m.destination() == Path::new(dest)).cloned().expect(dest);
         let data = find("/data");
         assert_eq!(data.source().as_deref(), Some(Path::new("/state/csi/node/p/per-alloc/a/v/ro")));
         assert_eq!(data.typ().as_deref(), Some("bind"));
-        assert_eq!(data.options().clone().unwrap(), ["rbind", "ro"]);
-        assert_eq!(find("/scratch").options().clone().unwrap(), ["rbind", "rw"]);
+        assert_eq!(data.options().clone().unwrap(), ["rbind", "ro", "rprivate"]);
+        assert_eq!(find("/scratch").options().clone().unwrap(), ["rbind", "rw", "rprivate"]);
+    }
+
+    #[test]
+    fn a_csi_plugins_bidirectional_mount_is_rshared_in_a_shared_rootfs() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut task = crate::client::taskrunner::hooks::tests_support::config();
+        task.alloc_dir = dir.path().to_path_buf();
+        std::fs::create_dir_all(dir.path().join("alloc")).unwrap();
+        std::fs::create_dir_all(dir.path().join("t")).unwrap();
+        task.mounts = vec![
+            MountConfig { host_path: "/dev".into(), task_path: "/dev".into(), read_only: false, propagation: Propagation::HostToTask },
+            MountConfig {
+                host_path: "/state/csi/node/p".into(),
+                task_path: "/local/csi".into(),
+                read_only: false,
+                propagation: Propagation::Bidirectional,
+            },
+        ];
+        let driver = OciDriver::new("/nonexistent/executor".into(), OciOptions::default());
+        let config = OciConfig { image: "/img".into(), command: Some("/bin/true".into()), args: Vec::new(), work_dir: None };
+        let spec = driver.build_spec(&task, &config, Path::new("/rootfs"), false, &ImageDefaults::default(), "c1").unwrap();
+        let mounts = spec.mounts().clone().unwrap();
+        // The last mount at a destination is the one the task sees (runc's default /dev is a tmpfs).
+        let find = |dest: &str| mounts.iter().rev().find(|m| m.destination() == Path::new(dest)).cloned().expect(dest);
+        assert_eq!(find("/local/csi").options().clone().unwrap(), ["rbind", "rw", "rshared"]);
+        assert_eq!(find("/dev").options().clone().unwrap(), ["rbind", "rw", "rslave"]);
+        assert_eq!(spec.linux().as_ref().unwrap().rootfs_propagation().as_deref(), Some("rshared"));
     }
 }

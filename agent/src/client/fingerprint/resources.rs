@@ -88,6 +88,7 @@ mod tests {
             memory_total_mb: None,
             network_interface: None,
             cni: crate::config::CniSettings::default(),
+            chroot_env: None,
         }
     }
 

@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::env::{EnvInput, TaskDirs, build_env};
 use self::hooks::consul_si_token::read_token;
-use self::hooks::csi_plugin_supervisor::{TaskControl, csi_endpoint};
+use self::hooks::csi_plugin_supervisor::{TaskControl, csi_endpoint, plugin_mounts};
 use self::hooks::{ConsulSiTokenHook, CsiPluginSupervisorHook, HookRequest, PostPhase, PrestartError, TaskHook, run_post, run_prestart};
 use self::interpolate::Interpolator;
 use self::restart::{Decision, Policy, RestartTracker};
@@ -394,6 +394,7 @@ impl TaskRunner {
         let kill_timeout = Duration::from_nanos(task.kill_timeout.max(0) as u64).min(self.ctx.max_kill_timeout);
         let mut mounts = hooks::volume_mounts(&alloc, &task, &self.csi_mounts);
         mounts.extend(hooks::dns_mount(&alloc, &task.driver, &alloc_dir.join(&task.name)));
+        mounts.extend(plugin_mounts(&self.ctx.csi_root, &alloc.id, task.csi_plugin_config.as_ref(), isolated));
         TaskConfig {
             alloc_id: alloc.id.clone(),
             task_name: task.name.clone(),

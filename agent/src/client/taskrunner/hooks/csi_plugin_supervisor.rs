@@ -3,11 +3,17 @@
 //!
 //! - **prestart** makes, beneath the client's `<state_dir>/csi` (through `fs_beneath`, mode
 //!   0700, never through a symlink), the socket dir `plugins/<alloc id>` and the plugin's
-//!   staging root `<type>/<plugin id>`. The task's `CSI_ENDPOINT` (unless it sets one) is
-//!   `unix://<host socket dir>/csi.sock`: this hook serves raw_exec, which has no chroot and
-//!   so is given host paths ([`csi_endpoint`], set where the task's environment is built).
-//!   Isolated drivers would need the two dirs mounted (bidirectional) at `mount_dir` and
-//!   `stage_publish_base_dir`; admission refuses them, and so does this hook.
+//!   staging root `<type>/<plugin id>`. A raw_exec plugin has no chroot: its `CSI_ENDPOINT`
+//!   (unless it sets one) is `unix://<host socket dir>/csi.sock` and it is sent host paths. An
+//!   exec or oci plugin gets, as Nomad's hook asks ([`plugin_mounts`]), the socket dir at
+//!   `mount_dir` and the staging root at `stage_publish_base_dir`, both `bidirectional`, and
+//!   the host's `/dev` at `/dev`; its `CSI_ENDPOINT` is `unix://<mount_dir>/csi.sock` and it is
+//!   sent paths under `stage_publish_base_dir`. For what the plugin mounts there to reach the
+//!   host, the CSI root must be a shared mount: prestart makes it one, once ([`share_csi_root`]:
+//!   a bind of the dir onto itself, marked shared; it stays, as the volumes under it outlive
+//!   plugins and agents). Nomad also binds `/dev` bidirectionally; here it is `host-to-task`, so
+//!   the host's `/dev` is never made a shared mount (device nodes are the host's either way).
+//!   Other drivers are refused.
 //! - **poststart** starts the supervisor once per task runner (also after an agent restart
 //!   reattached to the task): it probes every 5 s until the plugin is ready, for at most
 //!   `health_timeout`, else kills the task (failing it) with Nomad's events; once ready it
@@ -21,6 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use nix::mount::{MsFlags, mount};
 use nomad_csi::CsiPluginClient;
 use nomad_proto::alloc::task_event;
 use nomad_proto::job::CsiPluginConfig;
@@ -28,7 +35,9 @@ use nomad_proto::{TaskEvent, Timestamp};
 use tokio_util::sync::CancellationToken;
 
 use super::{HookError, HookRequest, PoststartHook, PrestartHook, PrestartResponse, StopHook, TaskHook};
+use crate::client::csi::volume::is_mount_point;
 use crate::client::csi::{Connector, CsiPlugins, PluginRegistration, PluginSide};
+use crate::client::driver::{MountConfig, Propagation};
 use crate::client::taskrunner::lock;
 use crate::client::taskrunner::restart::go_duration;
 use crate::fs_beneath::{Beneath, check_name};
@@ -55,6 +64,14 @@ pub trait TaskControl: Send + Sync {
     /// Kills the task for good (failing it), recording `event`.
     fn kill_failed(&self, event: TaskEvent);
 }
+
+/// The drivers a plugin task may use: raw_exec (host paths) and the two that honour
+/// [`plugin_mounts`].
+pub const PLUGIN_DRIVERS: [&str; 3] = ["raw_exec", "exec", "oci"];
+/// `stage_publish_base_dir` when the job leaves it empty.
+pub const DEFAULT_STAGE_PUBLISH_BASE_DIR: &str = "/local/csi";
+/// `mount_dir` when the job leaves it empty.
+pub const DEFAULT_MOUNT_DIR: &str = "/csi";
 
 /// The host paths of one plugin task.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,16 +112,57 @@ impl PluginPaths {
     }
 }
 
+fn or_default<'a>(value: &'a str, default: &'a str) -> &'a str {
+    if value.is_empty() { default } else { value }
+}
+
 /// The task's `CSI_ENDPOINT` when it sets none: the host socket for a driver without a
 /// chroot, else the socket under `mount_dir`. `None` for a task that is no plugin.
 pub fn csi_endpoint(csi_root: &Path, alloc_id: &str, config: Option<&CsiPluginConfig>, isolated: bool) -> Option<String> {
     let config = config?;
     if isolated {
-        let dir = if config.mount_dir.is_empty() { "/csi" } else { config.mount_dir.as_str() };
+        let dir = or_default(&config.mount_dir, DEFAULT_MOUNT_DIR);
         return Some(format!("unix://{}", Path::new(dir).join(SOCKET_NAME).display()));
     }
     let paths = PluginPaths::new(csi_root, alloc_id, config).ok()?;
     Some(format!("unix://{}", paths.socket.display()))
+}
+
+/// What an isolated plugin task gets bound (Nomad's supervisor mounts): the socket dir at
+/// `mount_dir` and the staging root at `stage_publish_base_dir`, both bidirectional, and
+/// `/dev` (host-to-task, see the module docs). Nothing for raw_exec or a task that is no plugin.
+pub fn plugin_mounts(csi_root: &Path, alloc_id: &str, config: Option<&CsiPluginConfig>, isolated: bool) -> Vec<MountConfig> {
+    let Some(paths) = config.filter(|_| isolated).and_then(|c| PluginPaths::new(csi_root, alloc_id, c).ok().map(|p| (c, p))) else {
+        return Vec::new();
+    };
+    let (config, paths) = paths;
+    let bind = |host_path: PathBuf, task_path: &str, propagation| MountConfig {
+        host_path,
+        task_path: task_path.to_string(),
+        read_only: false,
+        propagation,
+    };
+    vec![
+        bind(paths.socket_dir, or_default(&config.mount_dir, DEFAULT_MOUNT_DIR), Propagation::Bidirectional),
+        bind(paths.mount_point, or_default(&config.stage_publish_base_dir, DEFAULT_STAGE_PUBLISH_BASE_DIR), Propagation::Bidirectional),
+        bind(PathBuf::from("/dev"), "/dev", Propagation::HostToTask),
+    ]
+}
+
+/// Serialises [`share_csi_root`]: two plugins starting at once must not stack two binds.
+static SHARING: Mutex<()> = Mutex::new(());
+
+/// Makes `csi_root` a shared mount point of its own, if it is not one yet: a bind of the
+/// directory onto itself (with what is mounted under it), then marked shared. Nothing else on
+/// the host changes propagation.
+pub fn share_csi_root(csi_root: &Path) -> Result<(), String> {
+    let _one = lock(&SHARING);
+    if !is_mount_point(csi_root) {
+        mount(Some(csi_root), csi_root, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
+            .map_err(|e| format!("bind the CSI root {} onto itself: {e}", csi_root.display()))?;
+    }
+    mount(None::<&str>, csi_root, None::<&str>, MsFlags::MS_SHARED, None::<&str>)
+        .map_err(|e| format!("make the CSI root {} a shared mount: {e}", csi_root.display()))
 }
 
 fn health_timeout(config: &CsiPluginConfig) -> Duration {
@@ -149,12 +207,10 @@ fn config_of<'a>(req: &'a HookRequest<'_>) -> Result<&'a CsiPluginConfig, HookEr
 impl PrestartHook for CsiPluginSupervisorHook {
     fn prestart(&self, req: &HookRequest<'_>) -> Result<PrestartResponse, HookError> {
         let config = config_of(req)?;
-        if let Some(driver) = req.driver
-            && driver.name() != "raw_exec"
-        {
+        let driver = req.driver.map_or(req.task.driver.as_str(), |d| d.name());
+        if !PLUGIN_DRIVERS.contains(&driver) {
             return Err(HookError::fatal(format!(
-                "csi_plugin is supported for raw_exec tasks only: the {} driver's tasks would need the plugin's socket and staging dirs mounted",
-                driver.name()
+                "csi_plugin is supported for raw_exec, exec and oci tasks: the {driver} driver does not mount the plugin's socket and staging dirs"
             )));
         }
         let paths = PluginPaths::new(&self.csi_root, &req.config.alloc_id, config).map_err(HookError::fatal)?;
@@ -164,6 +220,9 @@ impl PrestartHook for CsiPluginSupervisorHook {
         let (socket_dir, mount_point) = paths.relative(&self.csi_root);
         root.create_dir_all(&mount_point, 0o700).map_err(|e| HookError::recoverable(format!("failed to create mount point: {e}")))?;
         root.create_dir_all(&socket_dir, 0o700).map_err(|e| HookError::recoverable(format!("failed to create socket mount point: {e}")))?;
+        if driver != "raw_exec" {
+            share_csi_root(&self.csi_root).map_err(HookError::recoverable)?;
+        }
         Ok(PrestartResponse::default())
     }
 }
@@ -178,8 +237,10 @@ impl PoststartHook for CsiPluginSupervisorHook {
         }
         let cancel = CancellationToken::new();
         *running = Some(cancel.clone());
+        let isolated = req.driver.map_or(req.task.driver.as_str(), |d| d.name()) != "raw_exec";
         let supervisor = Supervisor {
             config,
+            isolated,
             alloc_id: req.config.alloc_id.clone(),
             paths,
             plugins: self.plugins.clone(),
@@ -241,6 +302,8 @@ pub fn kill_event(health_timeout: Duration) -> TaskEvent {
 
 struct Supervisor {
     config: CsiPluginConfig,
+    /// The task has a file system of its own (exec, oci): it sees `stage_publish_base_dir`.
+    isolated: bool,
     alloc_id: String,
     paths: PluginPaths,
     plugins: Arc<dyn CsiPlugins>,
@@ -315,10 +378,14 @@ impl Supervisor {
                 provider: info.name.clone(),
                 version: info.vendor_version.clone(),
                 mount_point: self.paths.mount_point.clone(),
-                // A raw_exec plugin (the only driver admitted for plugins) has no file system of
-                // its own, so nothing is mounted at `stage_publish_base_dir`: it is given the host
-                // paths of its staging root, as it is given the host socket.
-                container_mount_point: self.paths.mount_point.display().to_string(),
+                // A raw_exec plugin has no file system of its own, so nothing is mounted at
+                // `stage_publish_base_dir`: it is given the host paths of its staging root, as
+                // it is given the host socket.
+                container_mount_point: if self.isolated {
+                    or_default(&self.config.stage_publish_base_dir, DEFAULT_STAGE_PUBLISH_BASE_DIR).to_string()
+                } else {
+                    self.paths.mount_point.display().to_string()
+                },
             });
         }
         Ok(())

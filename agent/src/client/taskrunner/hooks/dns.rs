@@ -15,7 +15,7 @@ use nomad_proto::resources::DnsConfig;
 
 use super::{HookError, HookRequest, PrestartHook, PrestartResponse, TaskHook};
 use crate::client::allocrunner::hooks::csi::MOUNT_DRIVERS;
-use crate::client::driver::MountConfig;
+use crate::client::driver::{MountConfig, Propagation};
 use crate::fs_beneath::Links;
 
 /// The host file the unset fields fall back to.
@@ -74,7 +74,12 @@ fn dns_of<'a>(alloc: &'a Allocation, driver: &str) -> Option<&'a DnsConfig> {
 /// The bind of the generated file over `/etc/resolv.conf`, when the task gets one.
 pub fn dns_mount(alloc: &Allocation, driver: &str, task_dir: &Path) -> Option<MountConfig> {
     dns_of(alloc, driver)?;
-    Some(MountConfig { host_path: task_dir.join(TASK_FILE), task_path: TASK_PATH.into(), read_only: true })
+    Some(MountConfig {
+        host_path: task_dir.join(TASK_FILE),
+        task_path: TASK_PATH.into(),
+        read_only: true,
+        propagation: Propagation::Private,
+    })
 }
 
 /// The file's content: each given list replaces the host's, the others are the host's. An empty
@@ -237,7 +242,15 @@ mod tests {
     fn only_tasks_whose_driver_takes_mounts_get_the_bind() {
         let dir = Path::new("/data/alloc/a1/t");
         let mount = dns_mount(&alloc_with(Some(DnsConfig::default()), "exec"), "exec", dir).unwrap();
-        assert_eq!(mount, MountConfig { host_path: dir.join("resolv.conf"), task_path: "/etc/resolv.conf".into(), read_only: true });
+        assert_eq!(
+            mount,
+            MountConfig {
+                host_path: dir.join("resolv.conf"),
+                task_path: "/etc/resolv.conf".into(),
+                read_only: true,
+                propagation: Propagation::Private
+            }
+        );
         assert!(dns_mount(&alloc_with(Some(DnsConfig::default()), "oci"), "oci", dir).is_some());
         assert!(dns_mount(&alloc_with(Some(DnsConfig::default()), "raw_exec"), "raw_exec", dir).is_none());
         assert!(dns_mount(&alloc_with(None, "exec"), "exec", dir).is_none(), "no dns block, the host's file as the chroot has it");

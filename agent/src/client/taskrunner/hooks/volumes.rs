@@ -14,7 +14,7 @@ use nomad_proto::{Allocation, Task};
 use super::{HookError, HookRequest, PrestartHook, PrestartResponse, TaskHook};
 use crate::client::allocrunner::hooks::CsiMounts;
 use crate::client::allocrunner::hooks::csi::{MOUNT_DRIVERS, mount_source};
-use crate::client::driver::MountConfig;
+use crate::client::driver::{MountConfig, Propagation};
 
 /// See the module docs.
 pub struct VolumesHook {
@@ -46,12 +46,14 @@ fn csi_mounts_of<'a>(alloc: &'a Allocation, task: &'a Task) -> impl Iterator<Ite
     })
 }
 
-/// The binds of the task's CSI `volume_mount`s that are mounted.
+/// The binds of the task's CSI `volume_mount`s that are mounted, with their
+/// `propagation_mode` (validation refused any other than Nomad's three).
 pub fn volume_mounts(alloc: &Allocation, task: &Task, mounts: &CsiMounts) -> Vec<MountConfig> {
     csi_mounts_of(alloc, task)
         .filter_map(|(m, read_only)| {
             let host_path: PathBuf = mount_source(mounts, &m.volume)?;
-            Some(MountConfig { host_path, task_path: m.destination.clone(), read_only })
+            let propagation = Propagation::parse(&m.propagation_mode).unwrap_or_default();
+            Some(MountConfig { host_path, task_path: m.destination.clone(), read_only, propagation })
         })
         .collect()
 }
@@ -93,7 +95,7 @@ mod tests {
                     volume: "data".into(),
                     destination: "/srv/data".into(),
                     read_only: mount_read_only,
-                    ..VolumeMount::default()
+                    propagation_mode: "host-to-task".into(),
                 },
                 VolumeMount { volume: "cfg".into(), destination: "/etc/cfg".into(), ..VolumeMount::default() },
             ],
@@ -113,7 +115,7 @@ mod tests {
     }
 
     #[test]
-    fn csi_mounts_become_binds_read_only_when_either_side_says_so() {
+    fn csi_mounts_become_binds_read_only_when_either_side_says_so_with_their_propagation() {
         let mounts = CsiMounts::default();
         lock(&mounts).insert("data".into(), MountInfo::new("/state/csi/node/p/per-alloc/a/v/rw".into()));
         for (group_ro, mount_ro) in [(false, false), (true, false), (false, true)] {
@@ -124,7 +126,8 @@ mod tests {
                 [MountConfig {
                     host_path: "/state/csi/node/p/per-alloc/a/v/rw".into(),
                     task_path: "/srv/data".into(),
-                    read_only: group_ro || mount_ro
+                    read_only: group_ro || mount_ro,
+                    propagation: Propagation::HostToTask,
                 }],
                 "host volumes are not mounted here"
             );
