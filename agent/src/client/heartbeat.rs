@@ -5,7 +5,10 @@
 //! heartbeat follows a random 0-10 s stagger (none in dev mode). Failed heartbeats are retried
 //! on Nomad's schedule ([`retry_interval`]). "Node not found" (the servers lost the node)
 //! registers again; so does a change of the node's fingerprint, after a short delay that lets
-//! several changes coalesce. A heartbeat answered with `initializing` (a node coming back after
+//! several changes coalesce. Heartbeats keep their own schedule while a re-registration waits
+//! (as Nomad's separate node-update watcher): with TTLs of a few seconds, a node that stopped
+//! heartbeating for the 5-10 s delay would be marked down on every change (a CSI plugin's
+//! registration is one). A heartbeat answered with `initializing` (a node coming back after
 //! missed heartbeats) hands every alloc's current state to the syncer again: the servers make the
 //! node `ready` only once such an update has landed.
 
@@ -147,15 +150,25 @@ impl ClientInner {
         let mut have_heartbeated = false;
         let mut last_ok = Instant::now();
         let mut next = if self.config.dev_mode { Duration::ZERO } else { stagger(INITIAL_HEARTBEAT_STAGGER) };
+        let mut heartbeat_at = Instant::now() + next;
+        // When a changed node registers again; the heartbeats go on meanwhile.
+        let mut register_at: Option<Instant> = None;
         loop {
+            let register_due = async {
+                match register_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
-                _ = tokio::time::sleep(next) => {}
-                _ = self.node_changed.notified() => {
+                _ = tokio::time::sleep_until(heartbeat_at) => {}
+                _ = self.node_changed.notified(), if register_at.is_none() => {
                     let delay = if self.config.dev_mode { Duration::from_millis(500) } else { NODE_UPDATE_DELAY + stagger(NODE_UPDATE_DELAY) };
-                    tokio::select! {
-                        _ = tokio::time::sleep(delay) => {}
-                        _ = self.ctx.shutdown.cancelled() => return,
-                    }
+                    register_at = Some(Instant::now() + delay);
+                    continue;
+                }
+                _ = register_due => {
+                    register_at = None;
                     tracing::info!("node attributes changed; registering again");
                     if let Err(e) = self.register_once().await {
                         tracing::warn!(error = %e, "re-registering the changed node failed; the next heartbeat retries");
@@ -199,6 +212,7 @@ impl ClientInner {
                     tracing::warn!(error = %e, retry_in = ?next, "heartbeat failed");
                 }
             }
+            heartbeat_at = Instant::now() + next;
         }
     }
 }

@@ -140,7 +140,6 @@ fn a_node_plugin_killed_mid_unpublish_releases_the_claim_once_it_is_back() {
 }
 
 #[test]
-#[ignore = "not yet passing: the second client's node plugin never reports healthy within 30 s (2 NodesHealthy expected); stop 25 left it to fix"]
 fn a_volume_on_a_node_gone_for_good_is_freed_by_volume_detach_for_another_node() {
     if !prereq::met(&[Prereq::Root]) {
         return;
