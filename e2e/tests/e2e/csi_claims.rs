@@ -1,8 +1,9 @@
 //! CSI claims released in the harder cases, with real agents and the real `csi-hostpath` plugin
 //! (helpers from `csi_volume.rs`): the node plugin killed in the middle of an unpublish, a node
 //! gone for good and `volume detach`, `job stop -purge`, the same volume ID in two namespaces,
-//! and separate controller and node plugin jobs with the controller validating a registration
-//! and publishing the volume.
+//! a client upgraded from the unnamespaced staging layout while a task uses a volume, and
+//! separate controller and node plugin jobs with the controller validating a registration and
+//! publishing the volume.
 
 use std::path::Path;
 
@@ -246,6 +247,75 @@ fn the_same_volume_id_in_two_namespaces_is_two_volumes_with_their_own_claims() {
     volume_at_when(&cluster, "/v1/volume/csi/vol1?namespace=default", "default's claim released", no_claims);
     let other = http.get_json("/v1/volume/csi/vol1?namespace=other").unwrap();
     assert_eq!(write_allocs(&other), [b_id], "other's claim stays: {other}");
+}
+
+/// The `csi` alloc hook's stubs of `alloc_id` in a stopped client's `client.redb`, rewritten by
+/// `edit` (the table and value format the agent keeps, see `agent/src/client/state.rs`).
+fn edit_csi_stubs(client: &Agent, alloc_id: &str, edit: impl FnOnce(&mut Value)) {
+    use redb::ReadableTable;
+    const ALLOC_HOOKS: redb::TableDefinition<(&str, &str), &[u8]> = redb::TableDefinition::new("alloc_hooks");
+    let db = redb::Database::create(client.data_dir().join("client/client.redb")).unwrap();
+    let txn = db.begin_write().unwrap();
+    {
+        let mut table = txn.open_table(ALLOC_HOOKS).unwrap();
+        let mut state: Value =
+            serde_json::from_slice(table.get((alloc_id, "csi")).unwrap().expect("the csi hook's state").value()).unwrap();
+        let mut stubs: Value = serde_json::from_str(state["data"]["volumes"].as_str().unwrap()).unwrap();
+        edit(&mut stubs);
+        state["data"]["volumes"] = Value::String(stubs.to_string());
+        table.insert((alloc_id, "csi"), serde_json::to_vec(&state).unwrap().as_slice()).unwrap();
+    }
+    txn.commit().unwrap();
+}
+
+#[test]
+fn a_client_upgraded_while_a_task_uses_a_volume_staged_without_a_namespace_keeps_it_then_unstages_it_there() {
+    use nix::mount::{MntFlags, MsFlags, mount, umount2};
+    if !prereq::met(&[Prereq::Root]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = cluster_with_node_plugins(1, "", dir.path(), &[]);
+    let volume_dir = register_volume(&cluster, dir.path(), "default", "vol1", "vol1");
+    run_job(
+        &cluster.servers[0],
+        dir.path(),
+        "writer",
+        &consumer_job_in("default", "writer", "client1", "service", "vol1", WRITE_AND_SLEEP),
+    );
+    let writer = alloc_with_status_at(&cluster, "/v1/job/writer/allocations", "running");
+    let writer_id = writer["ID"].as_str().unwrap().to_string();
+    wait_for_file(&cluster, &volume_dir.join("out.txt"), "written");
+    let pid = wait_for("the writer's process", SETTLE, || task_pid(&writer_id, "sleep")).unwrap();
+
+    // The client goes away; what it leaves is made to look as an agent from before namespaced
+    // staging left it: the volume staged at staging/<vol>/<usage>, stubs without a layout.
+    cluster.clients[0].kill9().unwrap();
+    let root = cluster.clients[0].data_dir().join("client/csi/node/hostpath");
+    let usage = "rw-file-system-single-node-writer";
+    let legacy = root.join("staging/vol1").join(usage);
+    std::fs::create_dir_all(&legacy).unwrap();
+    mount(Some(&volume_dir), &legacy, None::<&str>, MsFlags::MS_BIND, None::<&str>).unwrap();
+    umount2(&root.join("staging/default/vol1").join(usage), MntFlags::empty()).unwrap();
+    std::fs::remove_dir_all(root.join("staging/default")).unwrap();
+    edit_csi_stubs(&cluster.clients[0], &writer_id, |stubs| {
+        stubs["data"]["MountInfo"].as_object_mut().unwrap().remove("StagingLayout").expect("the new agent writes a layout");
+    });
+
+    // The upgraded agent keeps the mount as it is, under the same task.
+    cluster.clients[0].restart().unwrap();
+    wait_for("the restored agent to find the mount", SETTLE, || {
+        cluster.clients[0].logs().contains("CSI volume still mounted: restored").then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&cluster)));
+    assert_eq!(task_pid(&writer_id, "sleep"), Some(pid), "the same task process");
+
+    // Its release unstages where the volume was staged: nothing stays mounted.
+    nomad(&cluster.servers[0], &["job", "stop", "-detach", "writer"]).expect(0, "job stop writer");
+    volume_at_when(&cluster, "/v1/volume/csi/vol1", "the writer's claim released", no_claims);
+    wait_for("no CSI mount left", SETTLE, || csi_mounts(&cluster.clients[0]).is_empty().then_some(()))
+        .unwrap_or_else(|e| panic!("{e}: {:?}\n{}", csi_mounts(&cluster.clients[0]), logs(&cluster)));
+    assert!(!root.join("staging/default").exists(), "nothing was staged again at the namespaced path");
 }
 
 const CREATED_VOLUME: &str = r#"

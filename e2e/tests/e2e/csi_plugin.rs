@@ -178,7 +178,8 @@ fn an_exec_plugin_stages_and_publishes_through_its_bidirectional_mount_for_an_ex
     let writer_id = writer["ID"].as_str().unwrap();
     // The plugin's publish, made in its own mount namespace, is a mount on the host too: the
     // consumer bound it, and its write is in the volume on the plugin's storage.
-    let target = client.data_dir().join("client/csi/monolith/hostpath/per-alloc").join(writer_id).join("data/rw-file-system-single-node-writer");
+    let target =
+        client.data_dir().join("client/csi/monolith/hostpath/per-alloc").join(writer_id).join("data/rw-file-system-single-node-writer");
     assert!(is_mount_point(&target), "{} is a mount on the host", target.display());
     wait_for("the consumer's write in the plugin's storage", SETTLE, || {
         std::fs::read_to_string(volume_dir.join("out.txt")).ok().filter(|s| s.trim() == "written")
