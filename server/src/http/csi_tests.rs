@@ -334,7 +334,7 @@ async fn plugins_are_listed_and_read_from_node_fingerprints() {
 }
 
 #[tokio::test]
-async fn routes_not_wired_yet_are_refused_and_others_follow_nomads_codes() {
+async fn create_delete_and_detach_answer_with_nomads_codes_and_create_nothing() {
     let ts = server().await;
     // The fixture's plugin has no controller to create or delete with.
     let r = call(&ts, Method::PUT, "/v1/volume/csi/vol/create", volume_body("vol", "hostpath")).await;
