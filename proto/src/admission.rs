@@ -183,8 +183,8 @@ table! {
     VolumeMount: Block "volume_mount" in "task" => R("only CSI volumes are mounted into tasks: host volumes are not"),
     VolumeMountCsi: Value "volume_mount of a type = \"csi\" volume" in "task" => H("bound at destination (read_only and propagation_mode honoured) for exec and oci tasks; refused when the task's driver takes no mounts (raw_exec)"),
     TaskKind: Attribute "kind" in "task" => R("it marks Consul Connect tasks"),
-    CsiPlugin: Block "csi_plugin" in "task" => H("raw_exec, exec and oci tasks: the plugin supervisor gives the task CSI_ENDPOINT (exec and oci: the socket dir at mount_dir and the staging root at stage_publish_base_dir, bidirectional, and /dev), probes it and registers it with the client's CSI manager, which fingerprints it into the node"),
-    CsiPluginIsolated: Value "csi_plugin with a driver other than \"raw_exec\", \"exec\" or \"oci\"" in "task" => R("only those drivers mount the plugin's socket and staging dirs (with bidirectional propagation for exec and oci)"),
+    CsiPlugin: Block "csi_plugin" in "task" => H("raw_exec and exec tasks: the plugin supervisor gives the task CSI_ENDPOINT (exec: the socket dir at mount_dir and the staging root at stage_publish_base_dir, bidirectional, and /dev), probes it and registers it with the client's CSI manager, which fingerprints it into the node"),
+    CsiPluginIsolated: Value "csi_plugin with a driver other than \"raw_exec\" or \"exec\"" in "task" => R("only those drivers run a plugin that can mount volumes (oci containers get no capability to mount with)"),
     Identity: Block "identity" in "task" => R(""),
     // resources (task).
     Cpu: Attribute "cpu" in "resources" => H("scheduler fit, cgroup weight"),
@@ -829,7 +829,7 @@ impl Walk {
             csi_plugin_config
         {}
         self.decide(Feature::CsiPlugin, csi_plugin_config.is_some());
-        self.decide(Feature::CsiPluginIsolated, csi_plugin_config.is_some() && !["raw_exec", "exec", "oci"].contains(&driver.as_str()));
+        self.decide(Feature::CsiPluginIsolated, csi_plugin_config.is_some() && !["raw_exec", "exec"].contains(&driver.as_str()));
         self.decide(Feature::Identity, identity.as_ref().is_some_and(|i| !i.is_null()));
     }
 

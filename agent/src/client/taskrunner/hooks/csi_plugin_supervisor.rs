@@ -5,7 +5,7 @@
 //!   0700, never through a symlink), the socket dir `plugins/<alloc id>` and the plugin's
 //!   staging root `<type>/<plugin id>`. A raw_exec plugin has no chroot: its `CSI_ENDPOINT`
 //!   (unless it sets one) is `unix://<host socket dir>/csi.sock` and it is sent host paths. An
-//!   exec or oci plugin gets, as Nomad's hook asks ([`plugin_mounts`]), the socket dir at
+//!   exec plugin gets, as Nomad's hook asks ([`plugin_mounts`]), the socket dir at
 //!   `mount_dir` and the staging root at `stage_publish_base_dir`, both `bidirectional`, and
 //!   the host's `/dev` at `/dev`; its `CSI_ENDPOINT` is `unix://<mount_dir>/csi.sock` and it is
 //!   sent paths under `stage_publish_base_dir`. For what the plugin mounts there to reach the
@@ -13,7 +13,7 @@
 //!   a bind of the dir onto itself, marked shared; it stays, as the volumes under it outlive
 //!   plugins and agents). Nomad also binds `/dev` bidirectionally; here it is `host-to-task`, so
 //!   the host's `/dev` is never made a shared mount (device nodes are the host's either way).
-//!   Other drivers are refused.
+//!   Other drivers are refused (oci: its containers get no capability to mount with).
 //! - **poststart** starts the supervisor once per task runner (also after an agent restart
 //!   reattached to the task): it probes every 5 s until the plugin is ready, for at most
 //!   `health_timeout`, else kills the task (failing it) with Nomad's events; once ready it
@@ -65,9 +65,10 @@ pub trait TaskControl: Send + Sync {
     fn kill_failed(&self, event: TaskEvent);
 }
 
-/// The drivers a plugin task may use: raw_exec (host paths) and the two that honour
-/// [`plugin_mounts`].
-pub const PLUGIN_DRIVERS: [&str; 3] = ["raw_exec", "exec", "oci"];
+/// The drivers a plugin task may use: raw_exec (host paths) and exec, which honours
+/// [`plugin_mounts`]. oci honours them too, but runs containers with runc's default
+/// capabilities: a plugin there could not mount.
+pub const PLUGIN_DRIVERS: [&str; 2] = ["raw_exec", "exec"];
 /// `stage_publish_base_dir` when the job leaves it empty.
 pub const DEFAULT_STAGE_PUBLISH_BASE_DIR: &str = "/local/csi";
 /// `mount_dir` when the job leaves it empty.
@@ -210,7 +211,7 @@ impl PrestartHook for CsiPluginSupervisorHook {
         let driver = req.driver.map_or(req.task.driver.as_str(), |d| d.name());
         if !PLUGIN_DRIVERS.contains(&driver) {
             return Err(HookError::fatal(format!(
-                "csi_plugin is supported for raw_exec, exec and oci tasks: the {driver} driver does not mount the plugin's socket and staging dirs"
+                "csi_plugin is supported for raw_exec and exec tasks: the {driver} driver cannot run a plugin that mounts volumes"
             )));
         }
         let paths = PluginPaths::new(&self.csi_root, &req.config.alloc_id, config).map_err(HookError::fatal)?;

@@ -185,3 +185,90 @@ async fn a_plugin_never_ready_within_its_health_timeout_fails_the_task() {
     assert!(events[0].message.starts_with("Error: CSI plugin failed probe: "), "{}", events[0].message);
     assert!(lock(&rec.registered).is_empty());
 }
+
+#[test]
+fn an_exec_plugin_gets_its_dirs_bound_bidirectionally_and_raw_exec_or_no_plugin_gets_nothing() {
+    let root = Path::new("/var/nomad/csi");
+    let c = CsiPluginConfig { mount_dir: String::new(), stage_publish_base_dir: String::new(), ..plugin_config("node") };
+    let mounts = plugin_mounts(root, "a1", Some(&c), true);
+    let got: Vec<(&Path, &str, Propagation)> =
+        mounts.iter().map(|m| (m.host_path.as_path(), m.task_path.as_str(), m.propagation)).collect();
+    assert_eq!(
+        got,
+        [
+            (Path::new("/var/nomad/csi/plugins/a1"), "/csi", Propagation::Bidirectional),
+            (Path::new("/var/nomad/csi/node/hostpath"), "/local/csi", Propagation::Bidirectional),
+            (Path::new("/dev"), "/dev", Propagation::HostToTask),
+        ],
+        "Nomad's defaults for mount_dir and stage_publish_base_dir"
+    );
+    assert!(mounts.iter().all(|m| !m.read_only));
+    let custom = CsiPluginConfig { mount_dir: "/sock".into(), stage_publish_base_dir: "/srv/csi".into(), ..plugin_config("node") };
+    let targets: Vec<String> = plugin_mounts(root, "a1", Some(&custom), true).into_iter().map(|m| m.task_path).collect();
+    assert_eq!(targets, ["/sock", "/srv/csi", "/dev"]);
+    assert!(plugin_mounts(root, "a1", Some(&c), false).is_empty(), "raw_exec is given host paths");
+    assert!(plugin_mounts(root, "a1", None, true).is_empty(), "no plugin");
+}
+
+#[test]
+fn a_driver_that_cannot_run_a_plugin_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = Arc::new(Recorder::default());
+    let h = hook(&dir.path().join("csi"), &rec, Arc::new(FakePlugin::default()));
+    let alloc = Allocation::default();
+    let config = super::super::tests_support::config();
+    for driver in ["docker", "oci"] {
+        let task = Task { driver: driver.into(), ..task("node") };
+        let req = HookRequest { alloc: &alloc, task: &task, config: &config, driver: None, secrets_tmpfs: false, previous: None };
+        let err = PrestartHook::prestart(&h, &req).unwrap_err();
+        assert_eq!(
+            err.message,
+            format!("csi_plugin is supported for raw_exec and exec tasks: the {driver} driver cannot run a plugin that mounts volumes")
+        );
+        assert!(!err.recoverable);
+    }
+    assert!(!dir.path().join("csi").exists(), "nothing made");
+}
+
+/// How many mounts are at `path` in this mount namespace, and whether the top one is shared.
+fn mounts_at(path: &Path) -> (usize, bool) {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let at: Vec<&str> = info.lines().filter(|l| l.split(' ').nth(4).is_some_and(|m| Path::new(m) == path)).collect();
+    (at.len(), at.last().is_some_and(|l| l.split(" - ").next().unwrap_or("").contains(" shared:")))
+}
+
+#[tokio::test]
+async fn an_exec_plugin_makes_the_csi_root_a_shared_mount_once_and_sees_its_staging_root_at_stage_publish_base_dir() {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("csi");
+    let rec = Arc::new(Recorder::default());
+    let h = hook(&root, &rec, Arc::new(FakePlugin::default()));
+    let (alloc, task) = (Allocation::default(), Task { driver: "exec".into(), ..task("monolith") });
+    let mut config = super::super::tests_support::config();
+    config.alloc_id = "a1".into();
+    let req = HookRequest { alloc: &alloc, task: &task, config: &config, driver: None, secrets_tmpfs: false, previous: None };
+    PrestartHook::prestart(&h, &req).unwrap();
+    PrestartHook::prestart(&h, &req).unwrap();
+    let (count, shared) = mounts_at(&root.canonicalize().unwrap());
+    let _unmount = Unmount(root.clone());
+    assert_eq!((count, shared), (1, true), "one bind of the CSI root onto itself, shared");
+
+    PoststartHook::poststart(&h, &req).unwrap();
+    eventually("both sides registered", || lock(&rec.registered).len() >= 2).await;
+    let r = lock(&rec.registered)[0].clone();
+    assert_eq!(r.container_mount_point, "/local/csi", "an exec plugin sees its staging root there");
+    assert_eq!(r.mount_point, root.join("monolith/hostpath"));
+    StopHook::stop(&h, &req).unwrap();
+}
+
+/// Detaches the CSI root's bind when the test ends.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
