@@ -310,7 +310,12 @@ struct SubmitEnv {
 impl SubmitEnv {
     fn new(job: &Job, g: &TaskGroup) -> SubmitEnv {
         let mut vars = BTreeMap::new();
-        for (k, v) in [("NOMAD_JOB_ID", &job.id), ("NOMAD_JOB_NAME", &job.name), ("NOMAD_JOB_PARENT_ID", &job.parent_id), ("NOMAD_GROUP_NAME", &g.name)] {
+        for (k, v) in [
+            ("NOMAD_JOB_ID", &job.id),
+            ("NOMAD_JOB_NAME", &job.name),
+            ("NOMAD_JOB_PARENT_ID", &job.parent_id),
+            ("NOMAD_GROUP_NAME", &g.name),
+        ] {
             if !v.is_empty() {
                 vars.insert(k.to_string(), v.clone());
             }
@@ -523,7 +528,8 @@ fn unique_task_name(name: &str, group: &str, tasks: &[Task]) -> String {
     use sha1::{Digest, Sha1};
     (0u32..)
         .map(|attempt| {
-            let digest = Sha1::new().chain_update(group).chain_update([0]).chain_update(name).chain_update(attempt.to_be_bytes()).finalize();
+            let digest =
+                Sha1::new().chain_update(group).chain_update([0]).chain_update(name).chain_update(attempt.to_be_bytes()).finalize();
             let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
             format!("{name}-{}", &hex[..6])
         })
@@ -610,7 +616,7 @@ fn expose_checks(g: &mut TaskGroup) -> Result<(), ConnectError> {
         for ci in 0..g.services[si].checks.len() {
             let s = &g.services[si];
             let check = &s.checks[ci];
-            if !check.expose || !s.connect.as_ref().is_some_and(|c| c.sidecar_service.is_some()) || !exposable(check) {
+            if !check.expose || !has_sidecar(s) || !exposable(check) {
                 continue;
             }
             validate_expose_bridge(g)?;
@@ -677,11 +683,17 @@ fn validate_group(g: &TaskGroup) -> Result<(), ConnectError> {
                 return err(format!("Consul Connect sidecars require exactly 1 network, found {} in group {:?}", g.networks.len(), g.name));
             }
             if g.networks[0].mode != "bridge" {
-                return err(format!("Consul Connect sidecar requires bridge network, found {:?} in group {:?}", g.networks[0].mode, g.name));
+                return err(format!(
+                    "Consul Connect sidecar requires bridge network, found {:?} in group {:?}",
+                    g.networks[0].mode, g.name
+                ));
             }
             // Consul assumes lower-case names without checking them.
             if s.name != s.name.to_lowercase() {
-                return err(format!("Consul Connect service name {:?} in group {:?} must not contain uppercase characters", s.name, g.name));
+                return err(format!(
+                    "Consul Connect service name {:?} in group {:?} must not contain uppercase characters",
+                    s.name, g.name
+                ));
             }
             if g.name != g.name.to_lowercase() {
                 return err(format!("Consul Connect group {:?} with service {:?} must not contain uppercase characters", g.name, s.name));
@@ -867,7 +879,8 @@ fn validate_ingress_listener(l: &IngressListener) -> Result<(), String> {
 /// Nomad's `Task.Validate` for a task of kind `connect-proxy:<service>`, for `validate.rs`.
 pub(crate) fn validate_proxy_task(t: &Task, g: &TaskGroup) -> Vec<String> {
     let mut errs = Vec::new();
-    if t.kind_name() != task_kind::CONNECT_PROXY {
+    // `TaskKind.IsConnectProxy`: the prefix and a service.
+    if t.kind_name() != task_kind::CONNECT_PROXY || t.kind_value().is_empty() {
         return errs;
     }
     if !t.services.is_empty() {
@@ -883,7 +896,10 @@ pub(crate) fn validate_proxy_task(t: &Task, g: &TaskGroup) -> Vec<String> {
         if connect.is_empty() {
             errs.push(format!("No Connect services in task group with Connect proxy ({service:?})"));
         } else {
-            errs.push(format!("Connect proxy service name ({service:?}) not found in Connect services from task group: [{}]", connect.join(" ")));
+            errs.push(format!(
+                "Connect proxy service name ({service:?}) not found in Connect services from task group: [{}]",
+                connect.join(" ")
+            ));
         }
     }
     errs

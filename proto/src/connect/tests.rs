@@ -76,17 +76,17 @@ fn a_sidecar_service_gets_nomads_envoy_task_and_port() {
         log_config: LogConfig { max_files: 2, max_file_size_mb: 2, disabled: false },
         resources: Resources { cpu: 250, memory_mb: 128, ..Resources::default() },
         lifecycle: Some(TaskLifecycle { hook: "prestart".into(), sidecar: true }),
-        constraints: vec![
-            constraint("${attr.consul.version}", "semver", ">= 1.8.0"),
-            constraint("${attr.consul.grpc}", ">", "0"),
-        ],
+        constraints: vec![constraint("${attr.consul.version}", "semver", ">= 1.8.0"), constraint("${attr.consul.grpc}", ">", "0")],
         // Canonicalized as every task is: the group's restart policy.
         restart_policy: g.restart_policy.clone(),
         kill_timeout: 5 * SECOND,
         ..Task::default()
     };
     assert_eq!(t, &expected);
-    assert_eq!(g.networks[0].dynamic_ports[1], Port { label: "connect-proxy-count-api".into(), value: 0, to: -1, host_network: String::new() });
+    assert_eq!(
+        g.networks[0].dynamic_ports[1],
+        Port { label: "connect-proxy-count-api".into(), value: 0, to: -1, host_network: String::new() }
+    );
     assert_eq!(g.networks[0].dynamic_ports.len(), 2);
     j.validate_connect().unwrap();
     j.validate().unwrap();
@@ -239,10 +239,7 @@ fn a_terminating_gateway_in_bridge_mode_gets_its_port_proxy_and_task() {
         shutdown_delay: 5 * SECOND,
         log_config: LogConfig { max_files: 2, max_file_size_mb: 2, disabled: false },
         resources: Resources { cpu: 250, memory_mb: 128, ..Resources::default() },
-        constraints: vec![
-            constraint("${attr.consul.version}", "semver", ">= 1.8.0"),
-            constraint("${attr.consul.grpc}", ">", "0"),
-        ],
+        constraints: vec![constraint("${attr.consul.version}", "semver", ">= 1.8.0"), constraint("${attr.consul.grpc}", ">", "0")],
         restart_policy: g.restart_policy.clone(),
         ..Task::default()
     };
@@ -307,7 +304,8 @@ fn a_mesh_gateway_needs_a_port_and_gets_a_lan_one() {
 
 #[test]
 fn an_exposed_check_gets_nomads_port_and_an_expose_path() {
-    let check = json!({"Name": "health", "Type": "http", "Path": "/health", "Interval": 10 * SECOND, "Timeout": 2 * SECOND, "Expose": true});
+    let check =
+        json!({"Name": "health", "Type": "http", "Path": "/health", "Interval": 10 * SECOND, "Timeout": 2 * SECOND, "Expose": true});
     let plain = json!({"Name": "alive", "Type": "http", "Path": "health", "Interval": 10 * SECOND, "Timeout": 2 * SECOND, "Expose": true});
     let j = mutated(group_job(json!([{"Name": "count-api", "PortLabel": "9001", "Checks": [check, plain],
         "Connect": {"SidecarService": {}}}])));
@@ -324,10 +322,7 @@ fn an_exposed_check_gets_nomads_port_and_an_expose_path() {
     assert_eq!(g.networks[0].dynamic_ports.last(), Some(&Port { label: label.clone(), to: -1, ..Port::default() }));
     let proxy = s.connect.as_ref().unwrap().sidecar_service.as_ref().unwrap().proxy.as_ref().unwrap();
     let expose = ExposeConfig::from_value(proxy.expose.as_ref().unwrap()).unwrap();
-    assert_eq!(
-        expose.paths,
-        [ExposePath { path: "/health".into(), protocol: String::new(), local_path_port: 9001, listener_port: label }]
-    );
+    assert_eq!(expose.paths, [ExposePath { path: "/health".into(), protocol: String::new(), local_path_port: 9001, listener_port: label }]);
     j.validate_connect().unwrap();
 }
 
@@ -348,8 +343,10 @@ fn an_exposed_checks_local_port_is_the_services_static_port_or_number() {
 
 #[test]
 fn exposed_checks_need_a_bridge_network_and_a_sidecar() {
-    let check = json!({"Name": "health", "Type": "http", "Path": "/health", "Interval": 10 * SECOND, "Timeout": 2 * SECOND, "Expose": true});
-    let mut host = group_job(json!([{"Name": "count-api", "PortLabel": "9001", "Checks": [check.clone()], "Connect": {"SidecarService": {}}}]));
+    let check =
+        json!({"Name": "health", "Type": "http", "Path": "/health", "Interval": 10 * SECOND, "Timeout": 2 * SECOND, "Expose": true});
+    let mut host =
+        group_job(json!([{"Name": "count-api", "PortLabel": "9001", "Checks": [check.clone()], "Connect": {"SidecarService": {}}}]));
     host.task_groups[0].networks[0].mode = "host".into();
     assert_eq!(mutate_err(host.clone()), "group \"api\" must use bridge network for exposing service check(s)");
     let mut two = group_job(json!([{"Name": "count-api", "PortLabel": "9001", "Checks": [check.clone()]}]));
@@ -382,7 +379,10 @@ fn sidecars_need_one_bridge_network_and_lower_case_names() {
     );
     let mut upper = sidecar_job();
     upper.task_groups[0].name = "API".into();
-    assert_eq!(validate_err(&mutated(upper)), "Consul Connect group \"API\" with service \"count-api\" must not contain uppercase characters");
+    assert_eq!(
+        validate_err(&mutated(upper)),
+        "Consul Connect group \"API\" with service \"count-api\" must not contain uppercase characters"
+    );
 }
 
 #[test]
@@ -430,7 +430,8 @@ fn connect_service_names_are_interpolated_with_what_is_known_at_submission() {
 /// A job with every kind of mutation, mutated again or read back, is unchanged.
 #[test]
 fn mutating_a_mutated_job_changes_nothing() {
-    let check = json!({"Name": "health", "Type": "http", "Path": "/health", "Interval": 10 * SECOND, "Timeout": 2 * SECOND, "Expose": true});
+    let check =
+        json!({"Name": "health", "Type": "http", "Path": "/health", "Interval": 10 * SECOND, "Timeout": 2 * SECOND, "Expose": true});
     let mut j = job(&json!({"ID": "all", "TaskGroups": [
         {"Name": "api", "Networks": [{"Mode": "bridge"}],
          "Services": [
@@ -476,18 +477,39 @@ fn the_service_and_task_rules_nomads_validation_adds() {
     for (gateway, message) in [
         (json!({"Terminating": {}}), "Consul Terminating Gateway requires at least one service"),
         (json!({"Terminating": {"Services": [{"Name": "x", "CertFile": "c"}]}}), "Consul Linked Service TLS requires CAFile"),
-        (json!({"Terminating": {"Services": [{"Name": "x", "CAFile": "a", "CertFile": "c"}]}}), "Consul Linked Service TLS Cert and Key must both be set"),
+        (
+            json!({"Terminating": {"Services": [{"Name": "x", "CAFile": "a", "CertFile": "c"}]}}),
+            "Consul Linked Service TLS Cert and Key must both be set",
+        ),
         (json!({"Terminating": {"Services": [{"Name": "x", "SNI": "s"}]}}), "Consul Linked Service TLS SNI requires CAFile"),
         (json!({"Ingress": {}}), "Consul Ingress Gateway requires at least one listener"),
         (json!({"Ingress": {"Listeners": [{"Port": 0}]}}), "Consul Ingress Listener requires valid Port"),
-        (json!({"Ingress": {"Listeners": [{"Port": 1, "Protocol": "udp"}]}}), "Consul Ingress Listener requires protocol of tcp, http, http2, grpc, got \"udp\""),
+        (
+            json!({"Ingress": {"Listeners": [{"Port": 1, "Protocol": "udp"}]}}),
+            "Consul Ingress Listener requires protocol of tcp, http, http2, grpc, got \"udp\"",
+        ),
         (json!({"Ingress": {"Listeners": [{"Port": 1}]}}), "Consul Ingress Listener requires one or more services"),
-        (json!({"Ingress": {"Listeners": [{"Port": 1, "Services": [{"Name": "*"}]}]}}), "Consul Ingress Service doesn't support wildcard name for \"tcp\" protocol"),
-        (json!({"Ingress": {"Listeners": [{"Port": 1, "Protocol": "http", "Services": [{"Name": "*", "Hosts": ["h"]}]}]}}), "with a wildcard \"*\" service name can not also specify hosts"),
+        (
+            json!({"Ingress": {"Listeners": [{"Port": 1, "Services": [{"Name": "*"}]}]}}),
+            "Consul Ingress Service doesn't support wildcard name for \"tcp\" protocol",
+        ),
+        (
+            json!({"Ingress": {"Listeners": [{"Port": 1, "Protocol": "http", "Services": [{"Name": "*", "Hosts": ["h"]}]}]}}),
+            "with a wildcard \"*\" service name can not also specify hosts",
+        ),
         (json!({"Mesh": {}, "Terminating": {"Services": [{"Name": "x"}]}}), "One Consul Gateway Configuration must be set"),
-        (json!({"Terminating": {"Services": [{"Name": "x"}]}, "Proxy": {"EnvoyDNSDiscoveryType": "X"}}), "Envoy DNS Discovery type must be STRICT_DNS or LOGICAL_DNS"),
-        (json!({"Terminating": {"Services": [{"Name": "x"}]}, "Proxy": {"EnvoyGatewayBindAddresses": {"a": {"Address": "", "Port": 1}}}}), "Consul Gateway Bind Address must be set"),
-        (json!({"Terminating": {"Services": [{"Name": "x"}]}, "Proxy": {"EnvoyGatewayBindAddresses": {"a": {"Address": "x", "Port": 0}}}}), "Consul Gateway Bind Address must set valid Port"),
+        (
+            json!({"Terminating": {"Services": [{"Name": "x"}]}, "Proxy": {"EnvoyDNSDiscoveryType": "X"}}),
+            "Envoy DNS Discovery type must be STRICT_DNS or LOGICAL_DNS",
+        ),
+        (
+            json!({"Terminating": {"Services": [{"Name": "x"}]}, "Proxy": {"EnvoyGatewayBindAddresses": {"a": {"Address": "", "Port": 1}}}}),
+            "Consul Gateway Bind Address must be set",
+        ),
+        (
+            json!({"Terminating": {"Services": [{"Name": "x"}]}, "Proxy": {"EnvoyGatewayBindAddresses": {"a": {"Address": "x", "Port": 0}}}}),
+            "Consul Gateway Bind Address must set valid Port",
+        ),
     ] {
         let j = gateway_job("bridge", gateway, "9000");
         let text = errors(&j);

@@ -497,18 +497,40 @@ async fn a_plan_writes_no_config_entry_and_register_writes_the_entry_of_the_muta
     g.networks = vec![nomad_proto::NetworkResource { mode: "bridge".into(), ..Default::default() }];
     let linked = ConsulLinkedService { name: "billing".into(), ..Default::default() };
     let gateway = ConsulGateway { terminating: Some(ConsulTerminatingConfigEntry { services: vec![linked] }), ..ConsulGateway::default() };
-    g.services = vec![Service {
-        name: "${NOMAD_JOB_ID}-out".into(),
-        connect: Some(ConsulConnect { gateway: Some(gateway), ..ConsulConnect::default() }),
-        ..Service::default()
-    }];
+    let ingress = ConsulGateway {
+        ingress: Some(serde_json::json!({"Listeners": [{"Port": 8080, "Services": [{"Name": "api"}]}]})),
+        ..ConsulGateway::default()
+    };
+    g.services = vec![
+        Service {
+            name: "${NOMAD_JOB_ID}-out".into(),
+            connect: Some(ConsulConnect { gateway: Some(gateway), ..ConsulConnect::default() }),
+            ..Service::default()
+        },
+        Service {
+            name: "${NOMAD_GROUP_NAME}-in".into(),
+            port_label: "8080".into(),
+            connect: Some(ConsulConnect { gateway: Some(ingress), ..ConsulConnect::default() }),
+            ..Service::default()
+        },
+    ];
     ts.endpoints.job_plan(j.clone(), true).await.unwrap_or_else(|e| panic!("{e}"));
     assert!(fake.config_entries().is_empty(), "a plan is a dry run");
     ts.endpoints.job_register(j, JobRegisterOptions::default()).await.unwrap_or_else(|e| panic!("{e}"));
-    let keys: Vec<_> = fake.config_entries().keys().cloned().collect();
-    assert_eq!(keys, [("".into(), "terminating-gateway".into(), "edge-out".into())]);
+    let entries = fake.config_entries();
+    let keys: Vec<_> = entries.keys().cloned().collect();
+    assert_eq!(
+        keys,
+        [("".into(), "ingress-gateway".into(), "web-in".into()), ("".into(), "terminating-gateway".into(), "edge-out".into())]
+    );
+    let ingress = serde_json::to_value(&entries[&keys[0]]).unwrap();
+    assert_eq!(ingress["Listeners"], serde_json::json!([{"Port": 8080, "Protocol": "tcp", "Services": [{"Name": "api", "Hosts": null}]}]));
     let stored = ts.store.snapshot().job("default", "edge").cloned().unwrap();
     let g = &stored.task_groups[0];
-    assert_eq!((g.tasks[0].name.as_str(), g.tasks[0].kind.as_str()), ("connect-terminating-edge-out", "connect-terminating:edge-out"));
+    let tasks: Vec<(&str, &str)> = g.tasks.iter().map(|t| (t.name.as_str(), t.kind.as_str())).collect();
+    assert_eq!(
+        tasks,
+        [("connect-terminating-edge-out", "connect-terminating:edge-out"), ("connect-ingress-web-in", "connect-ingress:web-in")]
+    );
     assert_eq!(g.services[0].port_label, "connect-terminating-edge-out");
 }
