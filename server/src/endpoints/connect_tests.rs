@@ -144,3 +144,15 @@ async fn the_http_api_registers_a_nomad_json_connect_job_and_validates_it() {
     let stored = ts.store.snapshot().job("default", "countdash").cloned().unwrap();
     assert_eq!(stored.task_groups[0].tasks[1].name, "connect-proxy-count-api");
 }
+
+/// The limits are checked again on the mutated job: the tasks and ports the servers add count.
+#[tokio::test]
+async fn the_injected_sidecar_counts_toward_the_tasks_limit() {
+    let ts = server();
+    let mut full = countdash();
+    let template = full.task_groups[0].tasks[0].clone();
+    full.task_groups[0].tasks =
+        (0..nomad_proto::limits::MAX_TASKS_PER_GROUP).map(|i| nomad_proto::Task { name: format!("t{i}"), ..template.clone() }).collect();
+    let err = ts.endpoints.job_register(full, Default::default()).await.unwrap_err();
+    assert_eq!(err, EndpointError::BadRequest("task group \"api\" has 101 tasks, more than the limit of 100".into()));
+}
