@@ -156,8 +156,12 @@ fn check(name: &str, dir: Option<&Path>, text: &str) -> Verdict {
 fn admit(job: &mut Job) -> Result<(), String> {
     job.check_limits(&JobLimits::default()).map_err(|e| e.to_string())?;
     job.canonicalize();
+    job.mutate_connect().map_err(|e| e.to_string())?;
+    job.check_limits(&JobLimits::default()).map_err(|e| e.to_string())?;
     job.check_encoded_size().map_err(|e| e.to_string())?;
     job.check_supported().map_err(|e| e.to_string())?;
+    job.add_implied_constraints();
+    job.validate_connect().map_err(|e| e.to_string())?;
     job.validate().map_err(|e| e.to_string())?;
     Ok(())
 }

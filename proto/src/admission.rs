@@ -153,14 +153,18 @@ table! {
     ServiceCheck: Block "check" in "service" => H("http, tcp and grpc checks of Consul services, registered for the Consul agent to run"),
     ServiceCheckNomad: Value "check in a provider = \"nomad\" service" in "service" => R("the nomad-rs client does not run Nomad service checks; use a Consul service"),
     ServiceCheckScript: Value "type = \"script\"" in "check" => H("run by the client in the task through its driver, reported to Consul as a TTL check"),
-    ServiceCheckExpose: Attribute "expose" in "check" => R("it needs Consul Connect"),
+    ServiceCheckExpose: Attribute "expose" in "check" => H("an http or grpc check of a group service with a Connect sidecar gets the dynamic port svc_<service>_ck_<hash> and an expose path in the sidecar's proxy, as Nomad's servers add them"),
     CheckRestart: Block "check_restart" in "service, check" => H("the client watches Consul's check statuses and restarts the task (task services)"),
     GroupCheckRestart: Value "check_restart in a group service" in "service, check" => R("Nomad restarts the whole allocation for those; put the service in the task"),
-    Connect: Block "connect" in "service" => R(""),
-    ConnectSidecarService: Block "sidecar_service" in "service connect" => R(""),
-    ConnectSidecarTask: Block "sidecar_task" in "service connect" => R(""),
-    ConnectNative: Attribute "native" in "service connect" => R(""),
-    ConnectGateway: Block "gateway" in "service connect" => R(""),
+    Connect: Block "connect" in "service" => H("validated as Nomad does: exactly one of sidecar_service, native and gateway, lower-case service and group names"),
+    ConnectTaskService: Value "connect in a task service" in "service" => R("Nomad runs Consul Connect for group services: move the service into the group"),
+    ConnectSidecarService: Block "sidecar_service" in "service connect" => Fate::Constrained("${attr.consul.version} semver >= 1.8.0"),
+    ConnectSidecarTask: Block "sidecar_task" in "service connect" => H("merged over the injected Envoy task as Nomad's MergeIntoTask (without resources, logs or shutdown_delay it has Nomad's task defaults)"),
+    ConnectProxy: Block "proxy" in "sidecar_service" => H("local_service_address, local_service_port, expose and config are passed to Consul in the sidecar's registration"),
+    ConnectUpstreams: Block "upstreams" in "proxy" => H("passed to Consul in the sidecar's registration; listeners (local_bind_address:local_bind_port) unique in the group as Nomad checks"),
+    ConnectNative: Attribute "native" in "service connect" => H("the backing task (service.task, or the group's only task) gets kind connect-native:<service>"),
+    ConnectGateway: Block "gateway" in "service connect" => Fate::Constrained("${attr.consul.version} semver >= 1.8.0"),
+    ConnectGatewayMesh: Block "mesh" in "gateway" => R("ingress and terminating gateways are run; the client does not register mesh gateways"),
     // volume (group).
     HostVolume: Value "type = \"host\"" in "volume" => Fate::Constrained("missing compatible host volumes"),
     CsiVolume: Value "type = \"csi\"" in "volume" => H("claimed through CSIVolume.Claim (retried while the volume has no free claim), staged and published by the node plugin, bound into exec and oci tasks by volume_mount, published first by a controller of the plugin when it attaches volumes, unpublished and released when the alloc stops"),
@@ -182,7 +186,7 @@ table! {
     DispatchPayload: Block "dispatch_payload" in "task" => R("jobs cannot be dispatched"),
     VolumeMount: Block "volume_mount" in "task" => R("only CSI volumes are mounted into tasks: host volumes are not"),
     VolumeMountCsi: Value "volume_mount of a type = \"csi\" volume" in "task" => H("bound at destination (read_only and propagation_mode honoured) for exec and oci tasks; refused when the task's driver takes no mounts (raw_exec)"),
-    TaskKind: Attribute "kind" in "task" => R("it marks Consul Connect tasks"),
+    TaskKind: Attribute "kind" in "task" => H("marks Consul Connect tasks: a task of kind connect-proxy:<service> is that service's sidecar, and none is injected"),
     CsiPlugin: Block "csi_plugin" in "task" => H("raw_exec and exec tasks: the plugin supervisor gives the task CSI_ENDPOINT (exec: the socket dir at mount_dir and the staging root at stage_publish_base_dir, bidirectional, and /dev), probes it and registers it with the client's CSI manager, which fingerprints it into the node"),
     CsiPluginIsolated: Value "csi_plugin with a driver other than \"raw_exec\" or \"exec\"" in "task" => R("only those drivers run a plugin that can mount volumes (oci containers get no capability to mount with)"),
     Identity: Block "identity" in "task" => R(""),
@@ -560,8 +564,6 @@ impl Walk {
         self.decide(Feature::ShutdownDelay, shutdown_delay.is_some());
         self.decide(Feature::StopAfterClientDisconnect, stop_after_client_disconnect.is_some());
         self.decide(Feature::MaxClientDisconnect, max_client_disconnect.is_some());
-        // Connect gateway groups have no tasks yet (Nomad adds the gateway task): their
-        // service is what they are refused for, before validation says "Missing tasks".
         for t in tasks {
             self.within(named("task", &t.name), |w| w.task(t));
         }
@@ -695,10 +697,8 @@ impl Walk {
         }
         self.decide(Feature::ServiceCheck, !checks.is_empty());
         self.decide(Feature::ServiceCheckNomad, !consul && !checks.is_empty());
-        self.decide(Feature::Connect, false);
-        for f in [Feature::ConnectSidecarService, Feature::ConnectSidecarTask, Feature::ConnectNative, Feature::ConnectGateway] {
-            self.decide(f, false);
-        }
+        self.decide(Feature::Connect, connect.is_some());
+        self.decide(Feature::ConnectTaskService, !in_group && connect.is_some());
         if let Some(c) = connect {
             self.within("connect".into(), |w| w.connect(c));
         }
@@ -706,10 +706,13 @@ impl Walk {
 
     fn connect(&mut self, c: &ConsulConnect) {
         let ConsulConnect { native, sidecar_service, sidecar_task, gateway } = c;
+        let mut proxy_used = false;
+        let mut upstreams_used = false;
         if let Some(ConsulSidecarService { tags: _, port: _, proxy, disable_default_tcp_check: _, meta: _ }) = sidecar_service
             && let Some(p) = proxy
         {
-            proxy_fields(p);
+            proxy_used = true;
+            upstreams_used = proxy_fields(p);
         }
         if let Some(SidecarTask {
             name: _,
@@ -725,20 +728,20 @@ impl Walk {
             kill_signal: _,
         }) = sidecar_task
         {}
-        if let Some(ConsulGateway { proxy: _, ingress: _, terminating, mesh: _ }) = gateway
-            && let Some(ConsulTerminatingConfigEntry { services }) = terminating
-        {
-            for ConsulLinkedService { name: _, ca_file: _, cert_file: _, key_file: _, sni: _ } in services {}
+        let mut mesh_used = false;
+        if let Some(ConsulGateway { proxy: _, ingress: _, terminating, mesh }) = gateway {
+            mesh_used = mesh.is_some();
+            if let Some(ConsulTerminatingConfigEntry { services }) = terminating {
+                for ConsulLinkedService { name: _, ca_file: _, cert_file: _, key_file: _, sni: _ } in services {}
+            }
         }
-        let any = *native || sidecar_service.is_some() || sidecar_task.is_some() || gateway.is_some();
         self.decide(Feature::ConnectSidecarService, sidecar_service.is_some());
         self.decide(Feature::ConnectSidecarTask, sidecar_task.is_some());
+        self.decide(Feature::ConnectProxy, proxy_used);
+        self.decide(Feature::ConnectUpstreams, upstreams_used);
         self.decide(Feature::ConnectNative, *native);
         self.decide(Feature::ConnectGateway, gateway.is_some());
-        // An empty `connect {}` is refused as such.
-        self.path.pop();
-        self.decide(Feature::Connect, !any);
-        self.path.push("connect".into());
+        self.within("gateway".into(), |w| w.decide(Feature::ConnectGatewayMesh, mesh_used));
     }
 
     fn volume(&mut self, v: &VolumeRequest) {
@@ -848,7 +851,8 @@ impl Walk {
     }
 }
 
-fn proxy_fields(p: &ConsulProxy) {
+/// Whether the proxy has upstreams.
+fn proxy_fields(p: &ConsulProxy) -> bool {
     let ConsulProxy { local_service_address: _, local_service_port: _, upstreams, expose: _, config: _ } = p;
     for ConsulUpstream {
         destination_name: _,
@@ -857,8 +861,10 @@ fn proxy_fields(p: &ConsulProxy) {
         datacenter: _,
         local_bind_address: _,
         mesh_gateway: _,
+        config: _,
     } in upstreams
     {}
+    !upstreams.is_empty()
 }
 
 /// The README's "Job specification support" table, from [`TABLE`].
@@ -898,6 +904,12 @@ pub fn sample_job_using(feature: Feature) -> Job {
     let nomad_service = || Service { name: "redis".into(), provider: "nomad".into(), ..Service::default() };
     // A Consul service on port 6379, and a check that needs nothing refused.
     let consul_service = || Service { name: "redis".into(), port_label: "6379".into(), ..Service::default() };
+    let bridge = || NetworkResource { mode: "bridge".into(), ..NetworkResource::default() };
+    // A Consul service with a Connect sidecar (which needs a bridge network).
+    let sidecar_service = |sidecar: ConsulSidecarService| Service {
+        connect: Some(ConsulConnect { sidecar_service: Some(sidecar), ..ConsulConnect::default() }),
+        ..consul_service()
+    };
     let tcp_check = || ServiceCheck {
         name: "alive".into(),
         check_type: "tcp".into(),
@@ -969,7 +981,9 @@ pub fn sample_job_using(feature: Feature) -> Job {
             t.services = vec![Service { checks: vec![check], ..consul_service() }]
         }
         Feature::ServiceCheckExpose => {
-            g.services = vec![Service { checks: vec![ServiceCheck { expose: true, ..tcp_check() }], ..consul_service() }]
+            let check = ServiceCheck { check_type: "http".into(), path: "/health".into(), expose: true, ..tcp_check() };
+            g.networks = vec![bridge()];
+            g.services = vec![Service { checks: vec![check], ..sidecar_service(ConsulSidecarService::default()) }]
         }
         Feature::CheckRestart => {
             let check = ServiceCheck { check_restart: Some(CheckRestart { limit: 3, ..CheckRestart::default() }), ..tcp_check() };
@@ -981,29 +995,46 @@ pub fn sample_job_using(feature: Feature) -> Job {
         }
         Feature::ServiceAddressMode => g.services = vec![Service { address_mode: "driver".into(), ..nomad_service() }],
         Feature::ServiceCheck => g.services = vec![Service { checks: vec![tcp_check()], ..consul_service() }],
-        Feature::Connect => {
-            g.services = vec![Service { provider: "consul".into(), connect: Some(ConsulConnect::default()), ..nomad_service() }]
+        Feature::Connect | Feature::ConnectSidecarService => {
+            g.networks = vec![bridge()];
+            g.services = vec![sidecar_service(ConsulSidecarService::default())];
         }
-        Feature::ConnectSidecarService => {
-            let connect = ConsulConnect { sidecar_service: Some(ConsulSidecarService::default()), ..ConsulConnect::default() };
-            g.services = vec![Service { provider: "consul".into(), connect: Some(connect), ..nomad_service() }]
+        Feature::ConnectTaskService => {
+            g.networks = vec![bridge()];
+            t.services = vec![sidecar_service(ConsulSidecarService::default())];
         }
         Feature::ConnectSidecarTask => {
-            let connect = ConsulConnect { sidecar_task: Some(SidecarTask::default()), ..ConsulConnect::default() };
-            g.services = vec![Service { provider: "consul".into(), connect: Some(connect), ..nomad_service() }]
+            g.networks = vec![bridge()];
+            let mut s = sidecar_service(ConsulSidecarService::default());
+            let over = SidecarTask { driver: "raw_exec".into(), config: t.config.clone(), ..SidecarTask::default() };
+            s.connect.as_mut().unwrap().sidecar_task = Some(over);
+            g.services = vec![s];
+        }
+        Feature::ConnectProxy | Feature::ConnectUpstreams => {
+            let mut proxy = ConsulProxy { local_service_port: 6379, ..ConsulProxy::default() };
+            if feature == Feature::ConnectUpstreams {
+                let db = ConsulUpstream { destination_name: "db".into(), local_bind_port: 5432, ..ConsulUpstream::default() };
+                proxy.upstreams = vec![db];
+            }
+            g.networks = vec![bridge()];
+            g.services = vec![sidecar_service(ConsulSidecarService { proxy: Some(proxy), ..ConsulSidecarService::default() })];
         }
         Feature::ConnectNative => {
             let connect = ConsulConnect { native: true, ..ConsulConnect::default() };
-            t.services = vec![Service { provider: "consul".into(), connect: Some(connect), task_name: "redis".into(), ..nomad_service() }]
+            g.services = vec![Service { connect: Some(connect), task_name: "redis".into(), ..consul_service() }]
         }
-        Feature::ConnectGateway => {
+        Feature::ConnectGateway | Feature::ConnectGatewayMesh => {
             // As Nomad's jobspec leaves it: a group with no task of its own.
-            let connect = ConsulConnect {
-                gateway: Some(ConsulGateway { ingress: Some(json!({})), ..ConsulGateway::default() }),
-                ..ConsulConnect::default()
+            let gateway = if feature == Feature::ConnectGateway {
+                let ingress = json!({"Listeners": [{"Port": 8080, "Protocol": "tcp", "Services": [{"Name": "redis"}]}]});
+                ConsulGateway { ingress: Some(ingress), ..ConsulGateway::default() }
+            } else {
+                ConsulGateway { mesh: Some(json!({})), ..ConsulGateway::default() }
             };
+            let connect = ConsulConnect { gateway: Some(gateway), ..ConsulConnect::default() };
             g.tasks.clear();
-            g.services = vec![Service { name: "ingress".into(), provider: "consul".into(), connect: Some(connect), ..Service::default() }];
+            g.networks = vec![bridge()];
+            g.services = vec![Service { name: "gateway".into(), connect: Some(connect), ..consul_service() }];
         }
         Feature::HostVolume => {
             g.volumes.insert(
@@ -1067,7 +1098,12 @@ pub fn sample_job_using(feature: Feature) -> Job {
             let t = &mut g.tasks[0];
             t.volume_mounts = vec![VolumeMount { volume: "data".into(), destination: "/data".into(), ..VolumeMount::default() }];
         }
-        Feature::TaskKind => t.kind = "connect-proxy:redis".into(),
+        Feature::TaskKind => {
+            // The group's own Envoy task: the servers inject none.
+            t.kind = "connect-proxy:redis".into();
+            g.networks = vec![bridge()];
+            g.services = vec![sidecar_service(ConsulSidecarService::default())];
+        }
         Feature::CsiPlugin | Feature::CsiPluginIsolated => {
             if feature == Feature::CsiPluginIsolated {
                 t.driver = "docker".into();

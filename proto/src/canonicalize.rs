@@ -170,6 +170,9 @@ fn canonicalize_service(s: &mut Service, default_name: &str) {
     if s.on_update.is_empty() {
         s.on_update = "require_healthy".to_string();
     }
+    if let Some(c) = s.connect.as_mut() {
+        crate::connect::canonicalize_connect(c);
+    }
     let service_restart = s.check_restart.take();
     for c in &mut s.checks {
         if c.on_update.is_empty() {

@@ -11,6 +11,7 @@
 pub mod admission;
 pub mod alloc;
 pub mod canonicalize;
+pub mod connect;
 pub mod cron;
 pub mod csi;
 pub mod eval;

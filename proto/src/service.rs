@@ -107,6 +107,57 @@ pub struct ServiceCheck {
     pub on_update: String,
 }
 
+impl ServiceCheck {
+    /// Nomad's `ServiceCheck.Hash(serviceID)`: SHA-1 over the service ID and the check's fields
+    /// in Nomad's order, hex. Optional fields are hashed only when set, so IDs stay what older
+    /// Nomads made; durations are hashed as Go prints them.
+    pub fn hash(&self, service_id: &str) -> String {
+        use sha1::{Digest, Sha1};
+        let go_duration = crate::validate::go_duration;
+        let mut h = Sha1::new();
+        for s in [
+            service_id,
+            &self.name,
+            &self.check_type,
+            &self.command,
+            &self.args.concat(),
+            &self.path,
+            &self.protocol,
+            &self.port_label,
+            &go_duration(self.interval),
+            &go_duration(self.timeout),
+            &self.method,
+            &self.body,
+            &self.on_update,
+        ] {
+            h.update(s.as_bytes());
+        }
+        if self.tls_skip_verify {
+            h.update(b"true");
+        }
+        if !self.header.is_empty() {
+            let mut headers: Vec<String> = self.header.iter().map(|(k, v)| format!("{k}{}", v.concat())).collect();
+            headers.sort();
+            h.update(headers.concat().as_bytes());
+        }
+        for s in [&self.address_mode, &self.grpc_service] {
+            if !s.is_empty() {
+                h.update(s.as_bytes());
+            }
+        }
+        if self.grpc_use_tls {
+            h.update(b"true");
+        }
+        if self.success_before_passing != 0 {
+            h.update(format!("success:{}", self.success_before_passing).as_bytes());
+        }
+        if self.failures_before_critical != 0 {
+            h.update(format!("failures:{}", self.failures_before_critical).as_bytes());
+        }
+        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
 /// Restart a task when its checks fail.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "PascalCase")]
@@ -215,6 +266,8 @@ pub struct ConsulUpstream {
     pub local_bind_address: String,
     /// Mesh gateway mode.
     pub mesh_gateway: Option<serde_json::Value>,
+    /// Opaque upstream config for Consul.
+    pub config: BTreeMap<String, serde_json::Value>,
 }
 
 /// Overrides for a sidecar or gateway task.

@@ -768,6 +768,7 @@ fn validate_task(job: &Job, t: &Task, g: &TaskGroup) -> Vec<String> {
             errs.push(format!("CSIPluginConfig PluginType must be one of 'node', 'controller', or 'monolith', got: \"{}\"", c.plugin_type));
         }
     }
+    errs.extend(crate::connect::validate_proxy_task(t, g));
     validate_meta("Task", &t.meta, &mut errs);
     validate_resources(t, &mut errs);
     if t.log_config.max_files < 1 {
@@ -968,6 +969,9 @@ fn validate_service(s: &Service, g: &TaskGroup, task: Option<&Task>) -> Vec<Stri
     if s.provider == SERVICE_PROVIDER_NOMAD && s.connect.is_some() {
         errs.push("Service with provider nomad cannot include Connect blocks".to_string());
     }
+    if s.provider == SERVICE_PROVIDER_CONSUL {
+        errs.extend(crate::connect::validate_service_connect(s));
+    }
     validate_meta("Service", &s.meta, &mut errs);
     for c in &s.checks {
         if s.port_label.is_empty() && c.port_label.is_empty() && ["http", "tcp", "grpc"].contains(&c.check_type.as_str()) {
@@ -1148,7 +1152,7 @@ fn validate_spread(s: &Spread) -> Vec<String> {
 }
 
 /// A duration in nanoseconds as Go prints a `time.Duration` (`1h0m0s`, `1.5s`, `300ms`, `0s`).
-fn go_duration(ns: impl Into<i128>) -> String {
+pub(crate) fn go_duration(ns: impl Into<i128>) -> String {
     let ns: i128 = ns.into();
     if ns == 0 {
         return "0s".to_string();

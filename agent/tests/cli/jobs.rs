@@ -137,6 +137,50 @@ async fn job_plan_dry_runs_the_scheduler_and_exits_1_when_allocations_would_chan
     api.nomad(&["job", "status", "hello"]).await.expect_code(1);
 }
 
+const COUNTDASH: &str = r#"
+job "countdash" {
+  group "api" {
+    network {
+      mode = "bridge"
+    }
+    service {
+      name = "count-api"
+      port = "9001"
+      connect {
+        sidecar_service {}
+      }
+    }
+    task "web" {
+      driver = "raw_exec"
+      config {
+        command = "/bin/sleep"
+        args    = ["600"]
+      }
+    }
+  }
+}
+"#;
+
+/// A Connect job file: `job validate` checks it as the servers do (with the sidecar the servers
+/// inject), `job plan` shows the injected Envoy task.
+#[tokio::test]
+async fn a_connect_job_validates_and_its_plan_shows_the_injected_sidecar() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("countdash.nomad.hcl");
+    std::fs::write(&file, COUNTDASH).unwrap();
+    let file = file.display().to_string();
+    crate::support::nomad(&["job", "validate", &file]).await.expect_code(0).stdout_has("Job validation successful");
+    let api = Api::start().await;
+    api.nomad(&["job", "plan", &file]).await.expect_code(1).stdout_has("+ Task: \"connect-proxy-count-api\"").stdout_has("+ Task: \"web\"");
+
+    let host = dir.path().join("host.nomad.hcl");
+    std::fs::write(&host, COUNTDASH.replace("\"bridge\"", "\"host\"")).unwrap();
+    crate::support::nomad(&["job", "validate", &host.display().to_string()])
+        .await
+        .expect_code(1)
+        .stderr_has("Consul Connect sidecar requires bridge network, found \"host\" in group \"api\"");
+}
+
 #[tokio::test]
 async fn ctrl_c_stops_monitoring_but_leaves_the_job_submitted() {
     use tokio::io::AsyncBufReadExt;

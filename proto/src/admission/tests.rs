@@ -180,11 +180,32 @@ fn kill_and_change_signals_imply_one_sorted_signal_constraint_per_group() {
     assert_eq!(job.task_groups[0].constraints, [signals], "added once");
 }
 
+/// The admission check sees the job as the Connect mutator leaves it: the injected tasks are
+/// judged as any task is.
 #[test]
-fn a_connect_gateway_group_is_refused_for_its_gateway() {
-    let msg = admitted(sample_job_using(Feature::ConnectGateway)).unwrap_err();
-    assert!(msg.contains("group \"cache\" service \"ingress\" connect: the \"gateway\" block is not supported by nomad-rs yet"), "{msg}");
-    assert!(!msg.contains("Missing tasks"), "{msg}");
+fn connect_jobs_are_judged_after_the_servers_add_their_tasks() {
+    let mutated = |mut job: Job| {
+        job.canonicalize();
+        job.mutate_connect().unwrap_or_else(|e| panic!("{e}"));
+        job.check_supported().map(|_| job).map_err(|e| e.to_string())
+    };
+    let job = mutated(sample_job_using(Feature::ConnectGateway)).unwrap();
+    let used = features_used(&job);
+    for f in [Feature::ConnectGateway, Feature::TaskKind, Feature::Driver, Feature::Constraint] {
+        assert!(used.contains(&f), "{f:?} in {used:?}");
+    }
+    let msg = mutated(sample_job_using(Feature::ConnectGatewayMesh)).unwrap_err();
+    assert_eq!(
+        msg,
+        "group \"cache\" service \"gateway\" connect gateway: the \"mesh\" block is not supported by nomad-rs yet; ingress and terminating gateways are run; the client does not register mesh gateways"
+    );
+    let msg = mutated(sample_job_using(Feature::ConnectTaskService)).unwrap_err();
+    assert!(msg.starts_with("group \"cache\" task \"redis\" service \"redis\": connect in a task service is not supported"), "{msg}");
+    // A raw_exec Envoy with a user of its own is refused where the merge put it.
+    let mut job = sample_job_using(Feature::ConnectSidecarTask);
+    job.task_groups[0].services[0].connect.as_mut().unwrap().sidecar_task.as_mut().unwrap().user = "envoy".into();
+    let msg = mutated(job).unwrap_err();
+    assert!(msg.starts_with("group \"cache\" task \"connect-proxy-redis\": user with driver = \"raw_exec\""), "{msg}");
 }
 
 #[test]

@@ -101,7 +101,7 @@ fn full_job_decodes_every_block() {
     assert_eq!(svc.checks.len(), 2);
     assert_eq!(
         (svc.checks[0].name.as_str(), svc.checks[0].check_type.as_str(), svc.checks[0].interval, svc.checks[0].timeout),
-        ("alive", "tcp", 10 * SECOND, 2 * SECOND)
+        ("alive", "grpc", 10 * SECOND, 2 * SECOND)
     );
     let http = &svc.checks[1];
     assert_eq!((http.path.as_str(), http.port_label.as_str(), http.method.as_str()), ("/health", "admin", "GET"));

@@ -156,7 +156,8 @@ fn group_consul_namespace(consul: Option<&serde_json::Value>) -> String {
 
 /// Every gateway config entry `job` defines, by namespace then gateway name (a later group's
 /// gateway of the same name replaces an earlier one, as Nomad's map does). A service whose
-/// gateway has both blocks writes its ingress entry, as Nomad does.
+/// gateway has both blocks writes its ingress entry, as Nomad does. `job` is the admitted job:
+/// the Connect mutator has interpolated the gateways' names.
 pub fn job_config_entries(job: &Job) -> Result<Vec<ConfigEntry>, String> {
     let mut entries: BTreeMap<(String, String, u8), ConfigEntry> = BTreeMap::new();
     for g in &job.task_groups {
@@ -164,8 +165,12 @@ pub fn job_config_entries(job: &Job) -> Result<Vec<ConfigEntry>, String> {
         for s in &g.services {
             let Some(gw) = s.connect.as_ref().and_then(|c| c.gateway.as_ref()) else { continue };
             if let Some(ingress) = &gw.ingress {
-                let spec: IngressSpec = nomad_proto::lenient::from_value(ingress.clone())
+                let mut spec: IngressSpec = nomad_proto::lenient::from_value(ingress.clone())
                     .map_err(|e| format!("group {:?} service {:?}: the ingress gateway's config entry: {e}", g.name, s.name))?;
+                // Nomad's API fills a listener's protocol (`ConsulIngressListener.Canonicalize`).
+                for l in spec.listeners.iter_mut().filter(|l| l.protocol.is_empty()) {
+                    l.protocol = "tcp".into();
+                }
                 let entry = IngressGatewayConfigEntry {
                     kind: "ingress-gateway".into(),
                     name: s.name.clone(),

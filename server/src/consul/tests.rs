@@ -483,12 +483,54 @@ async fn register_fails_with_a_clear_error_when_consul_is_down_and_writes_nothin
 }
 
 #[tokio::test]
-async fn a_plan_writes_no_config_entry_and_gateways_are_still_refused_at_admission() {
+async fn a_plan_writes_no_config_entry_and_register_writes_the_entry_of_the_mutated_gateway() {
     let fake = Arc::new(FakeConsul::new());
     let ts = with_consul(&fake);
     ts.endpoints.plan_admitted(gateway_job(), true).await.unwrap();
     assert!(fake.config_entries().is_empty(), "a plan is a dry run");
-    let e = ts.endpoints.job_register(gateway_job(), JobRegisterOptions::default()).await.unwrap_err();
-    assert!(e.to_string().contains("\"gateway\" block is not supported"), "{e}");
-    assert!(fake.config_entries().is_empty());
+
+    // Through admission: the Connect mutator interpolates the gateway's name and adds its task
+    // and port; the entry carries the name Consul will see.
+    let mut j = job("edge", 1);
+    let g = &mut j.task_groups[0];
+    g.tasks.clear();
+    g.networks = vec![nomad_proto::NetworkResource { mode: "bridge".into(), ..Default::default() }];
+    let linked = ConsulLinkedService { name: "billing".into(), ..Default::default() };
+    let gateway = ConsulGateway { terminating: Some(ConsulTerminatingConfigEntry { services: vec![linked] }), ..ConsulGateway::default() };
+    let ingress = ConsulGateway {
+        ingress: Some(serde_json::json!({"Listeners": [{"Port": 8080, "Services": [{"Name": "api"}]}]})),
+        ..ConsulGateway::default()
+    };
+    g.services = vec![
+        Service {
+            name: "${NOMAD_JOB_ID}-out".into(),
+            connect: Some(ConsulConnect { gateway: Some(gateway), ..ConsulConnect::default() }),
+            ..Service::default()
+        },
+        Service {
+            name: "${NOMAD_GROUP_NAME}-in".into(),
+            port_label: "8080".into(),
+            connect: Some(ConsulConnect { gateway: Some(ingress), ..ConsulConnect::default() }),
+            ..Service::default()
+        },
+    ];
+    ts.endpoints.job_plan(j.clone(), true).await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(fake.config_entries().is_empty(), "a plan is a dry run");
+    ts.endpoints.job_register(j, JobRegisterOptions::default()).await.unwrap_or_else(|e| panic!("{e}"));
+    let entries = fake.config_entries();
+    let keys: Vec<_> = entries.keys().cloned().collect();
+    assert_eq!(
+        keys,
+        [("".into(), "ingress-gateway".into(), "web-in".into()), ("".into(), "terminating-gateway".into(), "edge-out".into())]
+    );
+    let ingress = serde_json::to_value(&entries[&keys[0]]).unwrap();
+    assert_eq!(ingress["Listeners"], serde_json::json!([{"Port": 8080, "Protocol": "tcp", "Services": [{"Name": "api", "Hosts": null}]}]));
+    let stored = ts.store.snapshot().job("default", "edge").cloned().unwrap();
+    let g = &stored.task_groups[0];
+    let tasks: Vec<(&str, &str)> = g.tasks.iter().map(|t| (t.name.as_str(), t.kind.as_str())).collect();
+    assert_eq!(
+        tasks,
+        [("connect-terminating-edge-out", "connect-terminating:edge-out"), ("connect-ingress-web-in", "connect-ingress:web-in")]
+    );
+    assert_eq!(g.services[0].port_label, "connect-terminating-edge-out");
 }

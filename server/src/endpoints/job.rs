@@ -72,15 +72,19 @@ pub struct JobDeregisterResponse {
     pub next_token: String,
 }
 
-/// What `Job.Register` and `Job.Plan` do to a submitted job before anything else: its counts
-/// and sizes against the server's limits (400, before canonicalizing fills a default into every
-/// group and task), Nomad's defaults, its encoded size, what nomad-rs does not run
-/// (`nomad_proto::admission`, 400: before validation, so a Connect gateway group is refused for
-/// its gateway, not for the task Nomad would have added), then Nomad's validation (500, as Nomad).
-/// A job for another region is refused: nomad-rs does not forward between regions.
+/// What `Job.Register` and `Job.Plan` do to a submitted job before anything else, in the order
+/// of Nomad's admission hooks: its counts and sizes against the server's limits (400, before
+/// canonicalizing fills a default into every group and task), Nomad's defaults, the Connect
+/// mutator (Envoy tasks, ports, gateway proxies: 500 on a Connect block it cannot complete, as
+/// Nomad), the limits again and the encoded size (400, the injected tasks and ports count),
+/// what nomad-rs does not run (`nomad_proto::admission`, 400, judged on the injected tasks
+/// too), Nomad's implied constraints, then the Connect validation and Nomad's validation (500,
+/// as Nomad). A job for another region is refused: nomad-rs does not forward between regions.
 pub(super) fn admit_job(job: &mut Job, config: &EndpointConfig) -> Result<(), EndpointError> {
     job.check_limits(&config.job_limits).map_err(|e| EndpointError::BadRequest(e.to_string()))?;
     job.canonicalize();
+    job.mutate_connect().map_err(|e| EndpointError::Invalid(e.to_string()))?;
+    job.check_limits(&config.job_limits).map_err(|e| EndpointError::BadRequest(e.to_string()))?;
     job.check_encoded_size().map_err(|e| EndpointError::BadRequest(e.to_string()))?;
     job.check_supported().map_err(|e| EndpointError::BadRequest(e.to_string()))?;
     // Nomad's implied constraints (`jobImpliedConstraints`), before validation as in Nomad.
@@ -88,6 +92,7 @@ pub(super) fn admit_job(job: &mut Job, config: &EndpointConfig) -> Result<(), En
     if !config.region.is_empty() && job.region != config.region {
         return Err(EndpointError::BadRequest(foreign_region(&job.region, &config.region)));
     }
+    job.validate_connect().map_err(|e| EndpointError::Invalid(e.to_string()))?;
     job.validate()?;
     Ok(())
 }
@@ -122,11 +127,18 @@ impl Endpoints {
             vec![e.to_string()]
         } else {
             job.canonicalize();
-            match (job.check_encoded_size(), job.check_supported(), job.validate()) {
-                (Err(e), _, _) => vec![e.to_string()],
-                (Ok(()), Err(unsupported), _) => unsupported.0,
-                (Ok(()), Ok(()), Err(invalid)) => invalid.0,
-                (Ok(()), Ok(()), Ok(())) => Vec::new(),
+            let mutated = job.mutate_connect().map_err(|e| e.to_string()).and_then(|()| {
+                job.check_limits(&self.config.job_limits).map_err(|e| e.to_string())?;
+                job.check_encoded_size().map_err(|e| e.to_string())
+            });
+            match mutated {
+                Err(e) => vec![e],
+                Ok(()) => match (job.check_supported(), job.validate_connect(), job.validate()) {
+                    (Err(unsupported), _, _) => unsupported.0,
+                    (Ok(()), Err(e), _) => vec![e.to_string()],
+                    (Ok(()), Ok(()), Err(invalid)) => invalid.0,
+                    (Ok(()), Ok(()), Ok(())) => Vec::new(),
+                },
             }
         };
         let errors = if errors.is_empty() && !self.config.region.is_empty() && job.region != self.config.region {

@@ -226,6 +226,8 @@ pub fn job_diff(old: Option<&Job>, new: &Job, annotations: Option<&PlanAnnotatio
                 annotations: None,
             });
         }
+        // Nomad sorts them by name (`TaskDiffs`), so an injected Connect task is listed in order.
+        tasks.sort_by(|a, b| a.name.cmp(&b.name));
         let changed = !f.is_empty() || !ob.is_empty() || tasks.iter().any(|t| t.diff_type != "None");
         let mut updates = BTreeMap::new();
         if let Some(u) = annotations.and_then(|a| a.desired_tg_updates.get(&name)) {

@@ -179,6 +179,8 @@ impl Endpoints {
 #[cfg(test)]
 mod admission_tests;
 #[cfg(test)]
+mod connect_tests;
+#[cfg(test)]
 mod support_tests;
 #[cfg(test)]
 mod tests;

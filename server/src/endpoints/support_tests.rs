@@ -17,9 +17,11 @@ use crate::scheduler::BuiltinScheduler;
 use crate::sim::ready_node;
 use crate::testing::{TestServer, job, node};
 
+/// A server with a scheduler and a Consul that takes config entries (for the gateway samples).
 fn server() -> TestServer {
     let mut ts = TestServer::new();
-    ts.endpoints = ts.endpoints.clone().with_scheduler(Arc::new(BuiltinScheduler));
+    let consul = crate::consul::ConsulHandles::from(Arc::new(crate::consul::fake::FakeConsul::new()));
+    ts.endpoints = ts.endpoints.clone().with_scheduler(Arc::new(BuiltinScheduler)).with_consul(consul);
     ts
 }
 
@@ -109,15 +111,23 @@ async fn a_consul_service_group_is_kept_off_nodes_without_consul_naming_the_cons
     assert!(plan.failed_tg_allocs.is_none_or(|f| f.is_empty()), "placed on the node with Consul");
 }
 
-/// A Connect gateway group has no task (Nomad adds one): it is refused for its gateway, not
-/// with validation's "Missing tasks for task group".
+/// A Connect sidecar is kept off nodes whose Consul is older than 1.8.0, the constraint the
+/// servers put on the Envoy task they inject.
 #[tokio::test]
-async fn a_connect_gateway_group_gets_the_honest_message() {
+async fn a_connect_sidecar_is_kept_off_nodes_with_an_old_consul_naming_the_constraint() {
     let ts = server();
-    let got = ts.endpoints.job_register(sample_job_using(Feature::ConnectGateway), Default::default()).await.unwrap_err();
-    let EndpointError::BadRequest(msg) = got else { panic!("{got:?}") };
-    assert!(msg.contains("group \"cache\" service \"ingress\" connect: the \"gateway\" block is not supported by nomad-rs yet"), "{msg}");
-    assert!(!msg.contains("Missing tasks"), "{msg}");
+    let mut old = ready_node("n1");
+    old.attributes.insert("consul.version".into(), "1.7.5".into());
+    old.drivers.insert("docker".into(), nomad_proto::DriverInfo { detected: true, healthy: true, ..Default::default() });
+    old.node_resources.as_mut().unwrap().networks =
+        vec![nomad_proto::NetworkResource { mode: "bridge".into(), ..nomad_proto::NetworkResource::default() }];
+    ts.consensus.apply(Command::NodeRegister { node: old, evals: vec![], now: nomad_proto::Timestamp::now() }).await.unwrap();
+    for feature in [Feature::ConnectSidecarService, Feature::ConnectGateway] {
+        let Fate::Constrained(reason) = feature.entry().fate else { panic!("{feature:?} is constrained") };
+        let plan = ts.endpoints.job_plan(sample_job_using(feature), false).await.unwrap();
+        let failed = plan.failed_tg_allocs.expect("the group cannot be placed");
+        assert_eq!(failed["cache"].constraint_filtered.get(reason), Some(&1), "{feature:?}: {failed:?}");
+    }
 }
 
 async fn put(ts: &TestServer, path: &str, body: serde_json::Value) -> (StatusCode, String) {

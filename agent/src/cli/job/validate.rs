@@ -21,7 +21,8 @@ pub fn check(args: &JobFileArgs) -> Result<nomad_proto::Job, Failure> {
     check_job(load(args)?.job)
 }
 
-/// What `Job.Register` does to a parsed job before writing it, done locally.
+/// What `Job.Register` does to a parsed job before writing it, done locally: the Connect
+/// sidecar and gateway tasks are injected as the servers inject them.
 pub fn check_job(mut job: nomad_proto::Job) -> Result<nomad_proto::Job, Failure> {
     let limits = |e: LimitError| {
         let note = match e {
@@ -33,11 +34,15 @@ pub fn check_job(mut job: nomad_proto::Job) -> Result<nomad_proto::Job, Failure>
         };
         Failure::new(format!("Job validation errors:\n{e}{note}"))
     };
+    let invalid = |e: String| Failure::new(format!("Job validation errors:\n{}", e.trim_end()));
     job.check_limits(&JobLimits::default()).map_err(limits)?;
     job.canonicalize();
+    job.mutate_connect().map_err(|e| invalid(e.to_string()))?;
+    job.check_limits(&JobLimits::default()).map_err(limits)?;
     job.check_encoded_size().map_err(limits)?;
-    job.check_supported().map_err(|e| Failure::new(format!("Job validation errors:\n{}", e.to_string().trim_end())))?;
-    job.validate().map_err(|e| Failure::new(format!("Job validation errors:\n{}", e.to_string().trim_end())))?;
+    job.check_supported().map_err(|e| invalid(e.to_string()))?;
+    job.validate_connect().map_err(|e| invalid(e.to_string()))?;
+    job.validate().map_err(|e| invalid(e.to_string()))?;
     Ok(job)
 }
 

@@ -127,7 +127,7 @@ job "example" {
 
       check {
         name     = "alive"
-        type     = "tcp"
+        type     = "grpc"
         interval = "10s"
         timeout  = "2s"
       }
