@@ -215,6 +215,8 @@ pub struct ConsulUpstream {
     pub local_bind_address: String,
     /// Mesh gateway mode.
     pub mesh_gateway: Option<serde_json::Value>,
+    /// Opaque upstream config, passed to Consul as is.
+    pub config: BTreeMap<String, serde_json::Value>,
 }
 
 /// Overrides for a sidecar or gateway task.

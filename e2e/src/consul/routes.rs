@@ -540,6 +540,9 @@ fn service_register(shared: &Arc<Shared>, q: &BTreeMap<String, String>, body: &[
         sidecar = Some(sc);
     }
     let mut st = shared.lock();
+    // A service registered on its own is nobody's sidecar, whatever its ID.
+    st.sidecars.remove(&id);
+    let mut sidecar_id = None;
     let mut regs = vec![(reg, checks)];
     if let Some(mut sc) = sidecar {
         // Consul's agent expands `SidecarService` (agent/sidecar_service.go): ID and Name
@@ -625,6 +628,7 @@ fn service_register(shared: &Arc<Shared>, q: &BTreeMap<String, String>, body: &[
             );
         }
         regs.push((sc, sc_checks));
+        sidecar_id = Some(sc_id);
     }
     let replace = q.contains_key("replace-existing-checks");
     let index = st.bump();
@@ -644,6 +648,9 @@ fn service_register(shared: &Arc<Shared>, q: &BTreeMap<String, String>, body: &[
             add_check(shared, &mut st, &sid, def, index);
         }
         st.services.insert(sid, reg);
+    }
+    if let Some(sc_id) = sidecar_id {
+        st.sidecars.insert(sc_id);
     }
     drop(st);
     shared.notify(index);
@@ -790,17 +797,29 @@ fn service_deregister(shared: &Shared, id: &str, who: &Who) -> Resp {
     if !who.service_write(&name) {
         return who.deny("service:write", &name);
     }
+    remove_service(&mut st, id);
+    // Consul's agent takes the sidecar it registered for this service with it
+    // (`agent.go` `removeServiceSidecars`).
+    let sidecar = format!("{id}-sidecar-proxy");
+    if st.sidecars.contains(&sidecar) {
+        remove_service(&mut st, &sidecar);
+    }
+    let i = st.bump();
+    drop(st);
+    shared.notify(i);
+    text(StatusCode::OK, "")
+}
+
+/// Removes a service and its checks.
+fn remove_service(st: &mut State, id: &str) {
     st.services.remove(id);
+    st.sidecars.remove(id);
     let ids: Vec<String> = st.checks.iter().filter(|(_, c)| c.service_id == id).map(|(k, _)| k.clone()).collect();
     for k in ids {
         if let Some(r) = st.checks.remove(&k).and_then(|c| c.runner) {
             r.abort();
         }
     }
-    let i = st.bump();
-    drop(st);
-    shared.notify(i);
-    text(StatusCode::OK, "")
 }
 
 /// `PUT /v1/agent/check/deregister/:id`: a service's check needs `service:write` on it.

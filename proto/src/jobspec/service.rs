@@ -219,8 +219,9 @@ fn upstream(r: &Reader<'_>) -> DResult<ConsulUpstream> {
         u.mesh_gateway = Some(json!({ "Mode": m.string("mode")?.unwrap_or_default() }));
         m.finish()?;
     }
-    // Accepted for compatibility; our upstream type has no field for it.
-    let _config = r.free_form("config")?;
+    if let Some(config) = r.free_form("config")? {
+        u.config = config;
+    }
     r.finish()?;
     Ok(u)
 }
