@@ -195,8 +195,10 @@ async fn a_consul_that_lost_its_state_gets_everything_back_and_tasks_are_untouch
 fn with_network(ports: &'static [(&'static str, i64)]) -> impl FnOnce(&mut nomad_proto::Allocation) {
     move |a| {
         let res = a.allocated_resources.as_mut().unwrap();
-        res.shared.ports =
-            ports.iter().map(|(l, v)| AllocatedPortMapping { label: (*l).into(), value: *v, to: *v, host_ip: "127.0.0.1".into() }).collect();
+        res.shared.ports = ports
+            .iter()
+            .map(|(l, v)| AllocatedPortMapping { label: (*l).into(), value: *v, to: *v, host_ip: "127.0.0.1".into() })
+            .collect();
         res.shared.networks = vec![NetworkResource {
             ip: "127.0.0.1".into(),
             dynamic_ports: ports.iter().map(|(l, v)| Port { label: (*l).into(), value: *v, to: *v, ..Port::default() }).collect(),
@@ -297,17 +299,18 @@ async fn consul_checks_decide_alloc_health_as_on_update_says() {
         j.canonicalize();
         j
     };
-    let on = |port: i64| move |a: &mut nomad_proto::Allocation| {
-        a.allocated_resources.as_mut().unwrap().shared.ports =
-            vec![AllocatedPortMapping { label: "http".into(), value: port, to: 0, host_ip: "127.0.0.1".into() }];
+    let on = |port: i64| {
+        move |a: &mut nomad_proto::Allocation| {
+            a.allocated_resources.as_mut().unwrap().shared.ports =
+                vec![AllocatedPortMapping { label: "http".into(), value: port, to: 0, host_ip: "127.0.0.1".into() }];
+        }
     };
     let passing = server.place_with(&health_job("passing", "require_healthy", "checks"), client.node_id(), on(open)).await;
     let failing = server.place_with(&health_job("failing", "require_healthy", "checks"), client.node_id(), on(closed)).await;
     let ignored = server.place_with(&health_job("ignored", "ignore", "checks"), client.node_id(), on(closed)).await;
     let tasks_only = server.place_with(&health_job("tasks", "require_healthy", "task_states"), client.node_id(), on(closed)).await;
-    let verdict = |id: &str| {
-        server.alloc(id).and_then(|a| a.deployment_status).and_then(|d| d.get("Healthy").and_then(serde_json::Value::as_bool))
-    };
+    let verdict =
+        |id: &str| server.alloc(id).and_then(|a| a.deployment_status).and_then(|d| d.get("Healthy").and_then(serde_json::Value::as_bool));
     wait_until("every alloc has a verdict", || [&passing, &failing, &ignored, &tasks_only].iter().all(|id| verdict(id).is_some())).await;
     assert_eq!(verdict(&passing), Some(true), "its check passes");
     assert_eq!(verdict(&failing), Some(false), "its check never passes: unhealthy at the deadline");

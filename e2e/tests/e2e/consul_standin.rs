@@ -230,7 +230,10 @@ fn nomads_sidecar_payload_is_expanded_served_and_removed_with_its_parent() {
     }
     let checks = c.get_json("/v1/agent/checks").unwrap();
     let alias = &checks[&format!("service:{sidecar_id}:1")];
-    assert_eq!((alias["Name"].as_str(), alias["Type"].as_str()), (Some(format!("Connect Sidecar Aliasing {parent}").as_str()), Some("alias")));
+    assert_eq!(
+        (alias["Name"].as_str(), alias["Type"].as_str()),
+        (Some(format!("Connect Sidecar Aliasing {parent}").as_str()), Some("alias"))
+    );
     let listening = &checks[&format!("service:{sidecar_id}:2")];
     assert_eq!((listening["Type"].as_str(), listening["Definition"]["TCP"].as_str()), (Some("tcp"), Some("10.1.2.3:25001")));
     assert_eq!(checks.as_object().unwrap().len(), 2);

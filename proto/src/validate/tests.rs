@@ -569,9 +569,18 @@ fn on_update_takes_nomads_three_values_and_agrees_with_check_restart() {
     };
     with("ignore_warnings", r#""OnUpdate":"ignore""#).validate().unwrap();
     with("require_healthy", r#""OnUpdate":"ignore_warnings","CheckRestart":{"Limit":3,"IgnoreWarnings":true}"#).validate().unwrap();
-    assert_refused(&with("sometimes", r#""OnUpdate":"ignore""#), "Service on_update must be \"require_healthy\", \"ignore_warnings\", or \"ignore\"; not \"sometimes\"");
-    assert_refused(&with("ignore", r#""OnUpdate":"never""#), "Check c invalid: on_update must be \"require_healthy\", \"ignore_warnings\", or \"ignore\"; got \"never\"");
-    assert_refused(&with("ignore", r#""OnUpdate":"ignore","CheckRestart":{"Limit":3}"#), "Check c invalid: on_update value \"ignore\" is not compatible with check_restart");
+    assert_refused(
+        &with("sometimes", r#""OnUpdate":"ignore""#),
+        "Service on_update must be \"require_healthy\", \"ignore_warnings\", or \"ignore\"; not \"sometimes\"",
+    );
+    assert_refused(
+        &with("ignore", r#""OnUpdate":"never""#),
+        "Check c invalid: on_update must be \"require_healthy\", \"ignore_warnings\", or \"ignore\"; got \"never\"",
+    );
+    assert_refused(
+        &with("ignore", r#""OnUpdate":"ignore","CheckRestart":{"Limit":3}"#),
+        "Check c invalid: on_update value \"ignore\" is not compatible with check_restart",
+    );
     assert_refused(
         &with("ignore", r#""OnUpdate":"ignore_warnings","CheckRestart":{"Limit":3}"#),
         "Check c invalid: on_update value \"ignore_warnings\" not supported with check_restart ignore_warnings value \"false\"",

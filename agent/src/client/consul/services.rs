@@ -28,10 +28,10 @@ use nomad_proto::{Allocation, Node, Task};
 use sha1::{Digest, Sha1};
 
 use super::{ServiceAddress, ServiceCheck, ServiceRegistration};
-use connect::{ConnectParts, connect_parts};
 use crate::cli::format::go_duration;
 use crate::client::services::{Which, env_for, get_address, group_task_name, registration_id};
 use crate::client::taskrunner::interpolate::Interpolator;
+use connect::{ConnectParts, connect_parts};
 
 /// The prefix of every check ID Nomad's client registers.
 pub const CHECK_ID_PREFIX: &str = "_nomad-check-";

@@ -365,8 +365,7 @@ mod tests {
     const PARENT: &str = "_nomad-task-a1-group-g-api-http";
 
     fn sync_against(standin: &ConsulStandIn, probation: Duration) -> (Arc<ConsulServices>, ConsulClient) {
-        let settings =
-            ConsulSettings { address: standin.addr().to_string(), timeout: Duration::from_secs(5), ..ConsulSettings::default() };
+        let settings = ConsulSettings { address: standin.addr().to_string(), timeout: Duration::from_secs(5), ..ConsulSettings::default() };
         (ConsulServices::new(Arc::new(ConsulClient::new(&settings)), SYNC_PERIOD, probation), ConsulClient::new(&settings))
     }
 
@@ -380,7 +379,11 @@ mod tests {
                 upstreams: vec![Upstream { destination_name: "db".into(), local_bind_port: upstream_port, ..Upstream::default() }],
                 ..ConnectProxyConfig::default()
             }),
-            checks: vec![ServiceCheck { name: format!("Connect Sidecar Aliasing {PARENT}"), alias_service: PARENT.into(), ..Default::default() }],
+            checks: vec![ServiceCheck {
+                name: format!("Connect Sidecar Aliasing {PARENT}"),
+                alias_service: PARENT.into(),
+                ..Default::default()
+            }],
             ..ServiceRegistration::default()
         };
         ServiceRegistration {

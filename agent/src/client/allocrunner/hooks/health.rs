@@ -164,8 +164,13 @@ pub fn evaluate(
 /// unsatisfiable: an empty ID no status ever matches.
 fn expected_checks(alloc: &Allocation, node: &nomad_proto::Node, region: &str) -> Option<BTreeMap<String, String>> {
     let group = alloc.job.as_ref()?.lookup_task_group(&alloc.task_group)?;
-    let count: usize =
-        group.services.iter().chain(group.tasks.iter().flat_map(|t| t.services.iter())).filter(|s| is_consul(s)).map(|s| s.checks.len()).sum();
+    let count: usize = group
+        .services
+        .iter()
+        .chain(group.tasks.iter().flat_map(|t| t.services.iter()))
+        .filter(|s| is_consul(s))
+        .map(|s| s.checks.len())
+        .sum();
     if count == 0 {
         return None;
     }
@@ -252,8 +257,7 @@ impl HealthHook {
         let required = required_tasks(req.alloc);
         let expected = if cfg.use_checks { expected_checks(req.alloc, &(self.node)(), &self.region) } else { None };
         // Without a Consul to ask, the checks never pass (Nomad keeps asking until the deadline).
-        let mut statuses: Option<watch::Receiver<Statuses>> =
-            expected.as_ref().and_then(|_| self.consul_checks.as_ref()).map(|w| w.subscribe());
+        let mut statuses: Option<watch::Receiver<Statuses>> = expected.as_ref().and(self.consul_checks.as_ref()).map(|w| w.subscribe());
         let mut rx = self.task_states.clone();
         let report = self.report.clone();
         tokio::spawn(async move {
@@ -261,9 +265,9 @@ impl HealthHook {
             let mut clocks = Clocks::default();
             loop {
                 let states = rx.borrow_and_update().clone();
-                let checks = expected.as_ref().map(|expected| {
-                    statuses.as_mut().is_some_and(|s| consul_checks_pass(expected, &s.borrow_and_update()))
-                });
+                let checks = expected
+                    .as_ref()
+                    .map(|expected| statuses.as_mut().is_some_and(|s| consul_checks_pass(expected, &s.borrow_and_update())));
                 let verdict = evaluate(&states, &required, checks, &mut clocks, started, Instant::now(), cfg);
                 let recheck = match verdict {
                     Verdict::Healthy => return report(deployment_status(true)),
@@ -375,7 +379,10 @@ mod tests {
             m
         };
         assert!(consul_checks_pass(&expected, &statuses("passing", "passing", Some("passing"))));
-        assert!(consul_checks_pass(&expected, &statuses("passing", "warning", Some("critical"))), "warning under ignore_warnings, anything under ignore");
+        assert!(
+            consul_checks_pass(&expected, &statuses("passing", "warning", Some("critical"))),
+            "warning under ignore_warnings, anything under ignore"
+        );
         assert!(!consul_checks_pass(&expected, &statuses("warning", "passing", Some("passing"))), "require_healthy refuses warning");
         assert!(!consul_checks_pass(&expected, &statuses("passing", "critical", Some("passing"))), "ignore_warnings refuses critical");
         assert!(!consul_checks_pass(&expected, &statuses("passing", "passing", None)), "an ignored check must still be registered");

@@ -81,7 +81,10 @@ pub(super) fn connect_parts(
         return Err(format!("Connect configuration empty for service {name}"));
     };
     let registration = sidecar_registration(alloc, node, interp, service_id, name, sidecar)?;
-    Ok(ConnectParts { connect: Some(ServiceConnect { native: false, sidecar_service: Some(Box::new(registration)) }), ..ConnectParts::default() })
+    Ok(ConnectParts {
+        connect: Some(ServiceConnect { native: false, sidecar_service: Some(Box::new(registration)) }),
+        ..ConnectParts::default()
+    })
 }
 
 /// Nomad's `connectSidecarRegistration`.
@@ -213,7 +216,14 @@ fn inject_stats_tags(config: &mut BTreeMap<String, Value>, alloc: &Allocation) {
 /// as `Proxy.Config`; a bridge terminating gateway's `default` bind address gets the
 /// `connect-terminating-<service>` port, a mesh gateway's `wan` the service's port and `lan`
 /// the `connect-mesh-<service>-lan` port.
-fn gateway_proxy(alloc: &Allocation, interp: &Interpolator<'_>, kind: &str, name: &str, port_label: &str, proxy: Option<&Value>) -> ConnectProxyConfig {
+fn gateway_proxy(
+    alloc: &Allocation,
+    interp: &Interpolator<'_>,
+    kind: &str,
+    name: &str,
+    port_label: &str,
+    proxy: Option<&Value>,
+) -> ConnectProxyConfig {
     let Some(p) = proxy else { return ConnectProxyConfig::default() };
     let allocated = |label: &str| ports(alloc, "").into_iter().find(|m| m.label == label).map(|m| m.value);
     let mut binds = serde_json::Map::new();
@@ -289,11 +299,11 @@ fn network_port(alloc: &Allocation, label: &str) -> Option<PortMapping> {
         return None;
     }
     networks.iter().find_map(|n| {
-        n.reserved_ports
-            .iter()
-            .chain(n.dynamic_ports.iter())
-            .find(|p| p.label == label)
-            .map(|p| PortMapping { value: p.value, to: p.to, host_ip: n.ip.clone() })
+        n.reserved_ports.iter().chain(n.dynamic_ports.iter()).find(|p| p.label == label).map(|p| PortMapping {
+            value: p.value,
+            to: p.to,
+            host_ip: n.ip.clone(),
+        })
     })
 }
 

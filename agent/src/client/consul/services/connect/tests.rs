@@ -101,7 +101,12 @@ fn a_sidecar_with_upstreams_expose_meta_and_tags_is_nomads_payload_field_by_fiel
                 mesh_gateway: Some(json!({"Mode": "local"})),
                 config: BTreeMap::from([("connect_timeout_ms".into(), json!(1000))]),
             },
-            ConsulUpstream { destination_name: "cache".into(), local_bind_port: 6379, mesh_gateway: Some(json!({"Mode": "bogus"})), ..ConsulUpstream::default() },
+            ConsulUpstream {
+                destination_name: "cache".into(),
+                local_bind_port: 6379,
+                mesh_gateway: Some(json!({"Mode": "bogus"})),
+                ..ConsulUpstream::default()
+            },
         ],
         expose: Some(json!({"Paths": [{"Path": "/health", "Protocol": "http", "LocalPathPort": 8080, "ListenerPort": "ck"}]})),
     };
@@ -112,8 +117,11 @@ fn a_sidecar_with_upstreams_expose_meta_and_tags_is_nomads_payload_field_by_fiel
         ..ConsulSidecarService::default()
     };
     // The sidecar port maps to another port inside the namespace: bind_port is that one.
-    let (alloc, node) =
-        alloc_with("bridge", vec![sidecar_service(css)], &[("http", 23456, 8080), ("connect-proxy-api", 25001, 21001), ("ck", 25002, 25002)]);
+    let (alloc, node) = alloc_with(
+        "bridge",
+        vec![sidecar_service(css)],
+        &[("http", 23456, 8080), ("connect-proxy-api", 25001, 21001), ("ck", 25002, 25002)],
+    );
     let got = only(&alloc, &node);
     let expected = json!({
         "ID": API_ID,
@@ -209,7 +217,10 @@ fn a_sidecar_without_its_port_or_network_is_skipped_with_nomads_error() {
 
     let empty = Service { connect: Some(ConsulConnect::default()), ..sidecar_service(ConsulSidecarService::default()) };
     let (alloc, node) = alloc_with("bridge", vec![empty], &[("http", 23456, 8080)]);
-    assert_eq!(built(&alloc, &node).errors, ["service \"api\": invalid Consul Connect configuration: Connect configuration empty for service api"]);
+    assert_eq!(
+        built(&alloc, &node).errors,
+        ["service \"api\": invalid Consul Connect configuration: Connect configuration empty for service api"]
+    );
 }
 
 #[test]
@@ -236,7 +247,8 @@ fn gateway(kind: &str, proxy: serde_json::Value) -> ConsulGateway {
     let mut g = ConsulGateway { proxy: Some(proxy), ..ConsulGateway::default() };
     match kind {
         "terminating" => {
-            g.terminating = Some(ConsulTerminatingConfigEntry { services: vec![ConsulLinkedService { name: "ext".into(), ..Default::default() }] })
+            g.terminating =
+                Some(ConsulTerminatingConfigEntry { services: vec![ConsulLinkedService { name: "ext".into(), ..Default::default() }] })
         }
         "ingress" => g.ingress = Some(json!({"Listeners": [{"Port": 8080, "Protocol": "tcp", "Services": [{"Name": "api"}]}]})),
         _ => g.mesh = Some(json!({})),
@@ -323,7 +335,8 @@ fn a_host_mode_ingress_gateway_and_a_gateway_without_proxy_settings() {
 
 #[test]
 fn a_mesh_gateway_binds_wan_to_its_service_port_and_lan_to_its_own() {
-    let proxy = json!({"EnvoyGatewayBindAddresses": {"wan": {"Address": "0.0.0.0", "Port": -1}, "lan": {"Address": "0.0.0.0", "Port": -1}}});
+    let proxy =
+        json!({"EnvoyGatewayBindAddresses": {"wan": {"Address": "0.0.0.0", "Port": -1}, "lan": {"Address": "0.0.0.0", "Port": -1}}});
     let s = gateway_service("mgw", "wan", gateway("mesh", proxy));
     let (alloc, node) = alloc_with("host", vec![s], &[("wan", 9100, 0), ("connect-mesh-mgw-lan", 9101, 0)]);
     let got = only(&alloc, &node);
