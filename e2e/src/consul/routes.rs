@@ -564,8 +564,16 @@ fn service_register(shared: &Arc<Shared>, q: &BTreeMap<String, String>, body: &[
         if sc.get("Kind").and_then(Value::as_str).is_none_or(str::is_empty) {
             sc["Kind"] = json!("connect-proxy");
         }
+        // Consul copies them when the sidecar's are empty (`len(...) == 0`, `== ""`), not only absent.
+        let empty = |v: Option<&Value>| match v {
+            None | Some(Value::Null) => true,
+            Some(Value::Array(a)) => a.is_empty(),
+            Some(Value::Object(o)) => o.is_empty(),
+            Some(Value::String(s)) => s.is_empty(),
+            Some(_) => false,
+        };
         for k in ["Tags", "Meta", "Address"] {
-            if sc.get(k).is_none()
+            if empty(sc.get(k))
                 && let Some(v) = regs[0].0.get(k)
             {
                 sc[k] = v.clone();

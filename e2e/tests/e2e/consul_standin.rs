@@ -259,6 +259,16 @@ fn nomads_sidecar_payload_is_expanded_served_and_removed_with_its_parent() {
     assert_eq!(keys(&c.get_json("/v1/agent/services").unwrap()), ["alone-sidecar-proxy"]);
     assert!(c.get_json("/v1/agent/checks").unwrap().as_object().unwrap().keys().all(|k| !k.contains(parent)));
 
+    // Empty sidecar tags and meta are Consul's "none": the parent's are copied.
+    let mut bare = reg.clone();
+    bare["Connect"]["SidecarService"]["Tags"] = json!([]);
+    bare["Connect"]["SidecarService"]["Meta"] = json!({});
+    bare["Tags"] = json!(["v1"]);
+    assert_eq!(put(&c, "/v1/agent/service/register", &bare).0, 200);
+    let sc = &c.get_json("/v1/agent/services").unwrap()[&sidecar_id];
+    assert_eq!((sc["Tags"].clone(), sc["Meta"].clone()), (json!(["v1"]), json!({"external-source": "nomad"})));
+    assert_eq!(put(&c, &format!("/v1/agent/service/deregister/{parent}"), &json!(null)).0, 200);
+
     // A `<id>-sidecar-proxy` registered on its own is not taken with `<id>`.
     assert_eq!(put(&c, "/v1/agent/service/register", &json!({"ID": "alone", "Name": "api", "Port": 1})).0, 200);
     assert_eq!(put(&c, "/v1/agent/service/deregister/alone", &json!(null)).0, 200);
