@@ -110,7 +110,7 @@ table! {
     UpdateMaxParallel: Attribute "max_parallel" in "update" => H("destructive updates go this many at a time"),
     UpdateStagger: Attribute "stagger" in "update" => H("system jobs: wait between batches"),
     UpdateMinHealthyTime: Attribute "min_healthy_time" in "update" => H("wait before the next batch"),
-    UpdateHealthCheck: Attribute "health_check" in "update" => H("\"checks\" and \"task_states\" are judged on task states (Consul check results are not yet part of an alloc's health)"),
+    UpdateHealthCheck: Attribute "health_check" in "update" => H("\"checks\" (the default) waits for the tasks and for the alloc's Consul checks, per their on_update; \"task_states\" for the tasks only"),
     UpdateManualHealth: Value "health_check = \"manual\"" in "update" => R("nomad-rs has no deployments to set health on"),
     UpdateHealthyDeadline: Attribute "healthy_deadline" in "update" => R("nomad-rs has no deployments: only the default is accepted"),
     UpdateProgressDeadline: Attribute "progress_deadline" in "update" => R("nomad-rs has no deployments: only the default is accepted"),
@@ -119,7 +119,7 @@ table! {
     UpdateAutoPromote: Attribute "auto_promote" in "update" => R("nomad-rs has no deployments"),
     // Group.
     GroupCount: Attribute "count" in "group" => H("the reconciler keeps this many allocs"),
-    Migrate: Block "migrate" in "group" => H("the drainer migrates max_parallel at a time, health judged on task states"),
+    Migrate: Block "migrate" in "group" => H("the drainer migrates max_parallel at a time, health judged as health_check says (Consul checks included with \"checks\")"),
     Scaling: Block "scaling" in "group, task" => R(""),
     Restart: Block "restart" in "group, task" => H("the task runner's restart tracker (render_templates: templates are refused)"),
     Reschedule: Block "reschedule" in "group" => H("the reconciler's reschedule tracker"),
@@ -147,7 +147,8 @@ table! {
     // service, group or task.
     ServiceNomad: Value "provider = \"nomad\"" in "service" => H("registered by the client in Nomad's service catalog"),
     ServiceConsul: Value "provider = \"consul\"" in "service" => Fate::Constrained("${attr.consul.version} semver >= 1.7.0"),
-    ServiceFields: Attribute "name, port, tags, address, task, on_update" in "service" => H("the registration"),
+    ServiceFields: Attribute "name, port, tags, address, task" in "service" => H("the registration"),
+    OnUpdate: Attribute "on_update" in "service, check" => H("a Consul check counts toward the alloc's health (deployments, migrations) as require_healthy (passing), ignore_warnings (passing or warning) or ignore (registered, any status)"),
     ServiceAddressMode: Attribute "address_mode" in "service, check" => R("\"auto\" and \"host\" are run, and \"alloc\" for Consul services; no driver advertises a network for \"driver\""),
     ServiceConsulOnly: Attribute "enable_tag_override, canary_tags, canary_meta, tagged_addresses, meta" in "service" => H("registered in Consul for Consul services (canary_tags and canary_meta would only apply to canaries, which are refused); ignored for nomad services, as Nomad does"),
     ServiceCheck: Block "check" in "service" => H("http, tcp and grpc checks of Consul services, registered for the Consul agent to run"),
@@ -632,7 +633,7 @@ impl Walk {
             canary_meta,
             tagged_addresses,
             namespace: _,
-            on_update: _,
+            on_update,
             provider,
             check_restart: _,
         } = s;
@@ -640,6 +641,7 @@ impl Walk {
         self.decide(Feature::ServiceNomad, !consul);
         self.decide(Feature::ServiceConsul, consul);
         self.decide(Feature::ServiceFields, true);
+        self.decide(Feature::OnUpdate, !on_update.is_empty() || checks.iter().any(|c| !c.on_update.is_empty()));
         self.decide(
             Feature::ServiceConsulOnly,
             *enable_tag_override || !canary_tags.is_empty() || !meta.is_empty() || !canary_meta.is_empty() || !tagged_addresses.is_empty(),
@@ -973,6 +975,10 @@ pub fn sample_job_using(feature: Feature) -> Job {
                 vec![NetworkResource { dynamic_ports: vec![Port { label: "db".into(), ..Port::default() }], ..NetworkResource::default() }]
         }
         Feature::ServiceNomad | Feature::ServiceFields => g.services = vec![nomad_service()],
+        Feature::OnUpdate => {
+            let check = ServiceCheck { on_update: "ignore".into(), ..tcp_check() };
+            g.services = vec![Service { on_update: "ignore_warnings".into(), checks: vec![check], ..consul_service() }]
+        }
         Feature::ServiceConsulOnly => g.services = vec![Service { canary_tags: vec!["canary".into()], ..nomad_service() }],
         Feature::ServiceConsul => g.services = vec![Service { provider: String::new(), ..nomad_service() }],
         Feature::ServiceCheckNomad => g.services = vec![Service { checks: vec![tcp_check()], ..nomad_service() }],

@@ -973,7 +973,31 @@ fn validate_service(s: &Service, g: &TaskGroup, task: Option<&Task>) -> Vec<Stri
         errs.extend(crate::connect::validate_service_connect(s));
     }
     validate_meta("Service", &s.meta, &mut errs);
+    let on_update_ok = |v: &str| matches!(v, "" | "require_healthy" | "ignore_warnings" | "ignore");
+    if !on_update_ok(&s.on_update) {
+        errs.push(format!(
+            "Service on_update must be \"require_healthy\", \"ignore_warnings\", or \"ignore\"; not {:?}",
+            shown(&s.on_update).as_ref()
+        ));
+    }
     for c in &s.checks {
+        // Nomad's ServiceCheck.validateCommon: on_update, and how it goes with check_restart.
+        if !on_update_ok(&c.on_update) {
+            errs.push(format!(
+                "Check {} invalid: on_update must be \"require_healthy\", \"ignore_warnings\", or \"ignore\"; got {:?}",
+                shown(&c.name),
+                shown(&c.on_update).as_ref()
+            ));
+        } else if let Some(r) = &c.check_restart {
+            if c.on_update == "ignore" {
+                errs.push(format!("Check {} invalid: on_update value \"ignore\" is not compatible with check_restart", shown(&c.name)));
+            } else if c.on_update == "ignore_warnings" && !r.ignore_warnings {
+                errs.push(format!(
+                    "Check {} invalid: on_update value \"ignore_warnings\" not supported with check_restart ignore_warnings value \"false\"",
+                    shown(&c.name)
+                ));
+            }
+        }
         if s.port_label.is_empty() && c.port_label.is_empty() && ["http", "tcp", "grpc"].contains(&c.check_type.as_str()) {
             errs.push(format!(
                 "Check {} invalid: check requires a port but neither check nor service {:?} have a port",

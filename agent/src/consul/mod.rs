@@ -79,7 +79,7 @@ pub struct AgentService {
     pub address: String,
     pub tagged_addresses: BTreeMap<String, ServiceAddress>,
     pub enable_tag_override: bool,
-    pub proxy: Option<Value>,
+    pub proxy: Option<ConnectProxyConfig>,
     pub connect: Option<Value>,
     pub namespace: String,
     pub datacenter: String,
@@ -144,14 +144,101 @@ pub struct ServiceRegistration {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub meta: BTreeMap<String, String>,
     pub checks: Vec<ServiceCheck>,
-    /// `AgentServiceConnectProxyConfig` (gateways), left untyped until registration needs it.
+    /// A gateway's Envoy settings (`Proxy.Config`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub proxy: Option<Value>,
-    /// `AgentServiceConnect` (`Native` or `SidecarService`), likewise.
+    pub proxy: Option<ConnectProxyConfig>,
+    /// `Native`, or the sidecar Consul's agent registers beside the service.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub connect: Option<Value>,
+    pub connect: Option<ServiceConnect>,
     #[serde(skip_serializing_if = "String::is_empty")]
     pub namespace: String,
+}
+
+/// `api/agent.go` `AgentServiceConnect`.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[serde(rename_all = "PascalCase")]
+pub struct ServiceConnect {
+    #[serde(skip_serializing_if = "is_false")]
+    pub native: bool,
+    /// Consul's agent expands it into the `<ID>-sidecar-proxy` service.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sidecar_service: Option<Box<ServiceRegistration>>,
+}
+
+/// `api/agent.go` `AgentServiceConnectProxyConfig`, as sent and as `/v1/agent/services` lists
+/// it. `MeshGateway` and `Expose` are Go structs, which `omitempty` never leaves out: they are
+/// always sent, `{}` when empty, as Nomad's Go client sends them.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ConnectProxyConfig {
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub destination_service_name: String,
+    #[serde(rename = "DestinationServiceID", skip_serializing_if = "String::is_empty")]
+    pub destination_service_id: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub local_service_address: String,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub local_service_port: i64,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub config: BTreeMap<String, Value>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub upstreams: Vec<Upstream>,
+    pub mesh_gateway: MeshGatewayConfig,
+    pub expose: ExposeConfig,
+}
+
+/// `api/agent.go` `Upstream` (`DestinationName` has no `omitempty` in Go).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct Upstream {
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub destination_type: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub destination_namespace: String,
+    pub destination_name: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub datacenter: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub local_bind_address: String,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub local_bind_port: i64,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub config: BTreeMap<String, Value>,
+    pub mesh_gateway: MeshGatewayConfig,
+}
+
+/// `api/config_entry.go` `MeshGatewayConfig` (`Mode` empty is Consul's default mode).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct MeshGatewayConfig {
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub mode: String,
+}
+
+/// `api/config_entry.go` `ExposeConfig`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ExposeConfig {
+    #[serde(skip_serializing_if = "is_false")]
+    pub checks: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<ExposePath>,
+}
+
+/// `api/config_entry.go` `ExposePath`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ExposePath {
+    #[serde(skip_serializing_if = "is_zero")]
+    pub listener_port: i64,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub path: String,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub local_path_port: i64,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub protocol: String,
+    #[serde(skip_serializing_if = "is_false")]
+    pub parsed_from_check: bool,
 }
 
 /// `api/agent.go` `AgentServiceCheck`.

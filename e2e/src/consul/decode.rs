@@ -187,6 +187,7 @@ pub const UPSTREAM: Shape = Shape::Obj(
 pub const PROXY: Shape = Shape::Obj(
     "AgentServiceConnectProxyConfig",
     &[
+        ("EnvoyExtensions", Shape::List(&Shape::Any)),
         ("DestinationServiceName", Shape::Str),
         ("DestinationServiceID", Shape::Str),
         ("LocalServiceAddress", Shape::Str),

@@ -113,6 +113,9 @@ pub(crate) struct State {
     pub opts: ConsulOptions,
     /// Registered services by ID: the canonical registration (sidecars already expanded).
     pub services: BTreeMap<String, Value>,
+    /// IDs of the services registered as another's `Connect.SidecarService` (Consul's
+    /// `LocallyRegisteredAsSidecar`): they go when their parent is deregistered.
+    pub sidecars: std::collections::BTreeSet<String>,
     pub checks: BTreeMap<String, CheckState>,
     pub kv: BTreeMap<String, KvEntry>,
     /// The KV table's index: the last write or delete.
@@ -293,6 +296,7 @@ impl ConsulStandIn {
         }
         st.checks.clear();
         st.services.clear();
+        st.sidecars.clear();
         let i = st.bump();
         drop(st);
         self.shared.notify(i);
@@ -307,6 +311,15 @@ impl ConsulStandIn {
     /// Whether a service with this ID is registered.
     pub fn has_service(&self, id: &str) -> bool {
         self.shared.lock().services.contains_key(id)
+    }
+
+    /// The names of the xDS resources the proxy registered as `proxy_id` would be served now,
+    /// by type URL (what Envoy would hold after its wildcard CDS and LDS subscriptions and the
+    /// EDS names of its clusters).
+    pub fn xds_resource_names(&self, proxy_id: &str) -> Result<BTreeMap<String, Vec<String>>> {
+        let st = self.shared.lock();
+        let ca = self.shared.ca.as_ref().ok_or_else(|| anyhow!("Connect is not enabled"))?;
+        xds::resource_names(&st, ca, proxy_id).map_err(|e| anyhow!(e))
     }
 
     /// Waits until the port accepts connections.

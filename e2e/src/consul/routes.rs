@@ -540,6 +540,9 @@ fn service_register(shared: &Arc<Shared>, q: &BTreeMap<String, String>, body: &[
         sidecar = Some(sc);
     }
     let mut st = shared.lock();
+    // A service registered on its own is nobody's sidecar, whatever its ID.
+    st.sidecars.remove(&id);
+    let mut sidecar_id = None;
     let mut regs = vec![(reg, checks)];
     if let Some(mut sc) = sidecar {
         // Consul's agent expands `SidecarService` (agent/sidecar_service.go): ID and Name
@@ -561,8 +564,16 @@ fn service_register(shared: &Arc<Shared>, q: &BTreeMap<String, String>, body: &[
         if sc.get("Kind").and_then(Value::as_str).is_none_or(str::is_empty) {
             sc["Kind"] = json!("connect-proxy");
         }
+        // Consul copies them when the sidecar's are empty (`len(...) == 0`, `== ""`), not only absent.
+        let empty = |v: Option<&Value>| match v {
+            None | Some(Value::Null) => true,
+            Some(Value::Array(a)) => a.is_empty(),
+            Some(Value::Object(o)) => o.is_empty(),
+            Some(Value::String(s)) => s.is_empty(),
+            Some(_) => false,
+        };
         for k in ["Tags", "Meta", "Address"] {
-            if sc.get(k).is_none()
+            if empty(sc.get(k))
                 && let Some(v) = regs[0].0.get(k)
             {
                 sc[k] = v.clone();
@@ -625,6 +636,7 @@ fn service_register(shared: &Arc<Shared>, q: &BTreeMap<String, String>, body: &[
             );
         }
         regs.push((sc, sc_checks));
+        sidecar_id = Some(sc_id);
     }
     let replace = q.contains_key("replace-existing-checks");
     let index = st.bump();
@@ -644,6 +656,9 @@ fn service_register(shared: &Arc<Shared>, q: &BTreeMap<String, String>, body: &[
             add_check(shared, &mut st, &sid, def, index);
         }
         st.services.insert(sid, reg);
+    }
+    if let Some(sc_id) = sidecar_id {
+        st.sidecars.insert(sc_id);
     }
     drop(st);
     shared.notify(index);
@@ -790,17 +805,29 @@ fn service_deregister(shared: &Shared, id: &str, who: &Who) -> Resp {
     if !who.service_write(&name) {
         return who.deny("service:write", &name);
     }
+    remove_service(&mut st, id);
+    // Consul's agent takes the sidecar it registered for this service with it
+    // (`agent.go` `removeServiceSidecars`).
+    let sidecar = format!("{id}-sidecar-proxy");
+    if st.sidecars.contains(&sidecar) {
+        remove_service(&mut st, &sidecar);
+    }
+    let i = st.bump();
+    drop(st);
+    shared.notify(i);
+    text(StatusCode::OK, "")
+}
+
+/// Removes a service and its checks.
+fn remove_service(st: &mut State, id: &str) {
     st.services.remove(id);
+    st.sidecars.remove(id);
     let ids: Vec<String> = st.checks.iter().filter(|(_, c)| c.service_id == id).map(|(k, _)| k.clone()).collect();
     for k in ids {
         if let Some(r) = st.checks.remove(&k).and_then(|c| c.runner) {
             r.abort();
         }
     }
-    let i = st.bump();
-    drop(st);
-    shared.notify(i);
-    text(StatusCode::OK, "")
 }
 
 /// `PUT /v1/agent/check/deregister/:id`: a service's check needs `service:write` on it.

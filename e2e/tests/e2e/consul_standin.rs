@@ -183,6 +183,123 @@ fn register_expands_sidecars_and_lists_services_and_checks() {
     assert_eq!(body, "Unknown service ID \"other\". Ensure that the service ID is passed, not the service name.");
 }
 
+/// Nomad 1.6's sidecar registration (`command/agent/consul/connect.go`, sent as `api/agent.go`
+/// `AgentServiceRegistration` with `AgentServiceConnect.SidecarService`) through Consul v1.16's
+/// agent path: expanded as `agent/sidecar_service.go` `sidecarServiceFromNodeService` does (ID
+/// and Name from the parent's, kind `connect-proxy`, destination, local service address
+/// `127.0.0.1` and the parent's port when unset, the checks as registered with the IDs
+/// `agent.go` `addServiceInternal` gives them), served over xDS exactly as the same proxy
+/// registered on its own, and removed with its parent (`agent.go` `removeServiceSidecars`, only
+/// for a sidecar registered that way).
+#[test]
+fn nomads_sidecar_payload_is_expanded_served_and_removed_with_its_parent() {
+    let (s, c) = standin();
+    let parent = "_nomad-task-a1-group-front-api-http";
+    let sidecar_id = format!("{parent}-sidecar-proxy");
+    let proxy = json!({
+        "Config": {"bind_address": "0.0.0.0", "bind_port": 25001,
+                   "envoy_stats_tags": ["nomad.alloc_id=a1", "nomad.group=front", "nomad.job=web", "nomad.namespace=default"]},
+        "Upstreams": [{"DestinationNamespace": "team", "DestinationName": "db", "Datacenter": "dc2", "LocalBindAddress": "127.0.0.2",
+                       "LocalBindPort": 5432, "Config": {"connect_timeout_ms": 1000}, "MeshGateway": {"Mode": "local"}}],
+        "MeshGateway": {},
+        "Expose": {"Paths": [{"ListenerPort": 25002, "Path": "/health", "LocalPathPort": 8080, "Protocol": "http"}]},
+    });
+    let reg = json!({
+        "ID": parent, "Name": "api", "Port": 23456, "Address": "10.1.2.3", "Meta": {"external-source": "nomad"}, "Checks": [],
+        "Connect": {"SidecarService": {
+            "Port": 25001, "Address": "10.1.2.3", "Tags": ["mesh"], "Meta": {"role": "sidecar"},
+            "Checks": [{"Name": format!("Connect Sidecar Aliasing {parent}"), "AliasService": parent},
+                       {"Name": "Connect Sidecar Listening", "TCP": "10.1.2.3:25001", "Interval": "10s"}],
+            "Proxy": proxy,
+        }},
+    });
+    assert_eq!(put(&c, "/v1/agent/service/register", &reg), (200, String::new()));
+    let services = c.get_json("/v1/agent/services").unwrap();
+    let sc = &services[&sidecar_id];
+    assert_eq!(sc["Kind"], "connect-proxy");
+    assert_eq!(sc["ID"], sidecar_id.as_str());
+    assert_eq!(sc["Service"], "api-sidecar-proxy");
+    assert_eq!((sc["Address"].as_str(), sc["Port"].as_i64()), (Some("10.1.2.3"), Some(25001)));
+    assert_eq!(sc["Tags"], json!(["mesh"]), "its own tags, not the parent's");
+    assert_eq!(sc["Meta"], json!({"role": "sidecar"}), "its own meta");
+    let p = &sc["Proxy"];
+    assert_eq!((p["DestinationServiceName"].as_str(), p["DestinationServiceID"].as_str()), (Some("api"), Some(parent)));
+    assert_eq!((p["LocalServiceAddress"].as_str(), p["LocalServicePort"].as_i64()), (Some("127.0.0.1"), Some(23456)));
+    for k in ["Config", "Upstreams", "MeshGateway", "Expose"] {
+        assert_eq!(p[k], proxy[k], "Proxy.{k} as sent");
+    }
+    let checks = c.get_json("/v1/agent/checks").unwrap();
+    let alias = &checks[&format!("service:{sidecar_id}:1")];
+    assert_eq!(
+        (alias["Name"].as_str(), alias["Type"].as_str()),
+        (Some(format!("Connect Sidecar Aliasing {parent}").as_str()), Some("alias"))
+    );
+    let listening = &checks[&format!("service:{sidecar_id}:2")];
+    assert_eq!((listening["Type"].as_str(), listening["Definition"]["TCP"].as_str()), (Some("tcp"), Some("10.1.2.3:25001")));
+    assert_eq!(checks.as_object().unwrap().len(), 2);
+
+    // The same proxy registered on its own gets the same xDS resources.
+    let mut alone = reg["Connect"]["SidecarService"].clone();
+    alone["Kind"] = json!("connect-proxy");
+    alone["ID"] = json!("alone-sidecar-proxy");
+    alone["Name"] = json!("api-sidecar-proxy");
+    alone["Proxy"]["DestinationServiceName"] = json!("api");
+    alone["Proxy"]["DestinationServiceID"] = json!(parent);
+    alone["Proxy"]["LocalServiceAddress"] = json!("127.0.0.1");
+    alone["Proxy"]["LocalServicePort"] = json!(23456);
+    assert_eq!(put(&c, "/v1/agent/service/register", &alone).0, 200);
+    let expanded = s.xds_resource_names(&sidecar_id).unwrap();
+    assert_eq!(expanded, s.xds_resource_names("alone-sidecar-proxy").unwrap());
+    let listeners = &expanded["type.googleapis.com/envoy.config.listener.v3.Listener"];
+    assert!(listeners.contains(&"public_listener:0.0.0.0:25001".to_string()), "{listeners:?}");
+    assert!(listeners.contains(&"db?dc=dc2:127.0.0.2:5432".to_string()), "{listeners:?}");
+
+    // The parent goes: so does the sidecar it registered, and its checks; not the other proxy.
+    assert_eq!(put(&c, &format!("/v1/agent/service/deregister/{parent}"), &json!(null)).0, 200);
+    assert_eq!(keys(&c.get_json("/v1/agent/services").unwrap()), ["alone-sidecar-proxy"]);
+    assert!(c.get_json("/v1/agent/checks").unwrap().as_object().unwrap().keys().all(|k| !k.contains(parent)));
+
+    // Empty sidecar tags and meta are Consul's "none": the parent's are copied.
+    let mut bare = reg.clone();
+    bare["Connect"]["SidecarService"]["Tags"] = json!([]);
+    bare["Connect"]["SidecarService"]["Meta"] = json!({});
+    bare["Tags"] = json!(["v1"]);
+    assert_eq!(put(&c, "/v1/agent/service/register", &bare).0, 200);
+    let sc = &c.get_json("/v1/agent/services").unwrap()[&sidecar_id];
+    assert_eq!((sc["Tags"].clone(), sc["Meta"].clone()), (json!(["v1"]), json!({"external-source": "nomad"})));
+    assert_eq!(put(&c, &format!("/v1/agent/service/deregister/{parent}"), &json!(null)).0, 200);
+
+    // A `<id>-sidecar-proxy` registered on its own is not taken with `<id>`.
+    assert_eq!(put(&c, "/v1/agent/service/register", &json!({"ID": "alone", "Name": "api", "Port": 1})).0, 200);
+    assert_eq!(put(&c, "/v1/agent/service/deregister/alone", &json!(null)).0, 200);
+    assert!(s.has_service("alone-sidecar-proxy"));
+}
+
+/// Nomad 1.6's gateway registration (`serviceRegs` with `newConnectGateway`: `Kind` and
+/// `Proxy.Config`, Go's empty `MeshGateway` and `Expose` structs, no `Connect`) is accepted by
+/// Consul v1.16's decoder (`api/agent.go` `AgentServiceConnectProxyConfig`) and listed with its
+/// kind and config.
+#[test]
+fn nomads_gateway_payload_is_accepted_and_listed() {
+    let (_s, c) = standin();
+    let reg = json!({
+        "Kind": "terminating-gateway", "ID": "_nomad-task-a1-group-gw-tgw-connect-terminating-tgw", "Name": "tgw",
+        "Port": 25003, "Address": "10.1.2.3", "Meta": {"external-source": "nomad"}, "Checks": [],
+        "Proxy": {"Config": {"connect_timeout_ms": 5000, "envoy_gateway_bind_addresses": {"default": {"Address": "0.0.0.0", "Port": 25003}},
+                             "envoy_gateway_no_default_bind": true},
+                  "MeshGateway": {}, "Expose": {}},
+    });
+    assert_eq!(put(&c, "/v1/agent/service/register", &reg), (200, String::new()));
+    let gw = &c.get_json("/v1/agent/services").unwrap()["_nomad-task-a1-group-gw-tgw-connect-terminating-tgw"];
+    assert_eq!(gw["Kind"], "terminating-gateway");
+    assert_eq!(gw["Proxy"]["Config"], reg["Proxy"]["Config"]);
+    assert!(gw.get("Connect").is_none());
+    // Consul 1.16's proxy config also takes EnvoyExtensions (api/agent.go).
+    let mut with_ext = reg.clone();
+    with_ext["Proxy"]["EnvoyExtensions"] = json!([{"Name": "builtin/lua", "Arguments": {}}]);
+    assert_eq!(put(&c, "/v1/agent/service/register", &with_ext).0, 200);
+}
+
 /// `api/catalog.go` `CatalogService` and `api/health.go` `ServiceEntry`/`HealthCheck`.
 #[test]
 fn catalog_and_health_reads() {

@@ -117,6 +117,8 @@ fn full_job_decodes_every_block() {
     let upstreams: Vec<(&str, i64, &str)> =
         proxy.upstreams.iter().map(|u| (u.destination_name.as_str(), u.local_bind_port, u.datacenter.as_str())).collect();
     assert_eq!(upstreams, [("db", 5432, ""), ("search", 9200, "dc2")]);
+    assert!(proxy.upstreams[0].config.is_empty());
+    assert_eq!(proxy.upstreams[1].config["connect_timeout_ms"], json!(1500), "an upstream's config is kept for Consul");
     assert_eq!(proxy.config["protocol"], json!("tcp"));
     let sidecar_resources = connect.sidecar_task.as_ref().unwrap().resources.as_ref().unwrap();
     assert_eq!((sidecar_resources.cpu, sidecar_resources.memory_mb), (250, 128));

@@ -557,3 +557,32 @@ fn script_checks_need_a_command_intervals_of_a_second_and_in_group_services_a_ta
         assert_refused(&j, needle);
     }
 }
+
+/// Nomad's `Service.Validate` and `ServiceCheck.validateCommon` on `on_update`.
+#[test]
+fn on_update_takes_nomads_three_values_and_agrees_with_check_restart() {
+    let with = |service: &str, check: &str| {
+        job(&format!(
+            r#"{{"ID":"j","TaskGroups":[{{"Name":"g","Tasks":[{{"Name":"t","Driver":"raw_exec","Services":[{{"Name":"s","OnUpdate":"{service}",
+                "Checks":[{{"Name":"c","Type":"tcp","PortLabel":"80","Interval":1000000000,"Timeout":1000000000,{check}}}]}}]}}]}}]}}"#
+        ))
+    };
+    with("ignore_warnings", r#""OnUpdate":"ignore""#).validate().unwrap();
+    with("require_healthy", r#""OnUpdate":"ignore_warnings","CheckRestart":{"Limit":3,"IgnoreWarnings":true}"#).validate().unwrap();
+    assert_refused(
+        &with("sometimes", r#""OnUpdate":"ignore""#),
+        "Service on_update must be \"require_healthy\", \"ignore_warnings\", or \"ignore\"; not \"sometimes\"",
+    );
+    assert_refused(
+        &with("ignore", r#""OnUpdate":"never""#),
+        "Check c invalid: on_update must be \"require_healthy\", \"ignore_warnings\", or \"ignore\"; got \"never\"",
+    );
+    assert_refused(
+        &with("ignore", r#""OnUpdate":"ignore","CheckRestart":{"Limit":3}"#),
+        "Check c invalid: on_update value \"ignore\" is not compatible with check_restart",
+    );
+    assert_refused(
+        &with("ignore", r#""OnUpdate":"ignore_warnings","CheckRestart":{"Limit":3}"#),
+        "Check c invalid: on_update value \"ignore_warnings\" not supported with check_restart ignore_warnings value \"false\"",
+    );
+}

@@ -134,6 +134,7 @@ impl AllocRunner {
                 shutdown: ctx.shutdown.clone(),
                 registrar: ctx.registrar.clone(),
                 consul: ctx.consul_services.clone(),
+                consul_checks: ctx.consul_checks.clone(),
                 node: Arc::new(move || node_ctx.upgrade().map(|c| c.node()).unwrap_or_default()),
                 region: ctx.region.clone(),
                 csi: hooks::CsiDeps {

@@ -16,8 +16,10 @@
 //! - http, tcp and grpc checks are registered for Consul to run; script checks as TTL checks
 //!   (TTL = interval + 31 s, Nomad's `ttlCheckBuffer`) that the task runner feeds by running the
 //!   script in the task ([`task_checks`] lists them with their IDs; `client/consul/checks.rs`
-//!   runs them). Connect is refused at admission; a service carrying it is skipped with an
-//!   error here (never registered half).
+//!   runs them).
+//! - Connect sidecars, native services and gateways (`services/connect.rs`). A service that
+//!   cannot be built is skipped with an error (never registered half).
+//! - Each check's `on_update`, by check ID ([`BuiltConsul::on_update`]), for the alloc's health.
 
 use std::collections::BTreeMap;
 
@@ -29,6 +31,7 @@ use super::{ServiceAddress, ServiceCheck, ServiceRegistration};
 use crate::cli::format::go_duration;
 use crate::client::services::{Which, env_for, get_address, group_task_name, registration_id};
 use crate::client::taskrunner::interpolate::Interpolator;
+use connect::{ConnectParts, connect_parts};
 
 /// The prefix of every check ID Nomad's client registers.
 pub const CHECK_ID_PREFIX: &str = "_nomad-check-";
@@ -105,6 +108,8 @@ pub fn check_id(service_id: &str, c: &JobCheck) -> String {
 pub struct BuiltConsul {
     /// Registrations by service ID.
     pub registrations: BTreeMap<String, ServiceRegistration>,
+    /// Every registered check's `on_update` by check ID (Nomad's `CheckOnUpdate`).
+    pub on_update: BTreeMap<String, String>,
     /// One message per service skipped (it names the service and what is wrong).
     pub errors: Vec<String>,
 }
@@ -155,7 +160,8 @@ fn add(
     let interp = Interpolator { env, node, region };
     let name = interp.replace(&s.name);
     match registration(alloc, node, namespace, &interp, id_task, task, s, &name) {
-        Ok(reg) => {
+        Ok((reg, on_update)) => {
+            out.on_update.extend(on_update);
             out.registrations.insert(reg.id.clone(), reg);
         }
         Err(e) => out.errors.push(format!("service {name:?}: {e}")),
@@ -172,15 +178,17 @@ fn registration(
     task: &str,
     s: &Service,
     name: &str,
-) -> Result<ServiceRegistration, String> {
-    if s.connect.is_some() {
-        return Err("Consul Connect is not supported by this client".into());
-    }
+) -> Result<(ServiceRegistration, Vec<(String, String)>), String> {
     let port_label = interp.replace(&s.port_label);
     let custom = interp.replace(&s.address);
     let mode = if s.address_mode.is_empty() { "auto" } else { s.address_mode.as_str() };
     let (address, port) = get_address(alloc, node, task, mode, &port_label, &custom).map_err(|e| format!("unable to get address: {e}"))?;
     let id = registration_id(&alloc.id, id_task, name, &port_label);
+    let connect = match &s.connect {
+        None => ConnectParts::default(),
+        Some(c) => connect_parts(alloc, node, interp, &id, name, &port_label, c)
+            .map_err(|e| format!("invalid Consul Connect configuration: {e}"))?,
+    };
 
     let mut meta: BTreeMap<String, String> = s.meta.iter().map(|(k, v)| (k.clone(), interp.replace(v))).collect();
     meta.insert("external-source".into(), "nomad".into());
@@ -190,12 +198,15 @@ fn registration(
     }
 
     let mut checks = Vec::with_capacity(s.checks.len());
+    let mut on_update = Vec::with_capacity(s.checks.len());
     for c in &s.checks {
         let c = interpolate_check(interp, c);
-        checks.push(check(alloc, node, task, &id, s, &port_label, &custom, &c).map_err(|e| format!("check {:?}: {e}", c.name))?);
+        let registered = check(alloc, node, task, &id, s, &port_label, &custom, &c).map_err(|e| format!("check {:?}: {e}", c.name))?;
+        on_update.push((registered.check_id.clone(), c.on_update.clone()));
+        checks.push(registered);
     }
-    Ok(ServiceRegistration {
-        kind: String::new(),
+    let reg = ServiceRegistration {
+        kind: connect.kind.to_string(),
         id,
         name: name.to_string(),
         tags: s.tags.iter().map(|t| interp.replace(t)).collect(),
@@ -205,10 +216,11 @@ fn registration(
         enable_tag_override: s.enable_tag_override,
         meta,
         checks,
-        proxy: None,
-        connect: None,
+        proxy: connect.proxy,
+        connect: connect.connect,
         namespace: namespace.to_string(),
-    })
+    };
+    Ok((reg, on_update))
 }
 
 /// The check fields Nomad interpolates (`taskenv.InterpolateServices`).
@@ -413,5 +425,6 @@ fn parse_tagged_address(raw: &str, port: i64) -> Result<ServiceAddress, String> 
     }
 }
 
+mod connect;
 #[cfg(test)]
 mod tests;

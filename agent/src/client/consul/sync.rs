@@ -9,6 +9,11 @@
 //!    own `lan_ipv4`/`wan_ipv4`/... tagged addresses are not a difference);
 //! 2. deregisters every `_nomad-task-` service no live alloc wants (anything else, including the
 //!    agent's own `_nomad-client-`/`_nomad-server-` services, is left alone);
+//!    `<ID>-sidecar-proxy` is the sidecar Consul's agent made from a registration's
+//!    `Connect.SidecarService`: it is never drift or an orphan while its parent is wanted or
+//!    still registered, it is removed just before its parent (as Nomad does), and one whose
+//!    parent is gone and unwanted is removed like any unwanted service. A wanted service whose
+//!    sidecar is missing, or whose sidecar's tags or upstreams differ, is registered again;
 //! 3. reads `/v1/agent/checks`: registers again the service of a wanted check that is missing,
 //!    and deregisters every `_nomad-check-` check of a `_nomad-task-` service that nothing wants.
 //!
@@ -30,8 +35,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::services::CHECK_ID_PREFIX;
-use super::{AgentService, ConsulApi, ConsulError, ServiceAddress, ServiceRegistration};
+use super::{AgentService, ConsulApi, ConsulError, ServiceAddress, ServiceRegistration, Upstream};
 use crate::client::services::ID_PREFIX;
+
+/// What Consul's agent appends to a service ID for the sidecar it registers beside it.
+pub const SIDECAR_SUFFIX: &str = "-sidecar-proxy";
 
 /// Nomad's `periodicInterval`.
 pub const SYNC_PERIOD: Duration = Duration::from_secs(30);
@@ -231,15 +239,27 @@ impl ConsulServices {
             if wanted.contains_key(id) || !id.starts_with(ID_PREFIX) || !may_remove(id) {
                 continue;
             }
-            match self.api.service_deregister(id).await {
-                Err(e) if e.status() != Some(404) => return Err(e),
-                _ => stats.deregistered_services += 1,
+            // Consul's sidecar of a service that is wanted, or that this pass removes with it.
+            if let Some(parent) = id.strip_suffix(SIDECAR_SUFFIX)
+                && (wanted.contains_key(parent) || existing.contains_key(parent))
+            {
+                continue;
+            }
+            // Its sidecar first, as Nomad does (Consul's agent would also take it with it).
+            let sidecar = format!("{id}{SIDECAR_SUFFIX}");
+            let gone = if existing.contains_key(&sidecar) { vec![sidecar.as_str(), id.as_str()] } else { vec![id.as_str()] };
+            for gone in gone {
+                match self.api.service_deregister(gone).await {
+                    Err(e) if e.status() != Some(404) => return Err(e),
+                    _ => stats.deregistered_services += 1,
+                }
             }
             tracing::debug!(service_id = %id, service = %svc.service, "deregistered a service no alloc wants");
         }
         let mut registered = BTreeSet::new();
         for (id, reg) in &wanted {
-            if existing.get(id).is_some_and(|e| !different(reg, e)) {
+            let sidecar = existing.get(&format!("{id}{SIDECAR_SUFFIX}"));
+            if existing.get(id).is_some_and(|e| !different(reg, e, sidecar)) {
                 continue;
             }
             self.api.service_register(reg).await?;
@@ -278,8 +298,9 @@ impl ConsulServices {
     }
 }
 
-/// Nomad's `different`: does Consul's copy of a service differ from what is wanted?
-fn different(wanted: &ServiceRegistration, existing: &AgentService) -> bool {
+/// Nomad's `different`: does Consul's copy of a service (and of its sidecar) differ from what
+/// is wanted?
+fn different(wanted: &ServiceRegistration, existing: &AgentService, sidecar: Option<&AgentService>) -> bool {
     let mut tagged: BTreeMap<String, ServiceAddress> = existing.tagged_addresses.clone();
     for k in CONSUL_TAGGED_ADDRESSES {
         if !wanted.tagged_addresses.contains_key(k) {
@@ -301,11 +322,145 @@ fn different(wanted: &ServiceRegistration, existing: &AgentService) -> bool {
         || wanted.tagged_addresses != tagged
         // With enable_tag_override, Consul's tags are the user's (Nomad's periodic sync).
         || (!wanted.enable_tag_override && tags_differ)
+        || sidecar_different(wanted, sidecar)
+}
+
+/// Nomad's `connectSidecarDifferent`: the sidecar Consul made is missing, or its tags (the
+/// parent's when the sidecar has none of its own; Consul's own under enable_tag_override) or
+/// upstreams are not what is wanted.
+fn sidecar_different(wanted: &ServiceRegistration, sidecar: Option<&AgentService>) -> bool {
+    let Some(want) = wanted.connect.as_ref().and_then(|c| c.sidecar_service.as_deref()) else { return false };
+    let Some(have) = sidecar else { return true };
+    let set = |v: &[String]| v.iter().cloned().collect::<BTreeSet<String>>();
+    let want_tags = if want.tags.is_empty() { &wanted.tags } else { &want.tags };
+    if !wanted.enable_tag_override && set(want_tags) != set(&have.tags) {
+        return true;
+    }
+    let want_up = want.proxy.as_ref().map(|p| p.upstreams.as_slice()).unwrap_or_default();
+    let have_up = have.proxy.as_ref().map(|p| p.upstreams.as_slice()).unwrap_or_default();
+    upstreams_different(want_up, have_up)
+}
+
+/// Nomad's `proxyUpstreamsDifferent`: the fields Nomad sets, in order.
+fn upstreams_different(a: &[Upstream], b: &[Upstream]) -> bool {
+    a.len() != b.len()
+        || a.iter().zip(b).any(|(x, y)| {
+            x.datacenter != y.datacenter
+                || x.destination_name != y.destination_name
+                || x.local_bind_address != y.local_bind_address
+                || x.local_bind_port != y.local_bind_port
+                || x.mesh_gateway.mode != y.mesh_gateway.mode
+                || x.config != y.config
+        })
 }
 
 #[cfg(test)]
 mod tests {
+    use nomad_e2e::consul::{ConsulOptions, ConsulStandIn};
+
     use super::*;
+    use crate::client::consul::{ConnectProxyConfig, ConsulClient, ServiceCheck, ServiceConnect};
+    use crate::config::consul::ConsulSettings;
+
+    const PARENT: &str = "_nomad-task-a1-group-g-api-http";
+
+    fn sync_against(standin: &ConsulStandIn, probation: Duration) -> (Arc<ConsulServices>, ConsulClient) {
+        let settings = ConsulSettings { address: standin.addr().to_string(), timeout: Duration::from_secs(5), ..ConsulSettings::default() };
+        (ConsulServices::new(Arc::new(ConsulClient::new(&settings)), SYNC_PERIOD, probation), ConsulClient::new(&settings))
+    }
+
+    /// A service with a sidecar, as `build_consul` makes one (sidecar tags `tags`).
+    fn with_sidecar(tags: &[&str], upstream_port: i64) -> ServiceRegistration {
+        let sidecar = ServiceRegistration {
+            tags: tags.iter().map(|t| t.to_string()).collect(),
+            port: 25001,
+            address: "127.0.0.1".into(),
+            proxy: Some(ConnectProxyConfig {
+                upstreams: vec![Upstream { destination_name: "db".into(), local_bind_port: upstream_port, ..Upstream::default() }],
+                ..ConnectProxyConfig::default()
+            }),
+            checks: vec![ServiceCheck {
+                name: format!("Connect Sidecar Aliasing {PARENT}"),
+                alias_service: PARENT.into(),
+                ..Default::default()
+            }],
+            ..ServiceRegistration::default()
+        };
+        ServiceRegistration {
+            id: PARENT.into(),
+            name: "api".into(),
+            tags: vec!["v1".into()],
+            port: 23456,
+            address: "127.0.0.1".into(),
+            meta: BTreeMap::from([("external-source".into(), "nomad".into())]),
+            connect: Some(ServiceConnect { native: false, sidecar_service: Some(Box::new(sidecar)) }),
+            ..ServiceRegistration::default()
+        }
+    }
+
+    fn one(reg: ServiceRegistration) -> BTreeMap<String, ServiceRegistration> {
+        BTreeMap::from([(reg.id.clone(), reg)])
+    }
+
+    fn deregistrations(standin: &ConsulStandIn) -> Vec<String> {
+        standin.calls_to("PUT", "/v1/agent/service/deregister/").iter().map(|c| c.path.rsplit('/').next().unwrap().to_string()).collect()
+    }
+
+    #[tokio::test]
+    async fn consuls_sidecar_of_a_wanted_service_is_kept_and_goes_with_its_parent() {
+        let standin = ConsulStandIn::start(ConsulOptions::default()).unwrap();
+        let (sync, api) = sync_against(&standin, Duration::ZERO);
+        let sidecar = format!("{PARENT}{SIDECAR_SUFFIX}");
+        sync.set("a1", one(with_sidecar(&[], 5432)));
+        assert_eq!(sync.sync_once().await.unwrap().registered, 1);
+        assert!(standin.has_service(&sidecar), "Consul made the sidecar");
+
+        // The sidecar is neither drift nor an orphan: nothing happens.
+        assert_eq!(sync.sync_once().await.unwrap(), SyncStats::default());
+        assert!(deregistrations(&standin).is_empty());
+
+        // Its tags or upstreams changed in the job: registered again; lost in Consul: likewise.
+        sync.set("a1", one(with_sidecar(&["sc"], 5432)));
+        assert_eq!(sync.sync_once().await.unwrap().registered, 1, "sidecar tags differ");
+        assert_eq!(api.services().await.unwrap()[&sidecar].tags, ["sc"]);
+        sync.set("a1", one(with_sidecar(&["sc"], 5433)));
+        assert_eq!(sync.sync_once().await.unwrap().registered, 1, "upstreams differ");
+        assert_eq!(sync.sync_once().await.unwrap(), SyncStats::default());
+        api.service_deregister(&sidecar).await.unwrap();
+        assert_eq!(sync.sync_once().await.unwrap().registered, 1, "the sidecar went missing");
+        assert!(standin.has_service(&sidecar));
+
+        // The alloc goes: the sidecar is removed first, then its parent.
+        let before = deregistrations(&standin).len();
+        sync.remove("a1");
+        let stats = sync.sync_once().await.unwrap();
+        assert_eq!(stats.deregistered_services, 2);
+        assert_eq!(deregistrations(&standin)[before..], [sidecar.clone(), PARENT.to_string()]);
+        assert!(api.services().await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_orphaned_nomad_sidecar_is_removed_after_probation_and_foreign_ones_never() {
+        let standin = ConsulStandIn::start(ConsulOptions::default()).unwrap();
+        let (sync, api) = sync_against(&standin, Duration::from_secs(3600));
+        // A Nomad sidecar whose parent is gone (registered on its own), and someone else's.
+        for id in [format!("{PARENT}{SIDECAR_SUFFIX}"), format!("web{SIDECAR_SUFFIX}")] {
+            let orphan = ServiceRegistration {
+                kind: "connect-proxy".into(),
+                id: id.clone(),
+                name: "api-sidecar-proxy".into(),
+                port: 21000,
+                proxy: Some(ConnectProxyConfig { destination_service_name: "api".into(), ..ConnectProxyConfig::default() }),
+                ..ServiceRegistration::default()
+            };
+            api.service_register(&orphan).await.unwrap();
+        }
+        assert_eq!(sync.sync_once().await.unwrap(), SyncStats::default(), "kept during probation");
+        let (sync, _) = sync_against(&standin, Duration::ZERO);
+        assert_eq!(sync.sync_once().await.unwrap().deregistered_services, 1);
+        let left: Vec<String> = api.services().await.unwrap().into_keys().collect();
+        assert_eq!(left, [format!("web{SIDECAR_SUFFIX}")]);
+    }
 
     #[test]
     fn consuls_own_tagged_addresses_and_tag_order_are_not_drift() {
@@ -328,14 +483,14 @@ mod tests {
             tagged_addresses: BTreeMap::from([("lan_ipv4".into(), ServiceAddress { address: "10.0.0.1".into(), port: 8080 })]),
             ..AgentService::default()
         };
-        assert!(!different(&wanted, &existing));
+        assert!(!different(&wanted, &existing, None));
         existing.tags.push("extra".into());
-        assert!(different(&wanted, &existing), "tags differ");
+        assert!(different(&wanted, &existing, None), "tags differ");
         let mut overriding = wanted.clone();
         overriding.enable_tag_override = true;
         existing.enable_tag_override = true;
-        assert!(!different(&overriding, &existing), "with enable_tag_override Consul's tags win");
+        assert!(!different(&overriding, &existing, None), "with enable_tag_override Consul's tags win");
         existing.port = 9;
-        assert!(different(&overriding, &existing), "port differs");
+        assert!(different(&overriding, &existing, None), "port differs");
     }
 }

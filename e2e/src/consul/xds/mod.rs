@@ -56,6 +56,16 @@ pub struct Nack {
     pub message: String,
 }
 
+/// The resource names of `proxy_id`'s snapshot, by type URL.
+pub(crate) fn resource_names(
+    st: &super::State,
+    ca: &super::ca::ConnectCa,
+    proxy_id: &str,
+) -> Result<BTreeMap<String, Vec<String>>, String> {
+    let snapshot = resources::snapshot(st, ca, proxy_id)?;
+    Ok(snapshot.by_type.into_iter().map(|(t, r)| (t.to_string(), r.into_keys().collect())).collect())
+}
+
 /// Serves ADS on `listener` until the runtime shuts down.
 pub(crate) async fn serve(listener: std::net::TcpListener, shared: Arc<Shared>) {
     let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };

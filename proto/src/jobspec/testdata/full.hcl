@@ -167,6 +167,10 @@ job "example" {
               destination_name = "search"
               local_bind_port  = 9200
               datacenter       = "dc2"
+
+              config {
+                connect_timeout_ms = 1500
+              }
             }
 
             config {

@@ -1,10 +1,18 @@
 //! `health`: for an alloc in a deployment, or a service alloc being judged for migrations
-//! (`migrate` settings), decides from its task states whether it is healthy and reports it as
-//! the alloc's `DeploymentStatus`, as Nomad's `task_states` health check does:
-//! healthy once every task that must keep running (main tasks and sidecars) has been running
-//! for `min_healthy_time`; unhealthy when a task fails or `healthy_deadline` passes first.
-//! Service checks are not run by this client, so `health_check = "checks"` is judged on task
-//! states too; `manual` reports nothing.
+//! (`migrate` settings), decides whether it is healthy and reports it as the alloc's
+//! `DeploymentStatus`, as Nomad's `allochealth.Tracker` does:
+//! - every task that must keep running (main tasks and sidecars) has been running for
+//!   `min_healthy_time`;
+//! - with `health_check = "checks"` (the default) and Consul checks in the alloc's services,
+//!   every one of those checks is registered in Consul and has been passing for
+//!   `min_healthy_time` too (Nomad's `evaluateConsulChecks`): `on_update = "ignore_warnings"`
+//!   lets a check pass while `warning`, `"ignore"` leaves its status out (it must still be
+//!   registered), `"require_healthy"` needs `passing`. Statuses come from the agent's
+//!   [`CheckWatcher`] (`/v1/agent/checks`);
+//! - unhealthy when a task fails or `healthy_deadline` passes first.
+//!
+//! `task_states` judges tasks only; `manual` reports nothing. Nomad-provider checks are refused
+//! at admission, so only Consul checks are judged.
 //!
 //! Prerun starts the watcher; it ends with its verdict, or when the alloc stops or is
 //! destroyed.
@@ -20,7 +28,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{AllocHook, AllocHookError, AllocHookRequest, HookEnv, PostrunHook, PrerunHook};
+use super::{AllocHook, AllocHookError, AllocHookRequest, HookEnv, NodeFn, PostrunHook, PrerunHook};
+use crate::client::consul::checks::{CheckWatcher, Statuses};
+use crate::client::consul::services::{build_consul, is_consul};
+use crate::client::services::Which;
 use crate::client::state::HookState;
 
 /// Health timings.
@@ -30,6 +41,8 @@ pub struct HealthConfig {
     pub min_healthy_time: Duration,
     /// Not healthy by then counts as unhealthy.
     pub healthy_deadline: Duration,
+    /// `health_check = "checks"`: the alloc's Consul checks count too.
+    pub use_checks: bool,
 }
 
 impl HealthConfig {
@@ -49,6 +62,7 @@ impl HealthConfig {
             return Some(HealthConfig {
                 min_healthy_time: ns(migrate.min_healthy_time, 10),
                 healthy_deadline: ns(migrate.healthy_deadline, 300),
+                use_checks: uses_checks(&migrate.health_check),
             });
         }
         let update = group.update.as_ref().or(job.update.as_ref());
@@ -58,8 +72,32 @@ impl HealthConfig {
         Some(HealthConfig {
             min_healthy_time: ns(update.map_or(0, |u| u.min_healthy_time), 10),
             healthy_deadline: ns(update.map_or(0, |u| u.healthy_deadline), 300),
+            use_checks: uses_checks(update.map_or("", |u| u.health_check.as_str())),
         })
     }
+}
+
+/// `checks` is Nomad's default for both `update` and `migrate`.
+fn uses_checks(health_check: &str) -> bool {
+    matches!(health_check, "" | "checks")
+}
+
+/// Nomad's `evaluateConsulChecks`: every expected check (ID to its `on_update`) is in Consul,
+/// and each is `passing`, or `warning` under `ignore_warnings`, or anything under `ignore`.
+pub fn consul_checks_pass(expected: &BTreeMap<String, String>, statuses: &BTreeMap<String, String>) -> bool {
+    expected.iter().all(|(id, on_update)| match statuses.get(id).map(String::as_str) {
+        None => false,
+        Some("warning") => matches!(on_update.as_str(), "ignore_warnings" | "ignore"),
+        Some("critical") => on_update == "ignore",
+        Some(_) => true,
+    })
+}
+
+/// When the required tasks last all started running, and the checks last all started passing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Clocks {
+    pub running_since: Option<Instant>,
+    pub passing_since: Option<Instant>,
 }
 
 /// Where the evaluation stands.
@@ -76,12 +114,15 @@ pub enum Verdict {
     Unhealthy,
 }
 
-/// Judges the alloc at `now`. `required` are the tasks that must be running; `running_since`
-/// is when they last all were (updated in place).
+/// Judges the alloc at `now`. `required` are the tasks that must be running; `checks` is
+/// whether the Consul checks pass now (`None` when they do not count); `clocks` are updated in
+/// place. Checks only count as passing while the tasks run (a restarted task's checks start
+/// over, as Nomad resets them with the task health).
 pub fn evaluate(
     states: &BTreeMap<String, TaskState>,
     required: &BTreeSet<String>,
-    running_since: &mut Option<Instant>,
+    checks: Option<bool>,
+    clocks: &mut Clocks,
     started: Instant,
     now: Instant,
     cfg: HealthConfig,
@@ -92,11 +133,21 @@ pub fn evaluate(
     let deadline = started + cfg.healthy_deadline;
     let all_running = !required.is_empty() && required.iter().all(|t| states.get(t).is_some_and(|s| s.state == task_state::RUNNING));
     if !all_running {
-        *running_since = None;
-    } else if running_since.is_none() {
-        *running_since = Some(now);
+        clocks.running_since = None;
+    } else if clocks.running_since.is_none() {
+        clocks.running_since = Some(now);
     }
-    if let Some(since) = *running_since
+    if !all_running || checks == Some(false) {
+        clocks.passing_since = None;
+    } else if clocks.passing_since.is_none() {
+        clocks.passing_since = Some(now);
+    }
+    // The clock that counts: the tasks', and the checks' when they count.
+    let since = match checks {
+        None => clocks.running_since,
+        Some(_) => clocks.passing_since,
+    };
+    if let Some(since) = since
         && now >= since + cfg.min_healthy_time
     {
         return Verdict::Healthy;
@@ -104,8 +155,31 @@ pub fn evaluate(
     if now >= deadline {
         return Verdict::Unhealthy;
     }
-    let recheck = running_since.map_or(deadline, |since| (since + cfg.min_healthy_time).min(deadline));
+    let recheck = since.map_or(deadline, |since| (since + cfg.min_healthy_time).min(deadline));
     Verdict::Pending { recheck }
+}
+
+/// The Consul checks an alloc's health waits for, by ID with their `on_update`; `None` when it
+/// has none (or they do not count). A service that cannot be registered leaves the checks
+/// unsatisfiable: an empty ID no status ever matches.
+fn expected_checks(alloc: &Allocation, node: &nomad_proto::Node, region: &str) -> Option<BTreeMap<String, String>> {
+    let group = alloc.job.as_ref()?.lookup_task_group(&alloc.task_group)?;
+    let count: usize = group
+        .services
+        .iter()
+        .chain(group.tasks.iter().flat_map(|t| t.services.iter()))
+        .filter(|s| is_consul(s))
+        .map(|s| s.checks.len())
+        .sum();
+    if count == 0 {
+        return None;
+    }
+    let built = build_consul(alloc, node, region, "", Which::All);
+    let mut expected = built.on_update;
+    if !built.errors.is_empty() {
+        expected.insert(String::new(), "require_healthy".into());
+    }
+    Some(expected)
 }
 
 /// Tasks that must keep running: main tasks and sidecars.
@@ -133,12 +207,23 @@ pub struct HealthHook {
     report: Arc<dyn Fn(serde_json::Value) + Send + Sync>,
     cancel: CancellationToken,
     watcher: Mutex<Option<CancellationToken>>,
+    consul_checks: Option<Arc<CheckWatcher>>,
+    node: NodeFn,
+    region: String,
 }
 
 impl HealthHook {
     /// A hook reading and reporting through `env`.
     pub fn new(env: HookEnv) -> HealthHook {
-        HealthHook { task_states: env.task_states, report: env.deployment_status, cancel: env.cancel, watcher: Mutex::new(None) }
+        HealthHook {
+            task_states: env.task_states,
+            report: env.deployment_status,
+            cancel: env.cancel,
+            watcher: Mutex::new(None),
+            consul_checks: env.consul_checks,
+            node: env.node,
+            region: env.region,
+        }
     }
 }
 
@@ -170,23 +255,40 @@ impl HealthHook {
         let stop = self.cancel.child_token();
         *self.watcher.lock().unwrap_or_else(|e| e.into_inner()) = Some(stop.clone());
         let required = required_tasks(req.alloc);
+        let expected = if cfg.use_checks { expected_checks(req.alloc, &(self.node)(), &self.region) } else { None };
+        // Without a Consul to ask, the checks never pass (Nomad keeps asking until the deadline).
+        let mut statuses: Option<watch::Receiver<Statuses>> = expected.as_ref().and(self.consul_checks.as_ref()).map(|w| w.subscribe());
         let mut rx = self.task_states.clone();
         let report = self.report.clone();
         tokio::spawn(async move {
             let started = Instant::now();
-            let mut running_since = None;
+            let mut clocks = Clocks::default();
             loop {
                 let states = rx.borrow_and_update().clone();
-                let verdict = evaluate(&states, &required, &mut running_since, started, Instant::now(), cfg);
+                let checks = expected
+                    .as_ref()
+                    .map(|expected| statuses.as_mut().is_some_and(|s| consul_checks_pass(expected, &s.borrow_and_update())));
+                let verdict = evaluate(&states, &required, checks, &mut clocks, started, Instant::now(), cfg);
                 let recheck = match verdict {
                     Verdict::Healthy => return report(deployment_status(true)),
                     Verdict::Unhealthy => return report(deployment_status(false)),
                     Verdict::Pending { recheck } => recheck,
                 };
+                let polled = async {
+                    match statuses.as_mut() {
+                        Some(s) => s.changed().await.is_ok(),
+                        None => std::future::pending().await,
+                    }
+                };
+                let mut watcher_gone = false;
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     changed = rx.changed() => if changed.is_err() { return },
+                    ok = polled => watcher_gone = !ok,
                     _ = tokio::time::sleep_until(recheck) => {}
+                }
+                if watcher_gone {
+                    statuses = None;
                 }
             }
         });
@@ -213,26 +315,77 @@ mod tests {
 
     #[test]
     fn healthy_after_min_time_running_unhealthy_on_failure_or_deadline() {
-        let cfg = HealthConfig { min_healthy_time: Duration::from_secs(10), healthy_deadline: Duration::from_secs(60) };
+        let cfg = HealthConfig { min_healthy_time: Duration::from_secs(10), healthy_deadline: Duration::from_secs(60), use_checks: true };
         let t0 = Instant::now();
         let s = Duration::from_secs(1);
         let required = BTreeSet::from(["web".to_string()]);
-        let mut since = None;
+        let mut c = Clocks::default();
         let mut states = BTreeMap::from([("web".to_string(), state("pending", false)), ("init".to_string(), state("dead", false))]);
-        assert_eq!(evaluate(&states, &required, &mut since, t0, t0, cfg), Verdict::Pending { recheck: t0 + 60 * s });
+        assert_eq!(evaluate(&states, &required, None, &mut c, t0, t0, cfg), Verdict::Pending { recheck: t0 + 60 * s });
         states.insert("web".into(), state("running", false));
-        assert_eq!(evaluate(&states, &required, &mut since, t0, t0 + 5 * s, cfg), Verdict::Pending { recheck: t0 + 15 * s });
+        assert_eq!(evaluate(&states, &required, None, &mut c, t0, t0 + 5 * s, cfg), Verdict::Pending { recheck: t0 + 15 * s });
         // A restart resets the clock.
         states.insert("web".into(), state("pending", false));
-        evaluate(&states, &required, &mut since, t0, t0 + 8 * s, cfg);
+        evaluate(&states, &required, None, &mut c, t0, t0 + 8 * s, cfg);
         states.insert("web".into(), state("running", false));
-        assert!(matches!(evaluate(&states, &required, &mut since, t0, t0 + 9 * s, cfg), Verdict::Pending { .. }));
-        assert_eq!(evaluate(&states, &required, &mut since, t0, t0 + 19 * s, cfg), Verdict::Healthy);
+        assert!(matches!(evaluate(&states, &required, None, &mut c, t0, t0 + 9 * s, cfg), Verdict::Pending { .. }));
+        assert_eq!(evaluate(&states, &required, None, &mut c, t0, t0 + 19 * s, cfg), Verdict::Healthy);
 
-        let mut since = None;
-        assert_eq!(evaluate(&states, &required, &mut since, t0, t0 + 61 * s, cfg), Verdict::Unhealthy, "deadline passed first");
+        let mut c = Clocks::default();
+        assert_eq!(evaluate(&states, &required, None, &mut c, t0, t0 + 61 * s, cfg), Verdict::Unhealthy, "deadline passed first");
         states.insert("init".into(), state("dead", true));
-        assert_eq!(evaluate(&states, &required, &mut None, t0, t0, cfg), Verdict::Unhealthy);
+        assert_eq!(evaluate(&states, &required, None, &mut Clocks::default(), t0, t0, cfg), Verdict::Unhealthy);
+    }
+
+    #[test]
+    fn consul_checks_must_pass_for_min_healthy_time_too() {
+        let cfg = HealthConfig { min_healthy_time: Duration::from_secs(10), healthy_deadline: Duration::from_secs(60), use_checks: true };
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let required = BTreeSet::from(["web".to_string()]);
+        let states = BTreeMap::from([("web".to_string(), state("running", false))]);
+        let mut c = Clocks::default();
+        // Running since t0, checks not passing yet: not healthy at t0+10s as task states alone would be.
+        assert_eq!(evaluate(&states, &required, Some(false), &mut c, t0, t0, cfg), Verdict::Pending { recheck: t0 + 60 * s });
+        assert_eq!(evaluate(&states, &required, Some(false), &mut c, t0, t0 + 12 * s, cfg), Verdict::Pending { recheck: t0 + 60 * s });
+        // Passing from t0+12s: healthy at t0+22s, not before.
+        assert_eq!(evaluate(&states, &required, Some(true), &mut c, t0, t0 + 12 * s, cfg), Verdict::Pending { recheck: t0 + 22 * s });
+        // A check failing in between starts the wait over.
+        evaluate(&states, &required, Some(false), &mut c, t0, t0 + 15 * s, cfg);
+        assert_eq!(evaluate(&states, &required, Some(true), &mut c, t0, t0 + 16 * s, cfg), Verdict::Pending { recheck: t0 + 26 * s });
+        assert_eq!(evaluate(&states, &required, Some(true), &mut c, t0, t0 + 26 * s, cfg), Verdict::Healthy);
+        // Checks that never pass: unhealthy at the deadline.
+        let mut c = Clocks::default();
+        assert_eq!(evaluate(&states, &required, Some(false), &mut c, t0, t0 + 60 * s, cfg), Verdict::Unhealthy);
+        // Passing checks count only while the tasks run.
+        let pending = BTreeMap::from([("web".to_string(), state("pending", false))]);
+        let mut c = Clocks::default();
+        evaluate(&pending, &required, Some(true), &mut c, t0, t0, cfg);
+        assert_eq!(c.passing_since, None);
+    }
+
+    #[test]
+    fn on_update_decides_which_statuses_pass() {
+        let expected = BTreeMap::from([
+            ("strict".to_string(), "require_healthy".to_string()),
+            ("lenient".to_string(), "ignore_warnings".to_string()),
+            ("ignored".to_string(), "ignore".to_string()),
+        ]);
+        let statuses = |strict: &str, lenient: &str, ignored: Option<&str>| {
+            let mut m = BTreeMap::from([("strict".to_string(), strict.to_string()), ("lenient".to_string(), lenient.to_string())]);
+            if let Some(i) = ignored {
+                m.insert("ignored".into(), i.into());
+            }
+            m
+        };
+        assert!(consul_checks_pass(&expected, &statuses("passing", "passing", Some("passing"))));
+        assert!(
+            consul_checks_pass(&expected, &statuses("passing", "warning", Some("critical"))),
+            "warning under ignore_warnings, anything under ignore"
+        );
+        assert!(!consul_checks_pass(&expected, &statuses("warning", "passing", Some("passing"))), "require_healthy refuses warning");
+        assert!(!consul_checks_pass(&expected, &statuses("passing", "critical", Some("passing"))), "ignore_warnings refuses critical");
+        assert!(!consul_checks_pass(&expected, &statuses("passing", "passing", None)), "an ignored check must still be registered");
     }
 
     #[test]
@@ -249,7 +402,7 @@ mod tests {
         a.job = Some(job(nomad_proto::JobType::Service));
         assert_eq!(
             HealthConfig::for_alloc(&a),
-            Some(HealthConfig { min_healthy_time: Duration::from_secs(2), healthy_deadline: Duration::from_secs(300) }),
+            Some(HealthConfig { min_healthy_time: Duration::from_secs(2), healthy_deadline: Duration::from_secs(300), use_checks: true }),
             "outside a deployment a service alloc is judged by its migrate settings"
         );
         a.job = Some(job(nomad_proto::JobType::Batch));
@@ -258,7 +411,7 @@ mod tests {
         a.job = Some(job(nomad_proto::JobType::Service));
         assert_eq!(
             HealthConfig::for_alloc(&a),
-            Some(HealthConfig { min_healthy_time: Duration::from_secs(10), healthy_deadline: Duration::from_secs(300) }),
+            Some(HealthConfig { min_healthy_time: Duration::from_secs(10), healthy_deadline: Duration::from_secs(300), use_checks: true }),
             "in a deployment: the update defaults"
         );
     }

@@ -124,6 +124,8 @@ pub struct HookEnv {
     pub registrar: Arc<dyn ServiceRegistrar>,
     /// Where the alloc's Consul services are registered (none without Consul).
     pub consul: Option<Arc<crate::client::consul::sync::ConsulServices>>,
+    /// Consul's check statuses, which the health hook judges checks by (none without Consul).
+    pub consul_checks: Option<Arc<crate::client::consul::checks::CheckWatcher>>,
     /// This node as last registered.
     pub node: NodeFn,
     /// Region (interpolation).

@@ -268,7 +268,7 @@ fn services_that_cannot_be_registered_are_skipped_with_a_reason() {
     assert!(err(noport).contains("http checks require an address"));
     let mut connect = svc("c", "http");
     connect.connect = Some(Default::default());
-    assert!(err(connect).contains("Consul Connect"));
+    assert_eq!(err(connect), "service \"c\": invalid Consul Connect configuration: Connect configuration empty for service c");
 }
 
 #[test]

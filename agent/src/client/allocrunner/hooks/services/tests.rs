@@ -110,6 +110,7 @@ pub(crate) fn env(task_states: watch::Receiver<BTreeMap<String, TaskState>>, reg
         cancel: CancellationToken::new(),
         shutdown: CancellationToken::new(),
         consul: None,
+        consul_checks: None,
         registrar,
         node: Arc::new(move || node.clone()),
         region: "global".into(),
