@@ -225,6 +225,9 @@ pub trait ConsulApi: Send + Sync {
     fn agent_self(&self) -> BoxFuture<'_, Result<Value, ConsulError>>;
     /// `GET /v1/agent/services`.
     fn services(&self) -> BoxFuture<'_, Result<BTreeMap<String, AgentService>, ConsulError>>;
+    /// `GET /v1/agent/service/:id` in Consul namespace `namespace` (empty: the configured one);
+    /// an unknown ID is Consul's 404.
+    fn service<'a>(&'a self, id: &'a str, namespace: &'a str) -> BoxFuture<'a, Result<AgentService, ConsulError>>;
     /// `GET /v1/agent/checks`.
     fn checks(&self) -> BoxFuture<'_, Result<BTreeMap<String, AgentCheck>, ConsulError>>;
     /// `PUT /v1/agent/service/register`.
@@ -413,6 +416,18 @@ impl ConsulApi for ConsulClient {
 
     fn checks(&self) -> BoxFuture<'_, Result<BTreeMap<String, AgentCheck>, ConsulError>> {
         Box::pin(self.get("/v1/agent/checks"))
+    }
+
+    fn service<'a>(&'a self, id: &'a str, namespace: &'a str) -> BoxFuture<'a, Result<AgentService, ConsulError>> {
+        Box::pin(async move {
+            let path = format!("/v1/agent/service/{}", encode_path(id));
+            let bytes = self.call_in(Method::GET, &path, namespace, None).await?;
+            nomad_proto::lenient::from_trusted_slice(&bytes).map_err(|e| ConsulError::Decode {
+                method: "Get",
+                url: self.url_in(&path, namespace),
+                error: e.to_string(),
+            })
+        })
     }
 
     fn service_register<'a>(&'a self, reg: &'a ServiceRegistration) -> BoxFuture<'a, Result<(), ConsulError>> {

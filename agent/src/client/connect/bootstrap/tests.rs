@@ -4,6 +4,7 @@ fn sidecar(grpc: GrpcEndpoint) -> BootstrapParams {
     BootstrapParams {
         kind: ProxyKind::Sidecar,
         proxy_id: "_nomad-task-9f1c-group-api-count-api-9001-sidecar-proxy".into(),
+        cluster: "count-api".into(),
         service: "count-api".into(),
         namespace: String::new(),
         partition: String::new(),
@@ -20,6 +21,7 @@ fn gateway(kind: ProxyKind) -> BootstrapParams {
     BootstrapParams {
         kind,
         proxy_id: "_nomad-task-9f1c-group-gw-web-gw-connect-gw".into(),
+        cluster: "terminating-gateway".into(),
         service: "web-gw".into(),
         token: String::new(),
         stats_tags: Vec::new(),
