@@ -523,10 +523,8 @@ impl Beneath {
         let fd = self.resolve("chmod", rel, OFlag::O_PATH | OFlag::O_NOFOLLOW, Mode::empty(), Links::Refuse)?;
         let st = Stat::of(&fstat(fd.as_fd()).map_err(|e| self.io_err("stat", rel, io(e)))?);
         if st.kind != kind {
-            let what = std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("it is a {}, not a {}", st.kind.describe(), kind.describe()),
-            );
+            let what =
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("it is a {}, not a {}", st.kind.describe(), kind.describe()));
             return Err(self.io_err("chmod", rel, what));
         }
         // chmod(2) on the O_PATH fd's magic link changes exactly the inode opened above.

@@ -529,6 +529,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn one_service_is_read_with_its_proxy_in_a_namespace_and_an_unknown_one_is_consuls_404() {
+        let standin = ConsulStandIn::start(ConsulOptions::default()).unwrap();
+        let c = ConsulClient::new(&settings(&standin.addr().to_string(), ""));
+        let reg = ServiceRegistration {
+            id: "web-1".into(),
+            name: "web".into(),
+            port: 8080,
+            connect: Some(serde_json::json!({"SidecarService": {"Proxy": {"Config": {"envoy_stats_tags": ["a=b"]}}}})),
+            ..Default::default()
+        };
+        c.service_register(&reg).await.unwrap();
+        let proxy = c.service("web-1-sidecar-proxy", "team").await.unwrap();
+        assert_eq!((proxy.kind.as_str(), proxy.service.as_str(), proxy.datacenter.as_str()), ("connect-proxy", "web-sidecar-proxy", "dc1"));
+        let p = proxy.proxy.unwrap();
+        assert_eq!(p["DestinationServiceName"], "web");
+        assert_eq!(p["Config"]["envoy_stats_tags"], serde_json::json!(["a=b"]));
+        let call = standin.calls_to("GET", "/v1/agent/service/").pop().unwrap();
+        assert_eq!((call.path.as_str(), call.query.as_str()), ("/v1/agent/service/web-1-sidecar-proxy", "ns=team"));
+        let err = c.service("nope", "").await.unwrap_err();
+        assert_eq!(err.status(), Some(404));
+        assert!(err.to_string().ends_with("Unexpected response code: 404 (unknown service ID: nope)"), "{err}");
+    }
+
+    #[tokio::test]
     async fn the_token_is_sent_and_refusals_carry_consuls_words() {
         let standin = ConsulStandIn::start(ConsulOptions { management_token: Some("root".into()), ..Default::default() }).unwrap();
         let anonymous = ConsulClient::new(&settings(&standin.addr().to_string(), ""));

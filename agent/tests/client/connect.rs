@@ -42,7 +42,11 @@ struct Bridge {
 impl Bridge {
     fn new() -> Bridge {
         let pid = std::process::id();
-        Bridge { name: format!("nrscn{}", pid % 100_000), subnet: format!("10.{}.{}.0/24", 150 + (pid / 256) % 50, pid % 256), alloc_id: None }
+        Bridge {
+            name: format!("nrscn{}", pid % 100_000),
+            subnet: format!("10.{}.{}.0/24", 150 + (pid / 256) % 50, pid % 256),
+            alloc_id: None,
+        }
     }
 }
 
@@ -64,12 +68,20 @@ impl Drop for Bridge {
 /// the sidecar as Nomad's mutator injects it, but with the exec driver and the host's Envoy.
 fn connect_job() -> Job {
     let app = sh_task("app", "while true; do sleep 0.1; done");
-    let mut sidecar = Task { name: "connect-proxy-count-api".into(), driver: "exec".into(), kind: "connect-proxy:count-api".into(), ..Task::default() };
+    let mut sidecar =
+        Task { name: "connect-proxy-count-api".into(), driver: "exec".into(), kind: "connect-proxy:count-api".into(), ..Task::default() };
     sidecar.config.insert("command".into(), json!(ENVOY));
     sidecar.config.insert(
         "args".into(),
-        json!(["-c", "${NOMAD_SECRETS_DIR}/envoy_bootstrap.json", "-l", "${meta.connect.log_level}", "--concurrency",
-               "${meta.connect.proxy_concurrency}", "--disable-hot-restart"]),
+        json!([
+            "-c",
+            "${NOMAD_SECRETS_DIR}/envoy_bootstrap.json",
+            "-l",
+            "${meta.connect.log_level}",
+            "--concurrency",
+            "${meta.connect.proxy_concurrency}",
+            "--disable-hot-restart"
+        ]),
     );
     sidecar.resources.cpu = 250;
     sidecar.resources.memory_mb = 256;
@@ -129,8 +141,7 @@ fn log_of(root: &Path, alloc: &str) -> String {
 async fn an_exec_envoy_sidecar_takes_its_config_from_consuls_xds_through_the_alloc_socket_across_an_agent_restart() {
     nomad_testkit::require_prereqs!(Prereq::Root, Prereq::Iproute2, Prereq::CniPlugins, Prereq::Envoy);
     assert!(Path::new(ENVOY).is_file(), "{ENVOY} missing: scripts/install-deps copies Envoy there for exec tasks");
-    let consul =
-        ConsulStandIn::start(ConsulOptions { management_token: Some(ROOT.into()), grpc_port: 0, ..Default::default() }).unwrap();
+    let consul = ConsulStandIn::start(ConsulOptions { management_token: Some(ROOT.into()), grpc_port: 0, ..Default::default() }).unwrap();
     let server = TestServer::start_with_consul(&settings(&consul)).await;
     let root = tempfile::tempdir().unwrap();
     let mut bridge = Bridge::new();
@@ -233,7 +244,8 @@ async fn a_docker_sidecars_image_gets_the_envoy_version_consul_prefers() {
     let client = Client::start(config, drivers()).await.expect("client starts");
     wait_ready(&server, &client).await;
 
-    let mut sidecar = Task { name: "connect-proxy-count-api".into(), driver: "docker".into(), kind: "connect-proxy:count-api".into(), ..Task::default() };
+    let mut sidecar =
+        Task { name: "connect-proxy-count-api".into(), driver: "docker".into(), kind: "connect-proxy:count-api".into(), ..Task::default() };
     sidecar.config.insert("image".into(), json!("${meta.connect.sidecar_image}"));
     sidecar.config.insert("command".into(), json!("sleep"));
     sidecar.config.insert("args".into(), json!(["300"]));

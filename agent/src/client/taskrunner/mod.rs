@@ -393,7 +393,8 @@ impl TaskRunner {
         // An Envoy task's listener variables (`NOMAD_ENVOY_*_ADDR_<service>`), from the alloc
         // alone, as the `envoy_bootstrap` hook binds them; after the task's own `env`, as
         // Nomad's hook variables are.
-        let proxy_env = crate::client::connect::proxy::task_env(&alloc, &task, &Interpolator { env: &env, node: &node, region: &self.ctx.region });
+        let proxy_env =
+            crate::client::connect::proxy::task_env(&alloc, &task, &Interpolator { env: &env, node: &node, region: &self.ctx.region });
         env.extend(proxy_env);
         let driver_config = Interpolator { env: &env, node: &node, region: &self.ctx.region }.config(&task.config);
         let allocated = alloc.allocated_resources.as_ref().and_then(|r| r.tasks.get(&task.name));

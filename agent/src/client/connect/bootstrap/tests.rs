@@ -87,6 +87,15 @@ fn an_explicit_tag_overrides_a_source_tag() {
 }
 
 #[test]
+fn a_gateway_is_its_kinds_cluster_and_the_source_tag_names_the_gateway() {
+    let b = build(&gateway(ProxyKind::Terminating));
+    assert_eq!(b["node"]["cluster"], "terminating-gateway");
+    let tags = b["stats_config"]["stats_tags"].as_array().unwrap();
+    assert!(tags.contains(&json!({"tag_name": "local_cluster", "fixed_value": "terminating-gateway"})));
+    assert!(tags.contains(&json!({"tag_name": "consul.source.service", "fixed_value": "web-gw"})));
+}
+
+#[test]
 fn only_an_ingress_gateway_gets_the_ready_listener() {
     let b = build(&gateway(ProxyKind::Ingress));
     assert_eq!(b["static_resources"]["listeners"][0]["name"], "envoy_ready_listener");

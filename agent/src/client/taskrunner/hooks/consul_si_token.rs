@@ -220,7 +220,8 @@ mod tests {
 
     /// Runs the hook's prestart with a request it does not read.
     async fn prestart(hook: &ConsulSiTokenHook) -> Result<PrestartResponse, HookError> {
-        let (alloc, task, config) = (nomad_proto::Allocation::default(), nomad_proto::Task::default(), super::super::tests_support::config());
+        let (alloc, task, config) =
+            (nomad_proto::Allocation::default(), nomad_proto::Task::default(), super::super::tests_support::config());
         let req = HookRequest { alloc: &alloc, task: &task, config: &config, driver: None, secrets_tmpfs: false, previous: None };
         AsyncPrestartHook::prestart(hook, &req).await
     }

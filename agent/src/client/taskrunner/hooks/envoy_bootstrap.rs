@@ -231,7 +231,9 @@ impl AsyncPrestartHook for EnvoyBootstrapHook {
                 .and_then(|d| d.open_dir(Path::new(&task.name), Links::Refuse))
                 .map_err(|e| fatal(format!("open the task dir: {e}")))?;
             let token = read_token(&task_dir)
-                .map_err(|e| HookError::fatal(format!("failed to generate envoy bootstrap config: failed to load SI token for {}: {e}", task.name)))?
+                .map_err(|e| {
+                    HookError::fatal(format!("failed to generate envoy bootstrap config: failed to load SI token for {}: {e}", task.name))
+                })?
                 .unwrap_or_default();
 
             tracing::info!(

@@ -372,6 +372,19 @@ mod tests {
         assert_eq!(names(&Task::default()), ["validate", "task_dir", "dns"]);
         let t = Task { dispatch_payload: Some(serde_json::json!({"File": "in.txt"})), ..Task::default() };
         assert_eq!(names(&t), ["validate", "task_dir", "dns", "dispatch_payload"]);
+        let envoy = EnvoyHooks {
+            version: EnvoyVersionHook::new(None),
+            bootstrap: EnvoyBootstrapHook::new(EnvoyBootstrapDeps {
+                consul: None,
+                agent_namespace: String::new(),
+                node: std::sync::Arc::new(|| std::sync::Arc::new(nomad_proto::Node::default())),
+                region: "global".into(),
+                retry: Default::default(),
+            }),
+        };
+        let sidecar = Task { kind: "connect-proxy:web".into(), ..Task::default() };
+        let names: Vec<_> = init_hooks(&sidecar, None, Default::default(), None, Some(envoy)).iter().map(|h| h.name()).collect();
+        assert_eq!(names, ["validate", "task_dir", "dns", "envoy_version", "envoy_bootstrap"]);
     }
 }
 

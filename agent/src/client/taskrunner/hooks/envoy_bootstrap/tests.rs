@@ -139,7 +139,10 @@ async fn a_proxy_registered_late_is_waited_for_and_one_never_registered_fails_as
     let retry = Retry { initial: Duration::from_millis(10), max_jitter: Duration::ZERO, total: Duration::from_millis(75) };
     let err = run(&gone.hook("", retry), &a, SIDECAR, gone.dir.path()).await.unwrap_err();
     assert!(err.recoverable, "counted by the restart policy, as Nomad's exit error");
-    assert!(err.message.starts_with("error creating bootstrap configuration for Connect proxy sidecar: failed fetch proxy config from local agent: "));
+    assert!(
+        err.message
+            .starts_with("error creating bootstrap configuration for Connect proxy sidecar: failed fetch proxy config from local agent: ")
+    );
     assert!(err.message.contains(&format!("(unknown service ID: {SIDECAR_ID})")), "{}", err.message);
     assert!(err.message.ends_with("; see: <https://www.nomadproject.io/s/envoy-bootstrap-error>"));
     // Waits of 10, 20 and 40 ms fit in 75 ms; the next (80) does not: four attempts.
@@ -181,7 +184,11 @@ async fn a_gateway_is_its_kinds_cluster_and_host_mode_dials_consuls_grpc_port() 
     assert_eq!(b["node"]["cluster"], "terminating-gateway", "Consul's -gateway default name");
     let tags = b["stats_config"]["stats_tags"].as_array().unwrap();
     assert!(tags.contains(&json!({"tag_name": "consul.source.service", "fixed_value": "tgw"})));
-    assert_eq!(b["admin"]["address"]["socket_address"], json!({"address": "127.0.0.2", "port_value": 8443}), "host mode: the service's port");
+    assert_eq!(
+        b["admin"]["address"]["socket_address"],
+        json!({"address": "127.0.0.2", "port_value": 8443}),
+        "host mode: the service's port"
+    );
     let agent = &b["static_resources"]["clusters"][0]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"];
     assert_eq!(agent, &json!({"socket_address": {"address": "127.0.0.1", "port_value": 8502}}));
     assert_eq!(b["dynamic_resources"]["ads_config"]["grpc_services"]["initial_metadata"][0]["value"], "", "no ACLs: no token");
@@ -224,11 +231,8 @@ async fn every_written_bootstrap_passes_envoy_validate() {
         f.register_sidecar().await;
         f.register_gateway().await;
         run(&f.hook("", fast()), &alloc(mode), task, f.dir.path()).await.unwrap();
-        let out = std::process::Command::new(&envoy)
-            .args(["--mode", "validate", "-c"])
-            .arg(bootstrap_path(f.dir.path(), task))
-            .output()
-            .unwrap();
+        let out =
+            std::process::Command::new(&envoy).args(["--mode", "validate", "-c"]).arg(bootstrap_path(f.dir.path(), task)).output().unwrap();
         let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         assert!(out.status.success() && text.contains("OK"), "{name}: {text}");
         assert!(!text.to_lowercase().contains("deprecated"), "{name}: {text}");
