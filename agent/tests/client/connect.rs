@@ -40,11 +40,12 @@ struct Bridge {
 }
 
 impl Bridge {
-    fn new() -> Bridge {
+    /// The `n`th of this test process.
+    fn new(n: u32) -> Bridge {
         let pid = std::process::id();
         Bridge {
-            name: format!("nrscn{}", pid % 100_000),
-            subnet: format!("10.{}.{}.0/24", 150 + (pid / 256) % 50, pid % 256),
+            name: format!("nrscn{}{n}", pid % 100_000),
+            subnet: format!("10.{}.{}.0/24", 100 + 25 * n + (pid / 256) % 25, pid % 256),
             alloc_id: None,
         }
     }
@@ -65,11 +66,12 @@ impl Drop for Bridge {
 }
 
 /// Group `g` in bridge mode with service `count-api` (a sidecar) and two tasks: the app, and
-/// the sidecar as Nomad's mutator injects it, but with the exec driver and the host's Envoy.
-fn connect_job() -> Job {
+/// the sidecar as Nomad's mutator injects it, but with `driver` (exec or raw_exec) running the
+/// host's Envoy, as `sidecar_task` makes it.
+fn connect_job(driver: &str) -> Job {
     let app = sh_task("app", "while true; do sleep 0.1; done");
     let mut sidecar =
-        Task { name: "connect-proxy-count-api".into(), driver: "exec".into(), kind: "connect-proxy:count-api".into(), ..Task::default() };
+        Task { name: "connect-proxy-count-api".into(), driver: driver.into(), kind: "connect-proxy:count-api".into(), ..Task::default() };
     sidecar.config.insert("command".into(), json!(ENVOY));
     sidecar.config.insert(
         "args".into(),
@@ -140,17 +142,29 @@ fn log_of(root: &Path, alloc: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exec_envoy_sidecar_takes_its_config_from_consuls_xds_through_the_alloc_socket_across_an_agent_restart() {
     nomad_testkit::require_prereqs!(Prereq::Root, Prereq::Iproute2, Prereq::CniPlugins, Prereq::Envoy);
+    envoy_sidecar_through_the_alloc_socket("exec").await;
+}
+
+/// raw_exec runs in its task dir, which holds no `alloc/`: its bootstrap names the socket's
+/// host path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_exec_envoy_sidecar_reaches_consuls_xds_through_the_sockets_host_path() {
+    nomad_testkit::require_prereqs!(Prereq::Root, Prereq::Iproute2, Prereq::CniPlugins, Prereq::Envoy);
+    envoy_sidecar_through_the_alloc_socket("raw_exec").await;
+}
+
+async fn envoy_sidecar_through_the_alloc_socket(driver: &str) {
     assert!(Path::new(ENVOY).is_file(), "{ENVOY} missing: scripts/install-deps copies Envoy there for exec tasks");
     let consul = ConsulStandIn::start(ConsulOptions { management_token: Some(ROOT.into()), grpc_port: 0, ..Default::default() }).unwrap();
     let server = TestServer::start_with_consul(&settings(&consul)).await;
     let root = tempfile::tempdir().unwrap();
-    let mut bridge = Bridge::new();
+    let mut bridge = Bridge::new(if driver == "exec" { 0 } else { 1 });
     let client = start(root.path(), &server, &consul, &bridge).await;
     let node = client.node();
     assert_eq!(node.meta["connect.sidecar_image"], "docker.io/envoyproxy/envoy:v${NOMAD_envoy_version}");
     assert_eq!(node.attributes["consul.grpc"], consul.grpc_addr().unwrap().port().to_string());
 
-    let id = server.place(&connect_job(), client.node_id()).await;
+    let id = server.place(&connect_job(driver), client.node_id()).await;
     bridge.alloc_id = Some(id.clone());
     register_sidecar(&consul, &id);
     let proxy_id = format!("_nomad-task-{id}-group-g-count-api-9001-sidecar-proxy");
@@ -180,6 +194,13 @@ async fn an_exec_envoy_sidecar_takes_its_config_from_consuls_xds_through_the_all
     let b: serde_json::Value = serde_json::from_slice(&bootstrap).unwrap();
     let si_token = std::fs::read_to_string(root.path().join("alloc").join(&id).join("connect-proxy-count-api/secrets/si_token")).unwrap();
     assert_eq!(b["dynamic_resources"]["ads_config"]["grpc_services"]["initial_metadata"][0]["value"], si_token.as_str());
+    let pipe =
+        b["static_resources"]["clusters"][0]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["pipe"]["path"]
+            .as_str()
+            .unwrap()
+            .to_string();
+    let socket = root.path().join("alloc").join(&id).join("alloc/tmp/consul_grpc.sock");
+    assert_eq!(pipe, if driver == "raw_exec" { socket.display().to_string() } else { "alloc/tmp/consul_grpc.sock".to_string() });
     let streams = consul.xds_streams().iter().filter(|p| **p == proxy_id).count();
 
     // The agent restarts: Envoy keeps running; its stream to Consul went with the old agent's
@@ -199,7 +220,6 @@ async fn an_exec_envoy_sidecar_takes_its_config_from_consuls_xds_through_the_all
     // Stop: the socket and the namespace go.
     server.stop_alloc(&id).await;
     wait_until("the client finished the alloc", || server.alloc(&id).is_some_and(|a| a.client_status == ClientStatus::Complete)).await;
-    let socket = root.path().join("alloc").join(&id).join("alloc/tmp/consul_grpc.sock");
     wait_until("the socket is removed", || !socket.exists()).await;
     wait_until("the namespace is removed", || !netns.exists()).await;
     wait_until("Envoy is gone", || !pid_alive(pid)).await;
