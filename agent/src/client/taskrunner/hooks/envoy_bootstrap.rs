@@ -131,6 +131,72 @@ impl EnvoyBootstrapHook {
         EnvoyBootstrapHook { deps }
     }
 
+    /// Writes the bootstrap (see the module docs).
+    async fn bootstrap(&self, req: &HookRequest<'_>) -> Result<PrestartResponse, HookError> {
+        let (alloc, task) = (req.alloc, req.task);
+        let Some(task_kind) = proxy::task_proxy_kind(task) else { return Ok(PrestartResponse::default()) };
+        let node = (self.deps.node)();
+        let interp = Interpolator { env: &req.config.env, node: &node, region: &self.deps.region };
+        let service = proxy::lookup_service(alloc, task, &interp).map_err(HookError::fatal)?;
+        let kind = proxy::service_proxy_kind(&service).unwrap_or(task_kind);
+        // raw_exec runs in its task dir, which holds no `alloc/`: the socket's host path.
+        let raw_exec = req.driver.is_some_and(|d| d.name() == "raw_exec");
+        let grpc_raw = proxy::grpc_address(alloc, &req.config.env, raw_exec.then_some(req.config.alloc_dir.as_path()));
+        let grpc = grpc_endpoint(&grpc_raw).await.map_err(fatal)?;
+        let (admin, ready) = proxy::binds(alloc, &service, &task.name).map_err(fatal)?;
+        let proxy_id = proxy::proxy_id(alloc, &service, kind);
+        let group_ns = proxy::group(alloc).map(nomad_server::consul::config_entries::group_namespace).unwrap_or_default();
+        let namespace = if group_ns.is_empty() { self.deps.agent_namespace.clone() } else { group_ns };
+
+        let task_dir = Beneath::open(&req.config.alloc_dir)
+            .and_then(|d| d.open_dir(Path::new(&task.name), Links::Refuse))
+            .map_err(|e| fatal(format!("open the task dir: {e}")))?;
+        let token = read_token(&task_dir)
+            .map_err(|e| {
+                HookError::fatal(format!("failed to generate envoy bootstrap config: failed to load SI token for {}: {e}", task.name))
+            })?
+            .unwrap_or_default();
+
+        tracing::info!(
+            alloc_id = %alloc.id, task = %task.name, namespace, proxy_id, service = %service.name, grpc_addr = %grpc_raw,
+            admin_bind = %admin, ready_bind = %ready, "bootstrapping envoy"
+        );
+        let consul = self.deps.consul.as_deref().ok_or_else(|| fatal("this client has no Consul configuration"))?;
+        let reg = self.registration(consul, &proxy_id, &namespace).await?;
+        let stats_tags = proxy_config(reg.proxy.as_ref().and_then(|p| p.get("Config"))).map_err(fatal)?;
+        let destination =
+            reg.proxy.as_ref().and_then(|p| p.get("DestinationServiceName")).and_then(Value::as_str).unwrap_or_default().to_string();
+        // Consul's `templateArgs`/`generateConfig`: a sidecar is its destination's cluster; a
+        // gateway started with `-gateway <kind>` and no `-service` is its kind's, while the
+        // source tag names the registered gateway.
+        let cluster = match proxy::gateway_kind_name(kind) {
+            Some(kind_name) if destination.is_empty() => kind_name.to_string(),
+            _ if destination.is_empty() => proxy_id.clone(),
+            _ => destination.clone(),
+        };
+        let source = if destination.is_empty() { reg.service.clone() } else { destination };
+        let params = BootstrapParams {
+            kind,
+            proxy_id: proxy_id.clone(),
+            cluster,
+            service: source,
+            namespace: if reg.namespace.is_empty() { namespace } else { reg.namespace.clone() },
+            partition: String::new(),
+            datacenter: reg.datacenter.clone(),
+            admin,
+            ready: Some(ready),
+            grpc,
+            token,
+            stats_tags,
+        };
+        let json = serde_json::to_vec_pretty(&bootstrap::build(&params)).map_err(|e| fatal(format!("encode: {e}")))?;
+        write_bootstrap(&task_dir, &json)
+            .map_err(|e| HookError::recoverable(format!("failed to create secrets/{BOOTSTRAP_FILE} for envoy: {e}")))?;
+        let mut resp = PrestartResponse::default();
+        resp.data.insert(PROXY_ID_KEY.into(), proxy_id);
+        Ok(resp)
+    }
+
     /// The registration, asked again while Consul does not know it or cannot be reached.
     async fn registration(&self, consul: &dyn ConsulApi, proxy_id: &str, namespace: &str) -> Result<AgentService, HookError> {
         let mut waited = Duration::ZERO;
@@ -211,70 +277,7 @@ impl TaskHook for EnvoyBootstrapHook {
 
 impl AsyncPrestartHook for EnvoyBootstrapHook {
     fn prestart<'a>(&'a self, req: &'a HookRequest<'a>) -> BoxFuture<'a, Result<PrestartResponse, HookError>> {
-        Box::pin(async move {
-            let (alloc, task) = (req.alloc, req.task);
-            let Some(task_kind) = proxy::task_proxy_kind(task) else { return Ok(PrestartResponse::default()) };
-            let node = (self.deps.node)();
-            let interp = Interpolator { env: &req.config.env, node: &node, region: &self.deps.region };
-            let service = proxy::lookup_service(alloc, task, &interp).map_err(HookError::fatal)?;
-            let kind = proxy::service_proxy_kind(&service).unwrap_or(task_kind);
-            // raw_exec runs in its task dir, which holds no `alloc/`: the socket's host path.
-            let raw_exec = req.driver.is_some_and(|d| d.name() == "raw_exec");
-            let grpc_raw = proxy::grpc_address(alloc, &req.config.env, raw_exec.then_some(req.config.alloc_dir.as_path()));
-            let grpc = grpc_endpoint(&grpc_raw).await.map_err(fatal)?;
-            let (admin, ready) = proxy::binds(alloc, &service, &task.name).map_err(fatal)?;
-            let proxy_id = proxy::proxy_id(alloc, &service, kind);
-            let group_ns = proxy::group(alloc).map(nomad_server::consul::config_entries::group_namespace).unwrap_or_default();
-            let namespace = if group_ns.is_empty() { self.deps.agent_namespace.clone() } else { group_ns };
-
-            let task_dir = Beneath::open(&req.config.alloc_dir)
-                .and_then(|d| d.open_dir(Path::new(&task.name), Links::Refuse))
-                .map_err(|e| fatal(format!("open the task dir: {e}")))?;
-            let token = read_token(&task_dir)
-                .map_err(|e| {
-                    HookError::fatal(format!("failed to generate envoy bootstrap config: failed to load SI token for {}: {e}", task.name))
-                })?
-                .unwrap_or_default();
-
-            tracing::info!(
-                alloc_id = %alloc.id, task = %task.name, namespace, proxy_id, service = %service.name, grpc_addr = %grpc_raw,
-                admin_bind = %admin, ready_bind = %ready, "bootstrapping envoy"
-            );
-            let consul = self.deps.consul.as_deref().ok_or_else(|| fatal("this client has no Consul configuration"))?;
-            let reg = self.registration(consul, &proxy_id, &namespace).await?;
-            let stats_tags = proxy_config(reg.proxy.as_ref().and_then(|p| p.get("Config"))).map_err(fatal)?;
-            let destination =
-                reg.proxy.as_ref().and_then(|p| p.get("DestinationServiceName")).and_then(Value::as_str).unwrap_or_default().to_string();
-            // Consul's `templateArgs`/`generateConfig`: a sidecar is its destination's cluster; a
-            // gateway started with `-gateway <kind>` and no `-service` is its kind's, while the
-            // source tag names the registered gateway.
-            let cluster = match proxy::gateway_kind_name(kind) {
-                Some(kind_name) if destination.is_empty() => kind_name.to_string(),
-                _ if destination.is_empty() => proxy_id.clone(),
-                _ => destination.clone(),
-            };
-            let source = if destination.is_empty() { reg.service.clone() } else { destination };
-            let params = BootstrapParams {
-                kind,
-                proxy_id: proxy_id.clone(),
-                cluster,
-                service: source,
-                namespace: if reg.namespace.is_empty() { namespace } else { reg.namespace.clone() },
-                partition: String::new(),
-                datacenter: reg.datacenter.clone(),
-                admin,
-                ready: Some(ready),
-                grpc,
-                token,
-                stats_tags,
-            };
-            let json = serde_json::to_vec_pretty(&bootstrap::build(&params)).map_err(|e| fatal(format!("encode: {e}")))?;
-            write_bootstrap(&task_dir, &json)
-                .map_err(|e| HookError::recoverable(format!("failed to create secrets/{BOOTSTRAP_FILE} for envoy: {e}")))?;
-            let mut resp = PrestartResponse::default();
-            resp.data.insert(PROXY_ID_KEY.into(), proxy_id);
-            Ok(resp)
-        })
+        Box::pin(async move { self.bootstrap(req).await.map_err(|e| e.as_hook_event(NAME)) })
     }
 }
 

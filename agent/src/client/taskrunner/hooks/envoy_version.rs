@@ -37,6 +37,28 @@ impl EnvoyVersionHook {
     pub fn new(consul: Option<Arc<dyn ConsulApi>>) -> EnvoyVersionHook {
         EnvoyVersionHook { consul }
     }
+
+    /// The image with the version put in, when it asks for one.
+    async fn resolve(&self, req: &HookRequest<'_>) -> Result<PrestartResponse, HookError> {
+        // The image as the task's config interpolates it (`${meta.connect.sidecar_image}`
+        // is already the node's value here).
+        let Some(image) = req.config.driver_config.get("image").and_then(Value::as_str) else {
+            return Ok(PrestartResponse::default());
+        };
+        if !req.task.uses_connect_sidecar() || !image.contains(VERSION_VAR) {
+            return Ok(PrestartResponse::default());
+        }
+        let retrieving = |e: String| HookError::fatal(format!("error retrieving supported Envoy versions from Consul: {e}"));
+        let consul = self.consul.as_ref().ok_or_else(|| retrieving("this client has no Consul configuration".into()))?;
+        let agent_self = consul.agent_self().await.map_err(|e| retrieving(e.to_string()))?;
+        let supported = supported_proxies(&agent_self).map_err(retrieving)?;
+        let resolved = resolve_image(image, &supported)
+            .map_err(|e| HookError::fatal(format!("error interpreting desired Envoy version from Consul: {e}")))?;
+        tracing::debug!(alloc_id = %req.alloc.id, task = %req.task.name, image = %resolved, "setting task envoy image");
+        let mut resp = PrestartResponse::default();
+        resp.data.insert(IMAGE_KEY.into(), resolved);
+        Ok(resp)
+    }
 }
 
 /// `xDS.SupportedProxies` of a `/v1/agent/self` answer (Nomad's `ConnectProxies.Proxies`): none
@@ -114,26 +136,7 @@ impl TaskHook for EnvoyVersionHook {
 
 impl AsyncPrestartHook for EnvoyVersionHook {
     fn prestart<'a>(&'a self, req: &'a HookRequest<'a>) -> BoxFuture<'a, Result<PrestartResponse, HookError>> {
-        Box::pin(async move {
-            // The image as the task's config interpolates it (`${meta.connect.sidecar_image}`
-            // is already the node's value here).
-            let Some(image) = req.config.driver_config.get("image").and_then(Value::as_str) else {
-                return Ok(PrestartResponse::default());
-            };
-            if !req.task.uses_connect_sidecar() || !image.contains(VERSION_VAR) {
-                return Ok(PrestartResponse::default());
-            }
-            let retrieving = |e: String| HookError::fatal(format!("error retrieving supported Envoy versions from Consul: {e}"));
-            let consul = self.consul.as_ref().ok_or_else(|| retrieving("this client has no Consul configuration".into()))?;
-            let agent_self = consul.agent_self().await.map_err(|e| retrieving(e.to_string()))?;
-            let supported = supported_proxies(&agent_self).map_err(retrieving)?;
-            let resolved = resolve_image(image, &supported)
-                .map_err(|e| HookError::fatal(format!("error interpreting desired Envoy version from Consul: {e}")))?;
-            tracing::debug!(alloc_id = %req.alloc.id, task = %req.task.name, image = %resolved, "setting task envoy image");
-            let mut resp = PrestartResponse::default();
-            resp.data.insert(IMAGE_KEY.into(), resolved);
-            Ok(resp)
-        })
+        Box::pin(async move { self.resolve(req).await.map_err(|e| e.as_hook_event(NAME)) })
     }
 }
 
@@ -209,6 +212,9 @@ mod tests {
         let err = run(&hook, &sidecar(), "e:${NOMAD_envoy_version}").await.unwrap_err();
         assert!(!err.recoverable);
         assert!(err.message.starts_with("error retrieving supported Envoy versions from Consul: "), "{}", err.message);
+        let event = err.event.as_deref().expect("Nomad's hook event");
+        assert_eq!((event.event_type.as_str(), event.fails_task), ("Task hook failed", true));
+        assert!(event.message.starts_with("envoy_version: error retrieving"), "{}", event.message);
         let none = EnvoyVersionHook::new(None);
         assert!(run(&none, &sidecar(), "e:${NOMAD_envoy_version}").await.unwrap_err().message.contains("no Consul configuration"));
     }

@@ -89,6 +89,12 @@ impl HookError {
     pub fn recoverable(message: impl Into<String>) -> HookError {
         HookError { message: message.into(), recoverable: true, event: None }
     }
+
+    /// Recorded as Nomad records a failed hook: a `Task hook failed` event naming the hook.
+    pub fn as_hook_event(mut self, hook: &str) -> HookError {
+        self.event = Some(Box::new(crate::client::taskrunner::events::hook_failed(hook, &self.message, !self.recoverable)));
+        self
+    }
 }
 
 /// A task hook: its name, and the phases it implements.

@@ -145,6 +145,10 @@ async fn a_proxy_registered_late_is_waited_for_and_one_never_registered_fails_as
     );
     assert!(err.message.contains(&format!("(unknown service ID: {SIDECAR_ID})")), "{}", err.message);
     assert!(err.message.ends_with("; see: <https://www.nomadproject.io/s/envoy-bootstrap-error>"));
+    let event = err.event.as_deref().expect("Nomad's hook event");
+    assert_eq!(event.event_type, "Task hook failed");
+    assert_eq!(event.message, format!("envoy_bootstrap: {}", err.message));
+    assert!(!event.fails_task, "recoverable");
     // Waits of 10, 20 and 40 ms fit in 75 ms; the next (80) does not: four attempts.
     assert_eq!(gone.standin.calls_to("GET", "/v1/agent/service/").len(), 4);
     assert!(!bootstrap_path(gone.dir.path(), SIDECAR).exists());
