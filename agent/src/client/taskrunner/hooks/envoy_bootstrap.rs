@@ -207,7 +207,7 @@ impl EnvoyBootstrapHook {
                 Ok(_) => format!("service {proxy_id:?} is not a Connect proxy or gateway"),
                 Err(e) => format!("failed fetch proxy config from local agent: {e}"),
             };
-            attempt += 1;
+            attempt = attempt.saturating_add(1);
             let Some(gap) = self.deps.retry.wait(attempt, rand::random::<f64>(), waited) else {
                 return Err(HookError::recoverable(format!("{BOOTSTRAP_ERROR}: {last}; {BOOTSTRAP_ERROR_LINK}")));
             };
