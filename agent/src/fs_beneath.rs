@@ -516,6 +516,23 @@ impl Beneath {
         Ok(Stat::of(&fstat(fd.as_fd()).map_err(|e| self.io_err("stat", rel, io(e)))?))
     }
 
+    /// Sets the permission bits of the entry at `rel`, which must be a `kind` (a unix socket a
+    /// task should reach, say): resolved without symlinks, checked and changed on the entry it
+    /// opened, so an entry swapped meanwhile for a symlink is refused, never followed.
+    pub fn set_mode(&self, rel: &Path, kind: Kind, mode: u32) -> Result<(), FsError> {
+        let fd = self.resolve("chmod", rel, OFlag::O_PATH | OFlag::O_NOFOLLOW, Mode::empty(), Links::Refuse)?;
+        let st = Stat::of(&fstat(fd.as_fd()).map_err(|e| self.io_err("stat", rel, io(e)))?);
+        if st.kind != kind {
+            let what =
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("it is a {}, not a {}", st.kind.describe(), kind.describe()));
+            return Err(self.io_err("chmod", rel, what));
+        }
+        // chmod(2) on the O_PATH fd's magic link changes exactly the inode opened above.
+        let magic = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+        nix::sys::stat::fchmodat(nix::fcntl::AT_FDCWD, &magic, Mode::from_bits_truncate(mode), nix::sys::stat::FchmodatFlags::FollowSymlink)
+            .map_err(|e| self.io_err("chmod", rel, io(e)))
+    }
+
     /// Calls `f` with the name and type (when the file system reports it) of every entry of
     /// this directory, `.` and `..` left out. Nothing is collected: the caller keeps what it
     /// needs, so a directory a task filled costs time, not memory.

@@ -68,6 +68,12 @@ pub struct ClientContext {
     pub si_tokens: Option<Arc<dyn crate::client::taskrunner::hooks::consul_si_token::SiTokenDeriver>>,
     /// The SI token derivation's timing (Nomad's, except in tests).
     pub si_backoff: crate::client::taskrunner::hooks::consul_si_token::Backoff,
+    /// The agent's `consul {}`, when it has one.
+    pub consul_config: Option<crate::config::consul::ConsulSettings>,
+    /// The agent's Consul client (Envoy versions and proxy registrations), with `consul_config`.
+    pub consul_api: Option<Arc<dyn crate::consul::ConsulApi>>,
+    /// How long an Envoy bootstrap waits for its proxy's registration (Nomad's, except in tests).
+    pub envoy_retry: crate::client::taskrunner::hooks::envoy_bootstrap::Retry,
 }
 
 impl ClientContext {

@@ -260,6 +260,9 @@ impl Client {
             consul_checks: consul_checks.clone(),
             si_tokens: si_token_deriver(&config, &servers, &identity),
             si_backoff: Default::default(),
+            consul_config: config.consul.clone(),
+            consul_api: consul.clone(),
+            envoy_retry: Default::default(),
             network: Arc::new(network::CniNetworks::new(s.cni.clone(), &s.state_dir)),
         });
         let inner = Arc::new(ClientInner {

@@ -46,6 +46,7 @@ pub fn node(config: &ClientConfig, identity: &NodeIdentity, drivers: &BTreeMap<S
         settings: &config.settings,
     };
     let mut node = build_node(&spec, &fp);
+    super::connect::default_node_meta(&mut node.meta);
     let cni = &config.settings.cni;
     let bridge = super::network::fingerprint::bridge_module(std::path::Path::new("/"), &super::network::fingerprint::kernel_release());
     super::network::fingerprint::apply(&mut node, cni, bridge);

@@ -312,6 +312,9 @@ pub trait ConsulApi: Send + Sync {
     fn agent_self(&self) -> BoxFuture<'_, Result<Value, ConsulError>>;
     /// `GET /v1/agent/services`.
     fn services(&self) -> BoxFuture<'_, Result<BTreeMap<String, AgentService>, ConsulError>>;
+    /// `GET /v1/agent/service/:id` in Consul namespace `namespace` (empty: the configured one);
+    /// an unknown ID is Consul's 404.
+    fn service<'a>(&'a self, id: &'a str, namespace: &'a str) -> BoxFuture<'a, Result<AgentService, ConsulError>>;
     /// `GET /v1/agent/checks`.
     fn checks(&self) -> BoxFuture<'_, Result<BTreeMap<String, AgentCheck>, ConsulError>>;
     /// `PUT /v1/agent/service/register`.
@@ -502,6 +505,18 @@ impl ConsulApi for ConsulClient {
         Box::pin(self.get("/v1/agent/checks"))
     }
 
+    fn service<'a>(&'a self, id: &'a str, namespace: &'a str) -> BoxFuture<'a, Result<AgentService, ConsulError>> {
+        Box::pin(async move {
+            let path = format!("/v1/agent/service/{}", encode_path(id));
+            let bytes = self.call_in(Method::GET, &path, namespace, None).await?;
+            nomad_proto::lenient::from_trusted_slice(&bytes).map_err(|e| ConsulError::Decode {
+                method: "Get",
+                url: self.url_in(&path, namespace),
+                error: e.to_string(),
+            })
+        })
+    }
+
     fn service_register<'a>(&'a self, reg: &'a ServiceRegistration) -> BoxFuture<'a, Result<(), ConsulError>> {
         Box::pin(async move {
             let body = serde_json::to_vec(reg).map_err(|e| ConsulError::Transport {
@@ -598,6 +613,30 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[tokio::test]
+    async fn one_service_is_read_with_its_proxy_in_a_namespace_and_an_unknown_one_is_consuls_404() {
+        let standin = ConsulStandIn::start(ConsulOptions::default()).unwrap();
+        let c = ConsulClient::new(&settings(&standin.addr().to_string(), ""));
+        let reg = ServiceRegistration {
+            id: "web-1".into(),
+            name: "web".into(),
+            port: 8080,
+            connect: Some(serde_json::json!({"SidecarService": {"Proxy": {"Config": {"envoy_stats_tags": ["a=b"]}}}})),
+            ..Default::default()
+        };
+        c.service_register(&reg).await.unwrap();
+        let proxy = c.service("web-1-sidecar-proxy", "team").await.unwrap();
+        assert_eq!((proxy.kind.as_str(), proxy.service.as_str(), proxy.datacenter.as_str()), ("connect-proxy", "web-sidecar-proxy", "dc1"));
+        let p = proxy.proxy.unwrap();
+        assert_eq!(p["DestinationServiceName"], "web");
+        assert_eq!(p["Config"]["envoy_stats_tags"], serde_json::json!(["a=b"]));
+        let call = standin.calls_to("GET", "/v1/agent/service/").pop().unwrap();
+        assert_eq!((call.path.as_str(), call.query.as_str()), ("/v1/agent/service/web-1-sidecar-proxy", "ns=team"));
+        let err = c.service("nope", "").await.unwrap_err();
+        assert_eq!(err.status(), Some(404));
+        assert!(err.to_string().ends_with("Unexpected response code: 404 (unknown service ID: nope)"), "{err}");
     }
 
     #[tokio::test]

@@ -50,6 +50,17 @@ async fn start(root: &Path, server: &TestServer, consul: &ConsulStandIn, token: 
     client
 }
 
+/// The sidecar's registration, as the client's Consul services sync makes it: the sidecar's
+/// `envoy_bootstrap` hook waits for it before the task starts.
+fn register_sidecar(consul: &ConsulStandIn, alloc: &str, token: &str) {
+    let body = serde_json::json!({"Name": "web", "ID": format!("_nomad-task-{alloc}-group-g-web-9090"), "Port": 9090,
+        "Connect": {"SidecarService": {}}});
+    let r = nomad_e2e::http::HttpClient::new(&consul.addr().to_string())
+        .request("PUT", &format!("/v1/agent/service/register?token={token}"), Some(body.to_string().as_bytes()))
+        .expect("the stand-in answers");
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
 fn token_file(root: &Path, alloc: &str, task: &str) -> std::path::PathBuf {
     root.join("alloc").join(alloc).join(task).join("secrets/si_token")
 }
@@ -78,6 +89,7 @@ async fn one_token_per_connect_task_0440_reused_after_an_agent_restart_and_revok
     let root = tempfile::tempdir().unwrap();
     let client = start(root.path(), &server, &consul, ROOT).await;
     let id = server.place(&connect_job(), client.node_id()).await;
+    register_sidecar(&consul, &id, ROOT);
     let tasks = ["connect-proxy-web", "native", "plain"];
     wait_until("every task runs", || running(&client, &id, &tasks)).await;
 
@@ -95,6 +107,10 @@ async fn one_token_per_connect_task_0440_reused_after_an_agent_restart_and_revok
     let sidecar_token = std::fs::read_to_string(token_file(root.path(), &id, "connect-proxy-web")).unwrap();
     let native_token = std::fs::read_to_string(token_file(root.path(), &id, "native")).unwrap();
     assert_ne!(sidecar_token, native_token);
+    // The sidecar's Envoy presents its SI token to Consul's xDS.
+    let bootstrap = root.path().join("alloc").join(&id).join("connect-proxy-web/secrets/envoy_bootstrap.json");
+    let bootstrap: serde_json::Value = serde_json::from_slice(&std::fs::read(bootstrap).unwrap()).unwrap();
+    assert_eq!(bootstrap["dynamic_resources"]["ads_config"]["grpc_services"]["initial_metadata"][0]["value"], sidecar_token.as_str());
     // The token is Consul's: it resolves to the service identity, not the sidecar's name.
     let (status, body) = token_self(&consul, &native_token);
     assert_eq!(status, 200, "{body}");
@@ -147,6 +163,7 @@ async fn without_a_consul_token_the_agent_derives_nothing() {
     let root = tempfile::tempdir().unwrap();
     let client = start(root.path(), &server, &consul, "").await;
     let id = server.place(&connect_job(), client.node_id()).await;
+    register_sidecar(&consul, &id, "");
     wait_until("every task runs", || running(&client, &id, &["connect-proxy-web", "native", "plain"])).await;
     assert!(!token_file(root.path(), &id, "connect-proxy-web").exists());
     assert!(consul.calls_to("PUT", "/v1/acl/token").is_empty());

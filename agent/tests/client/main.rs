@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod cleanup;
+mod connect;
 mod consul;
 mod consul_services;
 mod consul_si;

@@ -128,6 +128,10 @@ pub(crate) struct State {
     pub calls: Vec<Call>,
     /// Every NACK an Envoy sent the xDS server.
     pub xds_nacks: Vec<xds::Nack>,
+    /// The proxy ID of every xDS stream accepted, in order.
+    pub xds_streams: Vec<String>,
+    /// (proxy ID, type URL) of every ACK received, in order.
+    pub xds_acks: Vec<(String, String)>,
 }
 
 impl State {
@@ -262,6 +266,16 @@ impl ConsulStandIn {
     /// Every NACK Envoy sent the xDS server so far.
     pub fn xds_nacks(&self) -> Vec<xds::Nack> {
         self.shared.lock().xds_nacks.clone()
+    }
+
+    /// The proxy ID of every xDS stream the server accepted so far, in order.
+    pub fn xds_streams(&self) -> Vec<String> {
+        self.shared.lock().xds_streams.clone()
+    }
+
+    /// The resource types (`type.googleapis.com/...`) a proxy has ACKed at least once.
+    pub fn xds_acked(&self, proxy_id: &str) -> std::collections::BTreeSet<String> {
+        self.shared.lock().xds_acks.iter().filter(|(p, _)| p == proxy_id).map(|(_, t)| t.clone()).collect()
     }
 
     /// Changes what `/v1/agent/self` reports (an upgrade, say).

@@ -231,6 +231,7 @@ async fn route(shared: &Arc<Shared>, method: &str, path: &str, q: &BTreeMap<Stri
             _ => not_allowed(),
         },
         ["v1", "agent", "service", rest] => match (method, rest.split_once('/')) {
+            ("GET", None) => agent_service_get(shared, &path_decode(rest), who),
             ("PUT", None) if *rest == "register" => service_register(shared, q, body, who),
             ("PUT", Some(("deregister", id))) => service_deregister(shared, &path_decode(id), who),
             _ => not_allowed(),
@@ -368,6 +369,24 @@ fn agent_service(st: &State, reg: &Value) -> Value {
         s["Connect"] = json!({"Native": true});
     }
     s
+}
+
+/// `GET /v1/agent/service/:id` (what `consul connect envoy` reads its proxy from): needs read
+/// on the service; a proxy or gateway always carries its `Proxy`, as Consul's `buildAgentService`.
+fn agent_service_get(shared: &Shared, id: &str, who: &Who) -> Resp {
+    let st = shared.lock();
+    let Some(reg) = st.services.get(id) else {
+        return not_found(format!("unknown service ID: {id}"));
+    };
+    if !who.read() {
+        return who.deny("service:read", reg["Name"].as_str().unwrap_or_default());
+    }
+    let mut s = agent_service(&st, reg);
+    let kind = reg.get("Kind").and_then(Value::as_str).unwrap_or_default();
+    if (kind == "connect-proxy" || kind.ends_with("-gateway")) && s.get("Proxy").is_none() {
+        s["Proxy"] = json!({"Config": null});
+    }
+    json_resp(&s, None)
 }
 
 fn agent_services(shared: &Shared, who: &Who) -> Resp {

@@ -154,6 +154,7 @@ impl AllocRunner {
                     },
                 },
                 network: ctx.network.clone(),
+                consul_config: ctx.consul_config.clone(),
             };
             AllocRunner {
                 id: alloc.id.clone(),

@@ -65,7 +65,12 @@ pub struct BootstrapParams {
     pub kind: ProxyKind,
     /// The proxy's Consul service ID (`node.id`).
     pub proxy_id: String,
-    /// The service the proxy stands for (`node.cluster`, `local_cluster`).
+    /// `node.cluster` and the `local_cluster` tag: the sidecar's destination service, or a
+    /// gateway's kind (`terminating-gateway`: Consul's `-gateway` default service name, since
+    /// Nomad passes no `-service`).
+    pub cluster: String,
+    /// The service the proxy stands for (`consul.source.service`): the sidecar's destination,
+    /// or the gateway's registered name.
     pub service: String,
     /// Consul namespace and partition; empty for the default.
     pub namespace: String,
@@ -213,7 +218,7 @@ pub fn stats_config(p: &BootstrapParams) -> Value {
     tags.extend(rules);
     let or_default = |s: &str| if s.is_empty() { "default".to_string() } else { s.to_string() };
     for (k, v) in [
-        ("local_cluster", p.service.clone()),
+        ("local_cluster", p.cluster.clone()),
         ("consul.source.service", p.service.clone()),
         ("consul.source.namespace", or_default(&p.namespace)),
         ("consul.source.partition", or_default(&p.partition)),
@@ -279,7 +284,7 @@ pub fn build(p: &BootstrapParams) -> Value {
         "admin": {"address": socket_address(&p.admin)},
         "node": {
             "id": p.proxy_id,
-            "cluster": p.service,
+            "cluster": p.cluster,
             "metadata": {"namespace": or_default(&p.namespace), "partition": or_default(&p.partition)},
         },
         "layered_runtime": {"layers": [{"name": "base", "static_layer": {"re2.max_program_size.error_level": 1048576}}]},

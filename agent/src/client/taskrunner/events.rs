@@ -17,6 +17,8 @@ pub const FAILED_VALIDATION: &str = "Failed Validation";
 pub const MAIN_DEAD: &str = "Main Tasks Dead";
 /// A user sent the task a signal.
 pub const SIGNALING: &str = "Signaling";
+/// A task hook failed (`structs.TaskHookFailed`).
+pub const HOOK_FAILED: &str = "Task hook failed";
 
 fn event(kind: &str, message: impl Into<String>) -> TaskEvent {
     let message = message.into();
@@ -118,6 +120,13 @@ pub fn driver_failure(err: &str) -> TaskEvent {
 /// A prestart hook failed.
 pub fn setup_failure(err: &str, fails_task: bool) -> TaskEvent {
     let mut e = with(event(task_event::SETUP_FAILURE, err), &[("setup_error", err.to_string())]);
+    e.fails_task = fails_task;
+    e
+}
+
+/// A hook failed: Nomad's `emitHookError` event, `<hook>: <error>`.
+pub fn hook_failed(hook: &str, err: &str, fails_task: bool) -> TaskEvent {
+    let mut e = event(HOOK_FAILED, format!("{hook}: {err}"));
     e.fails_task = fails_task;
     e
 }

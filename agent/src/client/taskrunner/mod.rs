@@ -38,7 +38,10 @@ use tokio_util::sync::CancellationToken;
 use self::env::{EnvInput, TaskDirs, build_env};
 use self::hooks::consul_si_token::read_token;
 use self::hooks::csi_plugin_supervisor::{TaskControl, csi_endpoint, plugin_mounts};
-use self::hooks::{ConsulSiTokenHook, CsiPluginSupervisorHook, HookRequest, PostPhase, PrestartError, TaskHook, run_post, run_prestart};
+use self::hooks::{
+    ConsulSiTokenHook, CsiPluginSupervisorHook, EnvoyBootstrapDeps, EnvoyBootstrapHook, EnvoyVersionHook, HookRequest, PostPhase,
+    PrestartError, TaskHook, envoy_version, run_post, run_prestart,
+};
 use self::interpolate::Interpolator;
 use self::restart::{Decision, Policy, RestartTracker};
 use super::allocrunner::lifecycle::{Gates, Stage};
@@ -159,6 +162,7 @@ impl TaskRunner {
                     .clone()
                     .filter(|_| task.uses_connect())
                     .map(|deriver| ConsulSiTokenHook::new(deriver, &alloc.id, &task.name, ctx.alloc_dir(&alloc.id), ctx.si_backoff)),
+                task.uses_connect_sidecar().then(|| envoy_hooks(&ctx)),
             ),
             csi_mounts,
             ctx,
@@ -386,6 +390,12 @@ impl TaskRunner {
                 Err(e) => tracing::warn!(alloc_id = %alloc.id, task = %task.name, error = %e, "failed to load SI token for native task"),
             }
         }
+        // An Envoy task's listener variables (`NOMAD_ENVOY_*_ADDR_<service>`), from the alloc
+        // alone, as the `envoy_bootstrap` hook binds them; after the task's own `env`, as
+        // Nomad's hook variables are.
+        let proxy_env =
+            crate::client::connect::proxy::task_env(&alloc, &task, &Interpolator { env: &env, node: &node, region: &self.ctx.region });
+        env.extend(proxy_env);
         let driver_config = Interpolator { env: &env, node: &node, region: &self.ctx.region }.config(&task.config);
         let allocated = alloc.allocated_resources.as_ref().and_then(|r| r.tasks.get(&task.name));
         let cpu = allocated.map(|a| a.cpu.cpu_shares).filter(|c| *c > 0).unwrap_or(task.resources.cpu);
@@ -616,7 +626,12 @@ impl TaskRunner {
         });
         // A native task's CONSUL_HTTP_TOKEN comes from the file the `consul_si_token` hook
         // may just have written.
-        let config = if task.is_connect_native() { self.task_config(driver.as_deref()) } else { config };
+        let mut config = if task.is_connect_native() { self.task_config(driver.as_deref()) } else { config };
+        // The image with the Envoy version the `envoy_version` hook just resolved.
+        let resolved = lock(&self.local).hooks.get(envoy_version::NAME).and_then(|s| s.data.get(envoy_version::IMAGE_KEY)).cloned();
+        if let Some(image) = resolved {
+            config.driver_config.insert("image".into(), serde_json::Value::String(image));
+        }
         let Some(driver) = driver.clone() else {
             // validate reports this; kept for a hook list without it.
             self.append_event(events::driver_failure(&format!("unknown driver {:?}", task.driver)));
@@ -780,6 +795,22 @@ impl TaskRunner {
                 }
             }
         }
+    }
+}
+
+/// The hooks that start an Envoy task: its image's version and its bootstrap.
+fn envoy_hooks(ctx: &Arc<ClientContext>) -> hooks::EnvoyHooks {
+    // Weak: the hook must not keep the client's context (its local state) open.
+    let node_ctx = Arc::downgrade(ctx);
+    hooks::EnvoyHooks {
+        version: EnvoyVersionHook::new(ctx.consul_api.clone()),
+        bootstrap: EnvoyBootstrapHook::new(EnvoyBootstrapDeps {
+            consul: ctx.consul_api.clone(),
+            agent_namespace: ctx.consul_config.as_ref().map(|c| c.namespace.clone()).unwrap_or_default(),
+            node: Arc::new(move || node_ctx.upgrade().map(|c| c.node()).unwrap_or_default()),
+            region: ctx.region.clone(),
+            retry: ctx.envoy_retry,
+        }),
     }
 }
 

@@ -41,7 +41,7 @@ const ORDER: [&str; 3] = [CLUSTER, ENDPOINT, LISTENER];
 const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// The largest request the server decodes.
 const MAX_REQUEST: usize = 4 * 1024 * 1024;
-/// How many NACKs the stand-in keeps (the oldest are dropped).
+/// How many NACKs (and streams, and ACKs) the stand-in keeps (the oldest are dropped).
 const MAX_NACKS: usize = 1000;
 /// The most resource names one stream may subscribe to per type.
 const MAX_NAMES: usize = 10_000;
@@ -153,6 +153,13 @@ impl DeltaStream {
             let _ = self.tx.send(Err(status)).await;
             return;
         }
+        {
+            let mut st = self.shared.lock();
+            if st.xds_streams.len() >= MAX_NACKS {
+                st.xds_streams.remove(0);
+            }
+            st.xds_streams.push(self.proxy_id.clone());
+        }
         if let Err(status) = self.handle(first) {
             let _ = self.tx.send(Err(status)).await;
             return;
@@ -226,6 +233,13 @@ impl DeltaStream {
         }
         if !req.response_nonce.is_empty() && ts.pending.as_deref() == Some(req.response_nonce.as_str()) {
             ts.pending = None;
+            if req.error_detail.is_none() {
+                let mut st = self.shared.lock();
+                if st.xds_acks.len() >= MAX_NACKS {
+                    st.xds_acks.remove(0);
+                }
+                st.xds_acks.push((self.proxy_id.clone(), req.type_url.clone()));
+            }
             if let Some(err) = req.error_detail {
                 let nack = Nack { proxy_id: self.proxy_id.clone(), type_url: req.type_url.clone(), message: err.message };
                 eprintln!("consul-standin xds: NACK from {}: {} {}", nack.proxy_id, nack.type_url, nack.message);

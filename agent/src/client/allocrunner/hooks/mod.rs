@@ -13,6 +13,7 @@
 //!   may run without prerun (an alloc that never started).
 
 mod alloc_dir;
+pub mod consul_socket;
 pub mod csi;
 mod health;
 mod network;
@@ -29,6 +30,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use alloc_dir::{AllocDirHook, unmount_all_under};
+pub use consul_socket::{ConsulSocketHook, Endpoint as ConsulEndpoint};
 pub use csi::{CsiClaimRpc, CsiHook, CsiMounts, RpcCsiClaims, SaveState};
 pub use health::{HealthConfig, HealthHook, Verdict, evaluate};
 pub use network::{NetworkHook, status_of as network_status_of};
@@ -134,6 +136,8 @@ pub struct HookEnv {
     pub csi: CsiDeps,
     /// The group network namespaces.
     pub network: Arc<dyn crate::client::network::NetworkManager>,
+    /// The agent's `consul {}` (where the Consul sockets lead); `None` without Consul.
+    pub consul_config: Option<crate::config::consul::ConsulSettings>,
 }
 
 /// What the `csi` hook gets besides the common parts.
@@ -165,10 +169,14 @@ pub struct CsiDeps {
 /// 4. `services` before `shutdown_delay`: when the alloc stops, its Nomad services are
 ///    deregistered first (prekill waits for that attempt), so that during the shutdown delay no
 ///    one is sent to the alloc any more and traffic drains, as in Nomad.
-/// 5. `csi` after `services`, as in Nomad: its prerun may wait for a claim (and the mounts),
+/// 5. `consul_grpc_socket` and `consul_http_socket` after `network` and `alloc_dir` (the socket
+///    goes in `alloc/tmp`, and is what a task in the namespace reaches Consul through) and
+///    before any task starts, as in Nomad (after group services, before `csi`); in postrun every
+///    task using the socket is dead, so it can go.
+/// 6. `csi` after `services`, as in Nomad: its prerun may wait for a claim (and the mounts),
 ///    and the tasks need its mounts, so it is the last hook of prerun; its postrun releases the
 ///    volumes in the background, once every task is dead.
-/// 6. `shutdown_delay` last: it only acts in prekill, where it waits the group's
+/// 7. `shutdown_delay` last: it only acts in prekill, where it waits the group's
 ///    `shutdown_delay` between "the alloc stops" and the first kill signal.
 pub fn init_hooks(env: HookEnv) -> Vec<Box<dyn AllocHook>> {
     let cancel = env.cancel.clone();
@@ -184,11 +192,15 @@ pub fn init_hooks(env: HookEnv) -> Vec<Box<dyn AllocHook>> {
         save: env.csi.save.clone(),
     });
     let network = NetworkHook::new(env.network.clone());
+    let socket = |endpoint| ConsulSocketHook::new(endpoint, env.consul_config.clone(), env.node.clone(), env.cancel.clone());
+    let (grpc_socket, http_socket) = (socket(ConsulEndpoint::Grpc), socket(ConsulEndpoint::Http));
     vec![
         Box::new(AllocDirHook),
         Box::new(HealthHook::new(env)),
         Box::new(network),
         Box::new(services),
+        Box::new(grpc_socket),
+        Box::new(http_socket),
         Box::new(csi),
         Box::new(ShutdownDelayHook::new(cancel)),
     ]
@@ -336,6 +348,9 @@ mod tests {
         let (_tx, rx) = watch::channel(BTreeMap::new());
         let env = services::tests::env(rx, Arc::new(services::tests::FakeRegistrar::default()));
         let names: Vec<_> = init_hooks(env).iter().map(|h| h.name()).collect();
-        assert_eq!(names, ["alloc_dir", "health", "network", "services", "csi", "shutdown_delay"]);
+        assert_eq!(
+            names,
+            ["alloc_dir", "health", "network", "services", "consul_grpc_socket", "consul_http_socket", "csi", "shutdown_delay"]
+        );
     }
 }

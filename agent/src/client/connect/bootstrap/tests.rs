@@ -4,6 +4,7 @@ fn sidecar(grpc: GrpcEndpoint) -> BootstrapParams {
     BootstrapParams {
         kind: ProxyKind::Sidecar,
         proxy_id: "_nomad-task-9f1c-group-api-count-api-9001-sidecar-proxy".into(),
+        cluster: "count-api".into(),
         service: "count-api".into(),
         namespace: String::new(),
         partition: String::new(),
@@ -20,6 +21,7 @@ fn gateway(kind: ProxyKind) -> BootstrapParams {
     BootstrapParams {
         kind,
         proxy_id: "_nomad-task-9f1c-group-gw-web-gw-connect-gw".into(),
+        cluster: "terminating-gateway".into(),
         service: "web-gw".into(),
         token: String::new(),
         stats_tags: Vec::new(),
@@ -82,6 +84,15 @@ fn an_explicit_tag_overrides_a_source_tag() {
     let s = stats_config(&p);
     let local: Vec<&Value> = s["stats_tags"].as_array().unwrap().iter().filter(|t| t["tag_name"] == "local_cluster").collect();
     assert_eq!(local, [&json!({"tag_name": "local_cluster", "fixed_value": "mine"})]);
+}
+
+#[test]
+fn a_gateway_is_its_kinds_cluster_and_the_source_tag_names_the_gateway() {
+    let b = build(&gateway(ProxyKind::Terminating));
+    assert_eq!(b["node"]["cluster"], "terminating-gateway");
+    let tags = b["stats_config"]["stats_tags"].as_array().unwrap();
+    assert!(tags.contains(&json!({"tag_name": "local_cluster", "fixed_value": "terminating-gateway"})));
+    assert!(tags.contains(&json!({"tag_name": "consul.source.service", "fixed_value": "web-gw"})));
 }
 
 #[test]

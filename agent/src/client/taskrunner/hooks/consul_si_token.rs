@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
-use super::{AsyncPrestartHook, HookError, PrestartResponse, TaskHook};
+use super::{AsyncPrestartHook, HookError, HookRequest, PrestartResponse, TaskHook};
 use crate::fs_beneath::{Beneath, FsError, Links};
 
 /// The hook's name (part of the on-disk hook state format).
@@ -159,7 +159,7 @@ impl TaskHook for ConsulSiTokenHook {
 }
 
 impl AsyncPrestartHook for ConsulSiTokenHook {
-    fn prestart(&self) -> BoxFuture<'_, Result<PrestartResponse, HookError>> {
+    fn prestart<'a>(&'a self, _req: &'a HookRequest<'a>) -> BoxFuture<'a, Result<PrestartResponse, HookError>> {
         Box::pin(async move {
             let failed = |e: FsError| HookError::recoverable(format!("failed to recover SI token: {e}"));
             let task_dir = self.task_dir().map_err(failed)?;
@@ -218,6 +218,14 @@ mod tests {
         (dir, alloc_dir)
     }
 
+    /// Runs the hook's prestart with a request it does not read.
+    async fn prestart(hook: &ConsulSiTokenHook) -> Result<PrestartResponse, HookError> {
+        let (alloc, task, config) =
+            (nomad_proto::Allocation::default(), nomad_proto::Task::default(), super::super::tests_support::config());
+        let req = HookRequest { alloc: &alloc, task: &task, config: &config, driver: None, secrets_tmpfs: false, previous: None };
+        AsyncPrestartHook::prestart(hook, &req).await
+    }
+
     fn fast() -> Backoff {
         Backoff { baseline: Duration::from_millis(5), limit: Duration::from_millis(20), timeout: Duration::from_secs(20) }
     }
@@ -236,7 +244,7 @@ mod tests {
         let (_d, alloc_dir) = fixture();
         let servers = Scripted::new(vec![Err(DeriveError::Unreachable("no servers known".into())), token("secret-1")]);
         let hook = ConsulSiTokenHook::new(servers.clone(), "a1", "sidecar", alloc_dir.clone(), fast());
-        AsyncPrestartHook::prestart(&hook).await.unwrap();
+        prestart(&hook).await.unwrap();
         let path = alloc_dir.join("sidecar/secrets/si_token");
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "secret-1");
         assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o7777, 0o440);
@@ -244,7 +252,7 @@ mod tests {
 
         // A restart (of the task, or of the agent: a new hook) finds the file: no new token.
         let again = ConsulSiTokenHook::new(servers.clone(), "a1", "sidecar", alloc_dir.clone(), fast());
-        AsyncPrestartHook::prestart(&again).await.unwrap();
+        prestart(&again).await.unwrap();
         assert_eq!(servers.calls(), 2);
         assert_eq!(read_token(&Beneath::open(&alloc_dir.join("sidecar")).unwrap()).unwrap().as_deref(), Some("secret-1"));
     }
@@ -256,7 +264,7 @@ mod tests {
             "Requested Consul Service Identity tokens for tasks that are not Connect enabled: sidecar".into(),
         ))]);
         let hook = ConsulSiTokenHook::new(servers.clone(), "a1", "sidecar", alloc_dir.clone(), fast());
-        let err = AsyncPrestartHook::prestart(&hook).await.unwrap_err();
+        let err = prestart(&hook).await.unwrap_err();
         assert!(!err.recoverable);
         assert_eq!(
             err.message,
@@ -275,7 +283,7 @@ mod tests {
         std::os::unix::fs::symlink(&victim, alloc_dir.join("sidecar/secrets/si_token")).unwrap();
         let servers = Scripted::new(vec![token("secret-1")]);
         let hook = ConsulSiTokenHook::new(servers.clone(), "a1", "sidecar", alloc_dir.clone(), fast());
-        assert!(AsyncPrestartHook::prestart(&hook).await.is_err());
+        assert!(prestart(&hook).await.is_err());
         assert_eq!(std::fs::read(&victim).unwrap(), b"host file", "never written through");
         assert_eq!(servers.calls(), 0, "nothing asked for a dir the agent cannot trust");
     }
@@ -287,7 +295,7 @@ mod tests {
         let backoff =
             Backoff { baseline: Duration::from_millis(10), limit: Duration::from_millis(30), timeout: Duration::from_millis(400) };
         let hook = ConsulSiTokenHook::new(servers.clone(), "a1", "sidecar", alloc_dir, backoff);
-        let err = AsyncPrestartHook::prestart(&hook).await.unwrap_err();
+        let err = prestart(&hook).await.unwrap_err();
         assert_eq!(err.message, "failed to derive SI token: no server answered within 400ms");
         assert!(!err.recoverable);
         assert!(servers.calls() >= 3, "retried until the timeout: {}", servers.calls());

@@ -9,14 +9,17 @@
 //! - **stop**, once the task is dead for good. Every hook runs. Must be idempotent; may run
 //!   without prestart having run (a task killed before it started).
 //!
-//! Hooks do short, blocking file-system work. The one exception talks to the servers and may
-//! wait minutes (`consul_si_token`): it implements the prestart phase as [`AsyncPrestartHook`],
-//! which the runner awaits and abandons when the task is killed or the agent shuts down.
+//! Hooks do short, blocking file-system work. The exceptions talk to the servers or to Consul and
+//! may wait minutes (`consul_si_token`, `envoy_version`, `envoy_bootstrap`): they implement the
+//! prestart phase as [`AsyncPrestartHook`], which the runner awaits and abandons when the task is
+//! killed or the agent shuts down.
 
 pub mod consul_si_token;
 pub mod csi_plugin_supervisor;
 mod dispatch_payload;
 mod dns;
+pub mod envoy_bootstrap;
+pub mod envoy_version;
 mod task_dir;
 mod validate;
 mod volumes;
@@ -29,6 +32,8 @@ pub use consul_si_token::ConsulSiTokenHook;
 pub use csi_plugin_supervisor::CsiPluginSupervisorHook;
 pub use dispatch_payload::DispatchPayloadHook;
 pub use dns::{DnsHook, dns_mount};
+pub use envoy_bootstrap::{EnvoyBootstrapDeps, EnvoyBootstrapHook};
+pub use envoy_version::EnvoyVersionHook;
 pub use task_dir::{TaskDirHook, mount_secrets_tmpfs};
 pub use validate::ValidateHook;
 pub use volumes::{VolumesHook, volume_mounts};
@@ -84,6 +89,12 @@ impl HookError {
     pub fn recoverable(message: impl Into<String>) -> HookError {
         HookError { message: message.into(), recoverable: true, event: None }
     }
+
+    /// Recorded as Nomad records a failed hook: a `Task hook failed` event naming the hook.
+    pub fn as_hook_event(mut self, hook: &str) -> HookError {
+        self.event = Some(Box::new(crate::client::taskrunner::events::hook_failed(hook, &self.message, !self.recoverable)));
+        self
+    }
 }
 
 /// A task hook: its name, and the phases it implements.
@@ -118,11 +129,11 @@ pub trait PrestartHook {
     fn prestart(&self, req: &HookRequest<'_>) -> Result<PrestartResponse, HookError>;
 }
 
-/// Runs before each start of the task, and may wait (on the servers). Gets what it needs at
-/// construction; the runner drops the future when the task is killed or the agent shuts down.
+/// Runs before each start of the task, and may wait (on the servers, on Consul). The runner
+/// drops the future when the task is killed or the agent shuts down.
 pub trait AsyncPrestartHook: Send + Sync {
     /// Prepares the task. An error stops the prestart phase.
-    fn prestart(&self) -> futures::future::BoxFuture<'_, Result<PrestartResponse, HookError>>;
+    fn prestart<'a>(&'a self, req: &'a HookRequest<'a>) -> futures::future::BoxFuture<'a, Result<PrestartResponse, HookError>>;
 }
 
 /// Runs after the task started.
@@ -158,13 +169,18 @@ pub trait StopHook {
 ///    condition): it writes `secrets/si_token`, so it needs `task_dir`; it comes after the
 ///    local file work so a task that cannot be set up fails before the servers are asked for a
 ///    token. In Nomad it also comes before the Envoy bootstrap, which reads the token.
-/// 7. `csi_plugin_supervisor` (given for a task with `csi_plugin`) last: its poststart probes
+/// 7. `envoy_version` then `envoy_bootstrap` (given for a Connect sidecar or gateway task), as in
+///    Nomad: after `consul_si_token`, because the bootstrap carries the SI token it wrote, and
+///    after `task_dir` (the bootstrap goes in `secrets/`); last of the local work since both
+///    may wait on Consul (the bootstrap until the services sync registered the proxy).
+/// 8. `csi_plugin_supervisor` (given for a task with `csi_plugin`) last: its poststart probes
 ///    the started plugin, and nothing after it depends on it.
 pub fn init_hooks(
     task: &Task,
     csi_supervisor: Option<CsiPluginSupervisorHook>,
     csi_mounts: crate::client::allocrunner::hooks::CsiMounts,
     si_token: Option<ConsulSiTokenHook>,
+    envoy: Option<EnvoyHooks>,
 ) -> Vec<Box<dyn TaskHook>> {
     let mut hooks: Vec<Box<dyn TaskHook>> = vec![Box::new(ValidateHook), Box::new(TaskDirHook), Box::new(DnsHook::new())];
     if task.dispatch_payload.is_some() {
@@ -176,10 +192,22 @@ pub fn init_hooks(
     if let Some(h) = si_token {
         hooks.push(Box::new(h));
     }
+    if let Some(h) = envoy {
+        hooks.push(Box::new(h.version));
+        hooks.push(Box::new(h.bootstrap));
+    }
     if let Some(h) = csi_supervisor {
         hooks.push(Box::new(h));
     }
     hooks
+}
+
+/// The two hooks of an Envoy task (a Connect sidecar or gateway).
+pub struct EnvoyHooks {
+    /// Resolves `${NOMAD_envoy_version}` in its image.
+    pub version: EnvoyVersionHook,
+    /// Writes its bootstrap.
+    pub bootstrap: EnvoyBootstrapHook,
 }
 
 /// Why the prestart phase ended early.
@@ -212,7 +240,7 @@ pub async fn run_prestart(
             phase.prestart(&req)
         } else if let Some(phase) = hook.prestart_async() {
             tokio::select! {
-                r = phase.prestart() => r,
+                r = phase.prestart(&req) => r,
                 _ = &mut cancel => return Err(PrestartError::Cancelled),
             }
         } else {
@@ -346,10 +374,23 @@ mod tests {
 
     #[test]
     fn the_hook_list_is_fixed_plus_conditional_hooks() {
-        let names = |t: &Task| init_hooks(t, None, Default::default(), None).iter().map(|h| h.name()).collect::<Vec<_>>();
+        let names = |t: &Task| init_hooks(t, None, Default::default(), None, None).iter().map(|h| h.name()).collect::<Vec<_>>();
         assert_eq!(names(&Task::default()), ["validate", "task_dir", "dns"]);
         let t = Task { dispatch_payload: Some(serde_json::json!({"File": "in.txt"})), ..Task::default() };
         assert_eq!(names(&t), ["validate", "task_dir", "dns", "dispatch_payload"]);
+        let envoy = EnvoyHooks {
+            version: EnvoyVersionHook::new(None),
+            bootstrap: EnvoyBootstrapHook::new(EnvoyBootstrapDeps {
+                consul: None,
+                agent_namespace: String::new(),
+                node: std::sync::Arc::new(|| std::sync::Arc::new(nomad_proto::Node::default())),
+                region: "global".into(),
+                retry: Default::default(),
+            }),
+        };
+        let sidecar = Task { kind: "connect-proxy:web".into(), ..Task::default() };
+        let names: Vec<_> = init_hooks(&sidecar, None, Default::default(), None, Some(envoy)).iter().map(|h| h.name()).collect();
+        assert_eq!(names, ["validate", "task_dir", "dns", "envoy_version", "envoy_bootstrap"]);
     }
 }
 

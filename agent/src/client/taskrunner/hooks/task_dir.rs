@@ -1,7 +1,9 @@
 //! `task_dir`: builds `<alloc_dir>/<task>/{local,secrets,tmp}`. `secrets` is a 1 MiB tmpfs with
 //! mode 0700, `noexec,nosuid,nodev` where the agent may mount (root on Linux), else a plain
-//! 0700 directory. Done once per task: a restarted task or agent keeps the directory (and what
-//! the task left in `local/`).
+//! 0700 directory. An exec task runs as its own user (`nobody` by default), so, as root, the
+//! agent gives that user the secrets dir (still 0700): the task reads what hooks write there, its
+//! Envoy bootstrap say (Nomad makes the dir 0777 and gives it to `nobody`). Done once per task: a
+//! restarted task or agent keeps the directory (and what the task left in `local/`).
 //!
 //! Everything is made beneath the alloc dir through `fs_beneath`: the task name must be one
 //! plain name (a task named `..` would otherwise make the alloc root its task dir), no directory
@@ -59,6 +61,16 @@ fn setup_error(e: FsError) -> HookError {
     HookError::recoverable(e.to_string())
 }
 
+/// The user and group an exec task runs as, when the agent may give them its secrets dir (it is
+/// root). A user the host does not know is left to the driver to report.
+fn exec_owner(task: &nomad_proto::Task) -> Option<(nix::unistd::Uid, nix::unistd::Gid)> {
+    if task.driver != "exec" || !nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    let name = if task.user.is_empty() { crate::client::driver::exec::DEFAULT_USER } else { task.user.as_str() };
+    nix::unistd::User::from_name(name).ok().flatten().map(|u| (u.uid, u.gid))
+}
+
 impl PrestartHook for TaskDirHook {
     fn prestart(&self, req: &HookRequest<'_>) -> Result<PrestartResponse, HookError> {
         let c = req.config;
@@ -70,6 +82,12 @@ impl PrestartHook for TaskDirHook {
         task_dir.create_dir_all(Path::new("tmp"), 0o1777).map_err(setup_error)?;
         let secrets = task_dir.create_dir_all(Path::new("secrets"), 0o700).map_err(setup_error)?;
         let tmpfs = req.secrets_tmpfs && nix::unistd::geteuid().is_root() && mount_secrets_tmpfs(&task_dir, &secrets);
+        if let Some((uid, gid)) = exec_owner(req.task) {
+            // Opened again: after the mount, the tmpfs root is the directory to give.
+            let secrets = task_dir.open_dir(Path::new("secrets"), Links::Refuse).map_err(setup_error)?;
+            nix::unistd::fchown(&secrets, Some(uid), Some(gid))
+                .map_err(|e| HookError::recoverable(format!("chown {}: {e}", secrets.path().display())))?;
+        }
         let mut resp = PrestartResponse { done: true, events: vec![events::task_setup()], ..PrestartResponse::default() };
         resp.data.insert("secrets_tmpfs".into(), tmpfs.to_string());
         Ok(resp)
@@ -168,5 +186,26 @@ mod tests {
         let line = line.expect("the tmpfs is in /proc/self/mounts");
         assert!(line.contains("tmpfs") && line.contains("noexec"), "{line}");
         assert_eq!(mode, 0o700);
+    }
+
+    #[test]
+    fn an_exec_tasks_user_owns_its_secrets_dir() {
+        use std::os::unix::fs::MetadataExt;
+        nomad_testkit::require_prereqs!(nomad_testkit::Prereq::Root); // to chown
+        let nobody = nix::unistd::User::from_name("nobody").unwrap().expect("the host has nobody");
+        let alloc = nomad_proto::Allocation::default();
+        for (driver, tmpfs, owner) in [("exec", true, nobody.uid.as_raw()), ("exec", false, nobody.uid.as_raw()), ("raw_exec", false, 0)] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut config = super::super::tests_support::config();
+            config.alloc_dir = dir.path().to_path_buf();
+            let task = nomad_proto::Task { driver: driver.into(), ..nomad_proto::Task::default() };
+            let req = HookRequest { alloc: &alloc, task: &task, config: &config, driver: None, secrets_tmpfs: tmpfs, previous: None };
+            let resp = PrestartHook::prestart(&TaskDirHook, &req).unwrap();
+            let meta = fs::metadata(config.secrets_dir()).unwrap();
+            if resp.data["secrets_tmpfs"] == "true" {
+                nix::mount::umount2(&config.secrets_dir(), nix::mount::MntFlags::MNT_DETACH).unwrap();
+            }
+            assert_eq!((meta.uid(), meta.mode() & 0o7777), (owner, 0o700), "{driver} tmpfs={tmpfs}");
+        }
     }
 }

@@ -119,6 +119,7 @@ pub(crate) fn env(task_states: watch::Receiver<BTreeMap<String, TaskState>>, reg
             crate::config::CniSettings::default(),
             std::path::Path::new("/nonexistent"),
         )),
+        consul_config: None,
     }
 }
 
