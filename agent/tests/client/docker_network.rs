@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use nomad_agent::client::Client;
 use nomad_agent::client::driver::docker::DockerOptions;
 use nomad_agent::client::driver::{DriverOptions, DriverRegistry};
-use nomad_proto::job::JobType;
-use nomad_proto::resources::NetworkResource;
 use nomad_proto::Task;
 use nomad_proto::alloc::task_state;
+use nomad_proto::job::JobType;
+use nomad_proto::resources::NetworkResource;
 use nomad_testkit::Prereq;
 use serde_json::json;
 
@@ -63,9 +63,8 @@ fn netns_inode(path: &Path) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_network_with_a_docker_task_is_its_infra_containers_namespace_shared_and_removed_with_the_alloc() {
     nomad_testkit::require_prereqs!(Prereq::Root, Prereq::Docker, Prereq::Busybox);
-    let (busybox, pause) = tokio::task::spawn_blocking(|| (nomad_testkit::docker::busybox_image(), nomad_testkit::docker::pause_image()))
-        .await
-        .unwrap();
+    let (busybox, pause) =
+        tokio::task::spawn_blocking(|| (nomad_testkit::docker::busybox_image(), nomad_testkit::docker::pause_image())).await.unwrap();
     let server = TestServer::start().await;
     let root = tempfile::tempdir().unwrap();
     let client = docker_client(root.path(), &server, pause).await;
@@ -105,7 +104,9 @@ async fn a_missing_infra_image_fails_the_alloc_with_an_event_naming_it() {
     let state = wait_for("the task to fail", || server.task_state(&id, "web").filter(|s| s.state == task_state::DEAD)).await;
     assert!(state.failed, "{state:?}");
     let event = state.events.iter().find(|e| e.event_type == "Setup Failure").expect("a setup failure event");
-    let expected = format!("failed to setup alloc: failed to create network for alloc: Failed to pull `{absent}`: image not found locally and no registry reachable");
+    let expected = format!(
+        "failed to setup alloc: failed to create network for alloc: Failed to pull `{absent}`: image not found locally and no registry reachable"
+    );
     assert!(event.display_message.starts_with(&expected), "{}", event.display_message);
     wait_until("the alloc's network is cleaned up", || !Path::new("/var/run/netns").join(&id).exists()).await;
     assert_eq!(containers_of(&id), Vec::<String>::new());

@@ -180,7 +180,9 @@ mod relay {
             .query()
             .unwrap_or("")
             .split('&')
-            .filter(|p| !p.is_empty() && !(hop == Hop::Node && p.split('=').next() == Some("ws_handshake")))
+            .filter(|p| !p.is_empty())
+            // Towards the node the handshake is this agent's to read.
+            .filter(|p| hop == Hop::Server || p.split('=').next() != Some("ws_handshake"))
             .collect();
         if pairs.is_empty() { path.to_string() } else { format!("{path}?{}", pairs.join("&")) }
     }
