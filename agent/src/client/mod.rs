@@ -236,6 +236,7 @@ impl Client {
         let consul_services =
             consul.as_ref().map(|api| ConsulServices::new(api.clone(), config.consul_sync_interval, config.consul_deregister_probation));
         let consul_checks = consul.as_ref().map(|api| consul::checks::CheckWatcher::new(api.clone(), consul::checks::POLL_PERIOD));
+        let netns_maker = drivers.netns_maker();
         let ctx = Arc::new(ClientContext {
             state: state.clone(),
             drivers,
@@ -263,7 +264,7 @@ impl Client {
             consul_config: config.consul.clone(),
             consul_api: consul.clone(),
             envoy_retry: Default::default(),
-            network: Arc::new(network::CniNetworks::new(s.cni.clone(), &s.state_dir)),
+            network: Arc::new(network::CniNetworks::new(s.cni.clone(), &s.state_dir).with_maker(netns_maker)),
         });
         let inner = Arc::new(ClientInner {
             servers,

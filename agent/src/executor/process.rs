@@ -147,6 +147,29 @@ pub fn parse_signal(name: &str) -> Option<Signal> {
     full.parse().ok()
 }
 
+/// `pid` and its descendants, from one pass over `/proc/*/stat`.
+pub fn process_tree(pid: i32) -> Vec<i32> {
+    let mut children: std::collections::HashMap<i32, Vec<i32>> = std::collections::HashMap::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(child) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        // Field 4 (ppid) follows the command name, which may hold spaces and parentheses.
+        let Some(after_name) = stat.rfind(')').map(|i| &stat[i + 1..]) else { continue };
+        if let Some(parent) = after_name.split_whitespace().nth(1).and_then(|p| p.parse().ok()) {
+            children.entry(parent).or_default().push(child);
+        }
+    }
+    let mut tree = vec![pid];
+    let mut next = 0;
+    while next < tree.len() {
+        if let Some(kids) = children.get(&tree[next]) {
+            tree.extend(kids);
+        }
+        next += 1;
+    }
+    tree
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

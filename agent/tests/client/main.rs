@@ -8,6 +8,7 @@ mod consul;
 mod consul_services;
 mod consul_si;
 mod dns;
+mod docker_network;
 mod escape;
 mod http;
 mod operator;

@@ -1,8 +1,9 @@
 //! Operator access to running tasks through the client's HTTP API: `alloc fs` (path escapes
 //! refused, offsets honoured), `alloc signal` delivery, `alloc exec` over the websocket with and
-//! without a TTY (raw_exec; exec as root), host stats and client GC.
+//! without a TTY (raw_exec; exec as root; docker on the real Engine), host stats and client GC.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
@@ -250,6 +251,83 @@ async fn alloc_exec_runs_commands_inside_an_exec_task_with_and_without_a_tty() {
     let mut ws = exec_ws(&r.addr, &r.id, "t", &["/bin/sh", "-c", "cat /proc/1/cmdline | tr '\\0' ' '"], false).await;
     let (out, code) = read_until(&mut ws, "").await;
     assert_eq!((out.trim(), code), ("/bin/sleep 300", Some(0)));
+    r.client.shutdown_destroying_allocs().await;
+}
+
+/// The locator of a server that knows where some allocs run.
+struct Fixed(Vec<(String, String)>);
+impl nomad_agent::client::http::AllocLocator for Fixed {
+    fn node_http_addr(&self, alloc_id: &str) -> Option<String> {
+        self.0.iter().find(|(id, _)| id == alloc_id).map(|(_, addr)| addr.clone())
+    }
+}
+
+/// `alloc exec` reaching an agent that does not run the alloc (a server) is relayed to the
+/// alloc's node: sessions behave as they do there, a handshake is read by the relay, and what
+/// the node refuses comes back as it said it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alloc_exec_is_relayed_from_an_agent_that_does_not_run_the_alloc() {
+    let r = running(sh_task("t", "sleep 300")).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let relay = listener.local_addr().unwrap().to_string();
+    // `ghost` is an alloc the servers place on the node, which does not run it.
+    let locator = Arc::new(Fixed(vec![(r.id.clone(), r.addr.clone()), ("ghost".into(), r.addr.clone())]));
+    let app = router(ClientHttp { client: None, locator: Some(locator), own_addr: relay.clone() });
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    exec_sessions_work(&relay, &r.id).await;
+
+    // With a handshake: the relay reads it; the node never sees one.
+    let cmd = serde_json::to_string(&["/bin/sh", "-c", "echo via-relay; exit 5"]).unwrap();
+    let url = format!("ws://{relay}/v1/client/allocation/{}/exec?task=t&ws_handshake=true&command={}", r.id, enc(&cmd));
+    let (mut ws, _) = tokio_tungstenite::client_async(url.clone(), tokio::net::TcpStream::connect(&relay).await.unwrap()).await.unwrap();
+    send(&mut ws, json!({"version": 1, "auth_token": "secret"})).await;
+    let (out, code) = read_until(&mut ws, "").await;
+    assert_eq!((out.as_str(), code), ("via-relay\n", Some(5)));
+    let (mut ws, _) = tokio_tungstenite::client_async(url, tokio::net::TcpStream::connect(&relay).await.unwrap()).await.unwrap();
+    send(&mut ws, json!({"version": 2})).await;
+    match tokio::time::timeout(crate::support::DEADLINE, ws.next()).await.unwrap() {
+        Some(Ok(Message::Close(Some(frame)))) => assert_eq!(frame.reason.as_str(), "unexpected handshake value: 2"),
+        other => panic!("expected a close frame, got {other:?}"),
+    }
+
+    // Refusals come over HTTP, before any upgrade: the relay's own, and the node's as it said it.
+    for alloc in ["nope", "ghost"] {
+        let url = format!("ws://{relay}/v1/client/allocation/{alloc}/exec?task=t&command=%5B%22true%22%5D");
+        let refused = tokio_tungstenite::client_async(url, tokio::net::TcpStream::connect(&relay).await.unwrap()).await.unwrap_err();
+        let tokio_tungstenite::tungstenite::Error::Http(resp) = refused else { panic!("{refused:?}") };
+        let body = String::from_utf8_lossy(resp.body().as_deref().unwrap_or_default()).into_owned();
+        assert_eq!((resp.status().as_u16(), body), (404, format!("Unknown allocation \"{alloc}\"")));
+    }
+    r.client.shutdown_destroying_allocs().await;
+}
+
+/// Removes a container by name when the test ends, whatever happened.
+struct RemoveContainer(String);
+impl Drop for RemoveContainer {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("docker").args(["rm", "-f", &self.0]).output();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alloc_exec_runs_commands_inside_a_docker_task_with_and_without_a_tty() {
+    use nomad_testkit::Prereq;
+    nomad_testkit::require_prereqs!(Prereq::Root, Prereq::Docker, Prereq::Busybox);
+    let image = tokio::task::spawn_blocking(nomad_testkit::docker::busybox_image).await.unwrap();
+    let mut t = Task { name: "t".into(), driver: "docker".into(), ..Task::default() };
+    t.config.insert("image".into(), json!(image));
+    t.config.insert("command".into(), json!("sleep"));
+    t.config.insert("args".into(), json!(["300"]));
+    t.resources.cpu = 100;
+    t.resources.memory_mb = 64;
+    let r = running(t).await;
+    let _container = RemoveContainer(format!("t-{}", r.id));
+    exec_sessions_work(&r.addr, &r.id).await;
+    // Inside the container: its PID 1 is the task's sleep.
+    let mut ws = exec_ws(&r.addr, &r.id, "t", &["/bin/sh", "-c", "cat /proc/1/cmdline | tr '\\0' ' '"], false).await;
+    let (out, code) = read_until(&mut ws, "").await;
+    assert_eq!((out.trim(), code), ("sleep 300", Some(0)));
     r.client.shutdown_destroying_allocs().await;
 }
 

@@ -1,6 +1,8 @@
 //! docker driver against the real Engine: run, ports, logs, exit codes, OOM, stop signal,
-//! restore, removal behind our back, missing images, image GC, dangling containers, health.
-//! Images are imported from a busybox rootfs (`scripts/make-busybox-rootfs`): no registry.
+//! restore, removal behind our back, missing images, image GC, dangling containers, health,
+//! commands in a container (script checks and `alloc exec`), the infra container of a group
+//! network. Images are imported from a busybox rootfs (`scripts/make-busybox-rootfs`): no
+//! registry.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -11,12 +13,14 @@ use bollard::Docker;
 use bollard::query_parameters::CreateImageOptions;
 use futures::StreamExt;
 use nix::sys::signal::Signal;
-use nomad_agent::client::driver::docker::{DockerDriver, DockerOptions, container, reaper};
-use nomad_agent::client::driver::{Driver, DriverError, DriverState, Recovered, TaskConfig, TaskHandle};
+use nomad_agent::client::driver::docker::{DockerDriver, DockerOptions, container, network, reaper};
+use nomad_agent::client::driver::{
+    CHECK_BUF_SIZE, Driver, DriverError, DriverState, ExecInput, ExecOutputChunk, ExecSession, Recovered, TaskConfig, TaskHandle,
+};
+use nomad_agent::client::network::NetnsMaker;
+use nomad_agent::client::network::netns;
 use nomad_testkit::Prereq;
 use serde_json::json;
-use sha2::{Digest, Sha256};
-use tokio::sync::OnceCell;
 
 use crate::support::{log, task, wait_for_output, wait_until};
 
@@ -54,23 +58,9 @@ async fn import(docker: &Docker, repo: &str, tag: &str, tar: Vec<u8>) {
     }
 }
 
-/// The shared test image: busybox under a tag named after its content, imported once per test
-/// process; concurrent processes import the same content under the same name, so it is safe to
-/// share and is left in place.
+/// The shared test image (see `nomad_testkit::docker`).
 async fn busybox_image() -> &'static str {
-    static IMAGE: OnceCell<String> = OnceCell::const_new();
-    IMAGE
-        .get_or_init(|| async {
-            let tar = rootfs_tar(&[]);
-            let digest = hex(&Sha256::digest(&tar))[..16].to_string();
-            let name = format!("nomad-rs-test/busybox:{digest}");
-            let docker = docker();
-            if docker.inspect_image(&name).await.is_err() {
-                import(&docker, "nomad-rs-test/busybox", &digest, tar).await;
-            }
-            name
-        })
-        .await
+    tokio::task::spawn_blocking(nomad_testkit::docker::busybox_image).await.unwrap()
 }
 
 /// Polls the async `f` until it returns `Some`, up to the testkit's deadline.
@@ -83,10 +73,6 @@ async fn wait_for_async<T, F: std::future::Future<Output = Option<T>>>(what: &st
         assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Options for tests: dangling reaping off (the reaper is tested by itself).
@@ -400,13 +386,18 @@ async fn a_dangling_container_of_this_agent_is_reaped_and_a_tracked_one_is_kept(
         docker.start_container(&id, None).await.unwrap();
         ids.push(id);
     }
-    let tracked = std::sync::Mutex::new([ids[1].clone()].into_iter().collect());
-    let reaped = reaper::reap_once(&docker, &root, &tracked, Duration::ZERO, false).await.unwrap();
+    let scope = reaper::Scope {
+        alloc_root: root.clone(),
+        tracked: Arc::new(std::sync::Mutex::new([ids[1].clone()].into_iter().collect())),
+        netns_dir: PathBuf::from("/nonexistent"),
+    };
+    let reaped = reaper::reap_once(&docker, &scope, Duration::ZERO, false).await.unwrap();
     assert_eq!(reaped, vec![ids[0].clone()]);
     assert!(docker.inspect_container(&ids[0], None).await.is_err());
     assert!(docker.inspect_container(&ids[1], None).await.is_ok());
     // Another agent's alloc root: not ours to reap.
-    let none = reaper::reap_once(&docker, "/some/other/root", &std::sync::Mutex::default(), Duration::ZERO, false).await.unwrap();
+    let other = reaper::Scope { alloc_root: "/some/other/root".into(), tracked: Arc::default(), netns_dir: PathBuf::from("/nonexistent") };
+    let none = reaper::reap_once(&docker, &other, Duration::ZERO, false).await.unwrap();
     assert!(!none.contains(&ids[1]));
 }
 
@@ -474,4 +465,230 @@ async fn the_fingerprint_is_undetected_without_an_engine_and_goes_unhealthy_and_
     let back = d.fingerprint().await;
     assert!(back.detected && back.healthy, "{back:?}");
     proxy.stop();
+}
+
+/// Runs `sh -c script` in the task with a 20 s timeout; its exit code and output.
+async fn sh(d: &DockerDriver, handle: &TaskHandle, script: &str) -> (i32, String) {
+    let out = d.exec_task(handle, "/bin/sh", &["-c".to_string(), script.to_string()], Duration::from_secs(20)).await.unwrap();
+    (out.exit_code, String::from_utf8_lossy(&out.output).into_owned())
+}
+
+/// Waits until no process in the task's container has `needle` in its command line.
+async fn wait_gone(d: &DockerDriver, handle: &TaskHandle, needle: &str) {
+    let script = format!("ps -o args | grep -v grep | grep -c '{needle}' || true");
+    let mut last = String::new();
+    let gone = tokio::time::timeout(nomad_testkit::wait::DEADLINE, async {
+        loop {
+            last = sh(d, handle, &script).await.1;
+            if last.trim() == "0" {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(gone.is_ok(), "{needle:?} still runs in the container: {last}");
+}
+
+#[tokio::test]
+async fn exec_task_runs_in_the_container_keeps_the_tail_and_kills_at_the_timeout() {
+    require_docker!();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut t, _cleanup) =
+        docker_task(dir.path(), "checked", json!({"command": "sh", "args": ["-c", "echo ready; sleep 600; echo never"]})).await;
+    t.env.insert("TASK_VAR".into(), "from-task".into());
+    let d = driver(test_options());
+    let handle = d.start(&t).await.unwrap();
+    wait_for_output(&t, "ready").await;
+
+    // In the container: its PID 1 is the task, its environment the task's; stderr is kept.
+    let (code, text) = sh(&d, &handle, "echo pid1=$(cat /proc/1/cmdline | tr '\\0' ' '); echo var=$TASK_VAR; echo err >&2; exit 3").await;
+    assert_eq!(code, 3, "{text}");
+    assert!(text.contains("pid1=sh -c echo ready; sleep 600; echo never"), "{text}");
+    assert!(text.contains("var=from-task\n") && text.contains("err\n"), "{text}");
+
+    // The last 4 KiB only.
+    let (code, text) = sh(&d, &handle, "head -c 10000 /dev/zero | tr '\\0' a; echo; echo tail").await;
+    assert_eq!((code, text.len()), (0, CHECK_BUF_SIZE));
+    assert!(text.ends_with("a\ntail\n"), "{:?}", &text[text.len() - 20..]);
+
+    // A command the container does not have: the Engine's exit code for it.
+    let out = d.exec_task(&handle, "no-such-command", &[], Duration::from_secs(20)).await.unwrap();
+    assert!(matches!(out.exit_code, 126 | 127), "{out:?}");
+
+    // Past the timeout the command is killed, children included.
+    let err = d.exec_task(&handle, "/bin/sh", &["-c".into(), "sleep 31 & sleep 32".into()], Duration::from_millis(500)).await.unwrap_err();
+    assert!(matches!(err, DriverError::ExecTimedOut(_)), "{err}");
+    wait_gone(&d, &handle, "sleep 3[12]").await;
+
+    d.stop(&handle, Signal::SIGKILL, Duration::from_secs(5)).await.unwrap();
+    d.wait(&handle).await.unwrap();
+    let err = d.exec_task(&handle, "true", &[], Duration::from_secs(5)).await.unwrap_err();
+    assert!(err.to_string().contains("task \"checked\" is not running"), "{err}");
+    d.destroy(&handle).await.unwrap();
+}
+
+/// What a session wrote until `done` holds of it (stdout, stderr, closed markers seen).
+async fn read_session(s: &mut ExecSession, done: impl Fn(&str, &str, usize) -> bool) -> (String, String, usize) {
+    let (mut out, mut err, mut closed) = (String::new(), String::new(), 0);
+    let read = tokio::time::timeout(nomad_testkit::wait::DEADLINE, async {
+        while !done(&out, &err, closed) {
+            match s.output.recv().await {
+                Some(ExecOutputChunk::Stdout(d)) => out.push_str(&String::from_utf8_lossy(&d)),
+                Some(ExecOutputChunk::Stderr(d)) => err.push_str(&String::from_utf8_lossy(&d)),
+                Some(ExecOutputChunk::StdoutClosed | ExecOutputChunk::StderrClosed) => closed += 1,
+                None => return,
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok() && done(&out, &err, closed), "stdout {out:?} stderr {err:?} closed {closed}");
+    (out, err, closed)
+}
+
+async fn exit_of(s: &mut ExecSession) -> i32 {
+    tokio::time::timeout(nomad_testkit::wait::DEADLINE, &mut s.exit).await.unwrap().unwrap().unwrap()
+}
+
+#[tokio::test]
+async fn exec_streaming_attaches_stdin_and_a_tty_that_follows_resizes_and_ends_with_its_session() {
+    require_docker!();
+    let dir = tempfile::tempdir().unwrap();
+    let (t, _cleanup) = docker_task(dir.path(), "shell", json!({"command": "sleep", "args": ["600"]})).await;
+    let d = driver(test_options());
+    let handle = d.start(&t).await.unwrap();
+    let args = |script: &str| vec!["-c".to_string(), script.to_string()];
+
+    // Pipes: stdin in, stdout and stderr apart, both ends marked, then the exit code.
+    let mut s = d.exec_streaming(&handle, "/bin/sh", &args("read x; echo got-$x; echo oops >&2; exit 3"), false, None).await.unwrap();
+    s.input.send(ExecInput::Stdin(b"hello\n".to_vec())).await.unwrap();
+    let (out, err, _) = read_session(&mut s, |_, _, closed| closed == 2).await;
+    assert_eq!((out.as_str(), err.as_str()), ("got-hello\n", "oops\n"));
+    assert_eq!(exit_of(&mut s).await, 3);
+
+    // The end of stdin reaches the command.
+    let mut s = d.exec_streaming(&handle, "/bin/cat", &[], false, None).await.unwrap();
+    s.input.send(ExecInput::Stdin(b"abc".to_vec())).await.unwrap();
+    s.input.send(ExecInput::CloseStdin).await.unwrap();
+    let (out, _, _) = read_session(&mut s, |_, _, closed| closed == 2).await;
+    assert_eq!((out.as_str(), exit_of(&mut s).await), ("abc", 0));
+
+    // A terminal of the size asked, resized in order with the input.
+    let script = "tty -s && echo on-a-tty; read x; stty size; read y; stty size; exit 4";
+    let mut s = d.exec_streaming(&handle, "/bin/sh", &args(script), true, Some((24, 80))).await.unwrap();
+    read_session(&mut s, |out, _, _| out.contains("on-a-tty")).await;
+    s.input.send(ExecInput::Stdin(b"a\r".to_vec())).await.unwrap();
+    read_session(&mut s, |out, _, _| out.contains("24 80")).await;
+    s.input.send(ExecInput::Resize { height: 50, width: 132 }).await.unwrap();
+    s.input.send(ExecInput::Stdin(b"b\r".to_vec())).await.unwrap();
+    read_session(&mut s, |out, _, _| out.contains("50 132")).await;
+    assert_eq!(exit_of(&mut s).await, 4);
+
+    // A session dropped while its command runs takes the command with it.
+    let mut s = d.exec_streaming(&handle, "/bin/sh", &args("echo started; sleep 33"), false, None).await.unwrap();
+    read_session(&mut s, |out, _, _| out.contains("started")).await;
+    drop(s);
+    wait_gone(&d, &handle, "sleep 33").await;
+    d.destroy(&handle).await.unwrap();
+}
+
+fn inode(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).unwrap().ino()
+}
+
+/// An alloc of a group with a docker task, as the network manager hands it to the maker.
+fn docker_group_alloc(alloc_id: &str) -> nomad_proto::Allocation {
+    use nomad_proto::{Job, Task, TaskGroup};
+    let task = Task { name: "web".into(), driver: "docker".into(), ..Task::default() };
+    let job = Job { task_groups: vec![TaskGroup { name: "g".into(), tasks: vec![task], ..TaskGroup::default() }], ..Job::default() };
+    nomad_proto::Allocation { id: alloc_id.into(), task_group: "g".into(), job: Some(Arc::new(job)), ..Default::default() }
+}
+
+async fn pause_options() -> DockerOptions {
+    let pause = tokio::task::spawn_blocking(nomad_testkit::docker::pause_image).await.unwrap();
+    DockerOptions { infra_image: pause.to_string(), ..test_options() }
+}
+
+/// A group network with a docker task is one infra container: made once (found again, not
+/// made twice), its namespace the one the task's container joins, removed with the network.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_network_is_one_infra_container_that_the_docker_task_joins() {
+    require_docker!();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut t, _cleanup) = docker_task(dir.path(), "web", json!({"command": "sleep", "args": ["600"]})).await;
+    let _infra_cleanup = Cleanup(network::infra_name(&t.alloc_id));
+    let d = driver(pause_options().await);
+    let alloc = docker_group_alloc(&t.alloc_id);
+    let maker = network::InfraContainers(d.clone());
+    assert!(maker.makes(&alloc));
+
+    let (sandbox, new) = maker.create(&alloc).unwrap();
+    assert!(new && netns::is_netns(&sandbox), "{sandbox:?}");
+    let (again, new) = maker.create(&alloc).unwrap();
+    assert_eq!((again.as_path(), new), (sandbox.as_path(), false), "the running one is found, not made again");
+    let infra = docker().inspect_container(&network::infra_name(&t.alloc_id), None).await.unwrap();
+    let infra_id = infra.id.unwrap();
+    assert_eq!(infra.config.unwrap().labels.unwrap()[container::ALLOC_ID_LABEL], t.alloc_id);
+    let host = infra.host_config.unwrap();
+    assert_eq!(host.network_mode.as_deref(), Some("none"));
+
+    t.netns = Some(PathBuf::from("/var/run/netns").join(&t.alloc_id));
+    let handle = d.start(&t).await.unwrap();
+    let task_netns = PathBuf::from(format!("/proc/{}/ns/net", handle.task.pid));
+    assert_eq!(inode(&task_netns), inode(&sandbox), "the task's container is in the infra container's namespace");
+    let c = docker().inspect_container(&container_id(&handle), None).await.unwrap();
+    assert_eq!(c.host_config.unwrap().network_mode, Some(format!("container:{infra_id}")));
+    d.destroy(&handle).await.unwrap();
+
+    maker.destroy(&t.alloc_id).unwrap();
+    assert!(docker().inspect_container(&infra_id, None).await.is_err(), "the infra container is removed");
+    maker.destroy(&t.alloc_id).unwrap();
+    let err = d.start(&t).await.unwrap_err();
+    assert!(err.to_string().contains(&format!("the alloc's infra container nomad_init_{} is not running", t.alloc_id)), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_infra_image_fails_the_network_naming_it() {
+    require_docker!();
+    let options = DockerOptions { infra_image: "nomad-rs-test/no-such-pause:3.1".into(), ..test_options() };
+    let maker = network::InfraContainers(driver(options));
+    let alloc = docker_group_alloc(&uuid::Uuid::new_v4().to_string());
+    let err = maker.create(&alloc).unwrap_err();
+    assert!(
+        err.starts_with("Failed to pull `nomad-rs-test/no-such-pause:3.1`: image not found locally and no registry reachable"),
+        "{err}"
+    );
+    assert!(docker().inspect_container(&network::infra_name(&alloc.id), None).await.is_err(), "no container is left");
+}
+
+/// Outside a multi-threaded runtime the maker runs its Engine calls on a runtime of its own.
+#[test]
+fn the_infra_maker_works_from_plain_blocking_code() {
+    require_docker!();
+    let maker = network::InfraContainers(driver(test_options()));
+    maker.destroy(&uuid::Uuid::new_v4().to_string()).unwrap();
+}
+
+/// A restarted agent does not track the infra containers of its running allocs: the reaper keeps
+/// one while its alloc's namespace is mounted, and removes it once that is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_infra_container_is_kept_while_its_alloc_network_is_mounted_and_reaped_after() {
+    require_docker!();
+    let root = format!("/nonexistent/{}", uuid::Uuid::new_v4());
+    let d = driver(DockerOptions { alloc_root: Some(PathBuf::from(&root)), ..pause_options().await });
+    let alloc_id = uuid::Uuid::new_v4().to_string();
+    let _cleanup = Cleanup(network::infra_name(&alloc_id));
+    let docker = docker();
+    let (sandbox, _) = d.create_network(&docker, &alloc_id).await.unwrap();
+    let netns_dir = tempfile::tempdir().unwrap();
+    let mounted = netns_dir.path().join(&alloc_id);
+    netns::bind(&sandbox, &mounted).unwrap();
+    let scope = reaper::Scope { alloc_root: root, tracked: Arc::default(), netns_dir: netns_dir.path().to_path_buf() };
+    let reaped = reaper::reap_once(&docker, &scope, Duration::ZERO, false).await.unwrap();
+    assert_eq!(reaped, Vec::<String>::new(), "its alloc's namespace is mounted");
+    netns::remove(&mounted).unwrap();
+    let reaped = reaper::reap_once(&docker, &scope, Duration::ZERO, false).await.unwrap();
+    assert_eq!(reaped.len(), 1, "orphaned");
+    assert!(docker.inspect_container(&network::infra_name(&alloc_id), None).await.is_err());
 }

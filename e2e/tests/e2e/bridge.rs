@@ -22,24 +22,24 @@ use serde_json::{Value, json};
 
 use crate::SETTLE;
 
-fn iptables_save() -> String {
+pub(crate) fn iptables_save() -> String {
     let out = Command::new("iptables-save").output().expect("iptables-save runs");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Rule lines (not chain declarations) that mention `needle`.
-fn rules_with(needle: &str) -> Vec<String> {
+pub(crate) fn rules_with(needle: &str) -> Vec<String> {
     iptables_save().lines().filter(|l| l.starts_with("-A ") && l.contains(needle)).map(str::to_string).collect()
 }
 
 /// The veths enslaved to `bridge`.
-fn bridge_ports(bridge: &str) -> Vec<String> {
+pub(crate) fn bridge_ports(bridge: &str) -> Vec<String> {
     let out = Command::new("ip").args(["-o", "link", "show", "master", bridge]).output().expect("ip runs");
     String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.split(':').nth(1)).map(|n| n.trim().to_string()).collect()
 }
 
 /// host-local's lease files (one per address, holding the container ID) for the alloc.
-fn leases_of(alloc_id: &str) -> Vec<PathBuf> {
+pub(crate) fn leases_of(alloc_id: &str) -> Vec<PathBuf> {
     std::fs::read_dir("/var/lib/cni/networks/nomad")
         .into_iter()
         .flatten()
@@ -49,13 +49,13 @@ fn leases_of(alloc_id: &str) -> Vec<PathBuf> {
         .collect()
 }
 
-fn inode(path: &Path) -> Option<u64> {
+pub(crate) fn inode(path: &Path) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(path).ok().map(|m| m.ino())
 }
 
 /// The PID of the process whose command is `comm` and whose environment holds the alloc ID.
-fn task_pid(alloc_id: &str, comm: &str) -> Option<i32> {
+pub(crate) fn task_pid(alloc_id: &str, comm: &str) -> Option<i32> {
     let needle = format!("NOMAD_ALLOC_ID={alloc_id}");
     std::fs::read_dir("/proc").ok()?.filter_map(Result::ok).find_map(|entry| {
         let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
@@ -69,7 +69,7 @@ fn task_pid(alloc_id: &str, comm: &str) -> Option<i32> {
 }
 
 /// One HTTP GET over a plain TCP connection; the whole response.
-fn http_get(addr: &str) -> Option<String> {
+pub(crate) fn http_get(addr: &str) -> Option<String> {
     let mut stream = TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_secs(2)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     stream.write_all(b"GET /index.html HTTP/1.0\r\nHost: test\r\n\r\n").ok()?;
@@ -80,11 +80,11 @@ fn http_get(addr: &str) -> Option<String> {
 
 /// What a failed run would leave behind, removed whatever happens: the alloc's namespace and
 /// leases, its netfilter rules, the test's bridge and its NOMAD-ADMIN rule.
-struct Cleanup {
-    bridge: String,
-    subnet: String,
-    alloc_id: Option<String>,
-    address: Option<String>,
+pub(crate) struct Cleanup {
+    pub(crate) bridge: String,
+    pub(crate) subnet: String,
+    pub(crate) alloc_id: Option<String>,
+    pub(crate) address: Option<String>,
 }
 
 impl Drop for Cleanup {

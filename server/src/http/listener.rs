@@ -175,7 +175,8 @@ pub async fn serve(listener: TcpListener, router: Router, limits: HttpLimits) {
             let _ = tcp.set_nodelay(true);
             let mut http = hyper::server::conn::http1::Builder::new();
             http.timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
-            if let Err(e) = http.serve_connection(TokioIo::new(tcp), service).await {
+            // Upgrades on: `alloc exec` is a websocket.
+            if let Err(e) = http.serve_connection(TokioIo::new(tcp), service).with_upgrades().await {
                 tracing::debug!(%peer, error = %e, "http connection ended");
             }
         });
@@ -232,6 +233,32 @@ mod tests {
     async fn get_on(tcp: &mut TcpStream, path: &str) -> String {
         tcp.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes()).await.unwrap();
         read_all(tcp).await
+    }
+
+    /// A websocket (`alloc exec`) is served: after the 101 the upgraded connection carries the
+    /// route's first message.
+    #[tokio::test]
+    async fn an_upgraded_connection_carries_the_websocket() {
+        use axum::extract::ws::{Message, WebSocketUpgrade};
+        let router = Router::new().route(
+            "/ws",
+            get(|ws: WebSocketUpgrade| async move {
+                ws.on_upgrade(|mut socket| async move {
+                    let _ = socket.send(Message::Text("hello-upgraded".into())).await;
+                    let _ = socket.send(Message::Close(None)).await;
+                })
+            }),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, router, HttpLimits { header_read_timeout: None, max_conns_per_client: 0 }));
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        let handshake = "GET /ws HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+                         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n";
+        tcp.write_all(handshake.as_bytes()).await.unwrap();
+        let answer = read_all(&mut tcp).await;
+        assert!(answer.starts_with("HTTP/1.1 101"), "{answer:?}");
+        assert!(answer.contains("hello-upgraded"), "the message after the upgrade: {answer:?}");
     }
 
     #[tokio::test]

@@ -321,18 +321,25 @@ pub fn default_executor_path() -> PathBuf {
 #[derive(Clone)]
 pub struct DriverRegistry {
     drivers: BTreeMap<&'static str, Arc<dyn Driver>>,
+    docker: Arc<docker::DockerDriver>,
 }
 
 impl DriverRegistry {
     /// Every built-in driver, configured from the agent's options.
     pub fn new(options: &DriverOptions) -> DriverRegistry {
+        let docker = Arc::new(docker::DockerDriver::new(options.docker.clone()));
         let drivers: [Arc<dyn Driver>; 4] = [
             Arc::new(raw_exec::RawExecDriver::new(options.executor_path.clone(), options.raw_exec_enabled)),
             Arc::new(exec::ExecDriver::new(options.executor_path.clone(), options.exec.clone())),
             Arc::new(oci::OciDriver::new(options.executor_path.clone(), options.oci.clone())),
-            Arc::new(docker::DockerDriver::new(options.docker.clone())),
+            docker.clone(),
         ];
-        DriverRegistry { drivers: drivers.into_iter().map(|d| (d.name(), d)).collect() }
+        DriverRegistry { drivers: drivers.into_iter().map(|d| (d.name(), d)).collect(), docker }
+    }
+
+    /// What makes the network namespace of a group with a docker task (its infra container).
+    pub fn netns_maker(&self) -> Arc<dyn crate::client::network::NetnsMaker> {
+        Arc::new(docker::network::InfraContainers(self.docker.clone()))
     }
 
     /// The driver with this name.

@@ -73,7 +73,7 @@ pub struct ExecSession {
 }
 
 /// Bytes read from a command's output at once.
-const SESSION_CHUNK: usize = 16 * 1024;
+pub(super) const SESSION_CHUNK: usize = 16 * 1024;
 
 /// What a command run in the task's context did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,13 +100,23 @@ pub(super) fn require_running(handle: &TaskHandle) -> Result<(), DriverError> {
 }
 
 /// A ring of the last `cap` bytes.
-struct Tail {
+pub(super) struct Tail {
     cap: usize,
     bytes: VecDeque<u8>,
 }
 
 impl Tail {
-    fn push(&mut self, chunk: &[u8]) {
+    /// An empty ring of [`CHECK_BUF_SIZE`] bytes.
+    pub(super) fn check_buffer() -> Tail {
+        Tail { cap: CHECK_BUF_SIZE, bytes: VecDeque::new() }
+    }
+
+    /// What it holds, oldest first.
+    pub(super) fn to_vec(&self) -> Vec<u8> {
+        self.bytes.iter().copied().collect()
+    }
+
+    pub(super) fn push(&mut self, chunk: &[u8]) {
         let chunk = &chunk[chunk.len().saturating_sub(self.cap)..];
         let overflow = (self.bytes.len() + chunk.len()).saturating_sub(self.cap);
         self.bytes.drain(..overflow);
@@ -129,7 +139,7 @@ pub async fn run_bounded(mut cmd: tokio::process::Command, timeout: Duration) ->
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).kill_on_drop(true);
     let mut child = cmd.spawn().map_err(|e| DriverError::ExecFailed(format!("start the command: {e}")))?;
     let pgid = child.id().map(|p| p as i32);
-    let tail = Arc::new(Mutex::new(Tail { cap: CHECK_BUF_SIZE, bytes: VecDeque::new() }));
+    let tail = Arc::new(Mutex::new(Tail::check_buffer()));
     let readers = {
         let out = child.stdout.take().map(|s| pump(s, tail.clone()));
         let err = child.stderr.take().map(|s| pump(s, tail.clone()));
@@ -180,7 +190,7 @@ pub async fn run_bounded(mut cmd: tokio::process::Command, timeout: Duration) ->
     kill_group();
     use std::os::unix::process::ExitStatusExt;
     let exit_code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
-    let output: Vec<u8> = tail.lock().unwrap_or_else(|e| e.into_inner()).bytes.iter().copied().collect();
+    let output = tail.lock().unwrap_or_else(|e| e.into_inner()).to_vec();
     if exit_code == EXEC_SETUP_FAILED
         && let Some(line) = String::from_utf8_lossy(&output).lines().find_map(|l| l.strip_prefix(EXEC_ERROR_PREFIX))
     {

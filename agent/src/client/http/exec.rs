@@ -13,6 +13,11 @@
 //! isolation applies. A request that cannot run (no task, no command, task not running) is
 //! answered after the upgrade with a close frame carrying Nomad's message (1008 for what the
 //! caller got wrong, 1011 for a failure here), as Nomad's agent does.
+//!
+//! For an alloc another agent serves (see the module docs of `http`), this agent opens the
+//! exec websocket one hop on first (an HTTP refusal there is answered as it is), then upgrades
+//! the caller and relays messages both ways, close frames included. Towards the alloc's node a
+//! handshake is read here and not passed on, like the caller's other credentials.
 
 use axum::body::Body;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
@@ -25,7 +30,8 @@ use nomad_server::http::util::{HttpError, QueryOptions, parse_bool, require_meth
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{ClientHttp, Target};
+use super::forward::Hop;
+use super::{ClientHttp, Located};
 use crate::client::allocrunner::AllocRunner;
 use crate::client::base64;
 use crate::client::driver::{ExecInput, ExecOutputChunk};
@@ -108,15 +114,172 @@ async fn serve(state: ClientHttp, alloc_id: String, req: Request<Body>) -> Resul
     require_method(req.method(), &[Method::GET])?;
     let q = QueryOptions::parse(req.uri())?;
     let exec = parse(&q)?;
-    let Some(runner) = state.client.as_ref().and_then(|c| c.alloc_runner(&alloc_id)) else {
-        return Ok(match state.target(&alloc_id, req).await {
-            Target::Done(resp) => resp,
-            Target::Local(_) => super::unknown_alloc(&alloc_id).into_response(),
-        });
-    };
+    let located = state.locate(&alloc_id, &req);
     let (mut parts, _) = req.into_parts();
-    let upgrade = WebSocketUpgrade::from_request_parts(&mut parts, &state).await.map_err(|e| HttpError::bad_request(e.body_text()))?;
-    Ok(upgrade.max_message_size(MAX_MESSAGE_BYTES).on_upgrade(move |socket| session(socket, runner, exec)))
+    match located {
+        Located::Nowhere(e) => Err(e),
+        Located::Local(runner) => Ok(upgrade(&mut parts, &state).await?.on_upgrade(move |socket| session(socket, runner, exec))),
+        Located::Remote(addr, hop) => {
+            let caller = upgrade(&mut parts, &state).await?;
+            let next = match relay::connect(&addr, hop, &parts).await {
+                Ok(next) => next,
+                Err(refused) => return Ok(refused),
+            };
+            let read_handshake = exec.handshake && hop == Hop::Node;
+            Ok(caller.on_upgrade(move |socket| relay::run(socket, next, read_handshake)))
+        }
+    }
+}
+
+async fn upgrade(parts: &mut axum::http::request::Parts, state: &ClientHttp) -> Result<WebSocketUpgrade, HttpError> {
+    WebSocketUpgrade::from_request_parts(parts, state)
+        .await
+        .map(|u| u.max_message_size(MAX_MESSAGE_BYTES))
+        .map_err(|e| HttpError::bad_request(e.body_text()))
+}
+
+/// Reads the caller's handshake (`{"version":1,...}`); the close to send when it is wrong.
+async fn handshake(socket: &mut WebSocket) -> Result<(), (u16, String)> {
+    let first = socket.recv().await;
+    let version = match &first {
+        Some(Ok(Message::Text(t))) => serde_json::from_str::<Handshake>(t).map(|h| h.version).unwrap_or(0),
+        _ => 0,
+    };
+    if version != 1 {
+        return Err((CLOSE_POLICY, format!("unexpected handshake value: {version}")));
+    }
+    Ok(())
+}
+
+/// An exec session relayed to the agent one hop on.
+mod relay {
+    use axum::extract::ws::{CloseFrame, Message, WebSocket};
+    use axum::http::request::Parts;
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::response::{IntoResponse, Response};
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+    use tokio_tungstenite::tungstenite::protocol::frame::CloseFrame as NextCloseFrame;
+    use tokio_tungstenite::tungstenite::{Error as WsError, Message as NextMessage};
+
+    use super::super::forward::{self, Hop};
+    use super::{CLOSE_INTERNAL, MAX_MESSAGE_BYTES, close, handshake};
+
+    /// How long the next hop has to accept the connection and the upgrade.
+    const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+    pub(super) type Next = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+
+    /// The request's path and query for the next hop: towards the node, without `ws_handshake`
+    /// (the handshake is read here).
+    pub(super) fn next_path(parts: &Parts, hop: Hop) -> String {
+        let path = parts.uri.path();
+        let pairs: Vec<&str> = parts
+            .uri
+            .query()
+            .unwrap_or("")
+            .split('&')
+            .filter(|p| !p.is_empty())
+            // Towards the node the handshake is this agent's to read.
+            .filter(|p| hop == Hop::Server || p.split('=').next() != Some("ws_handshake"))
+            .collect();
+        if pairs.is_empty() { path.to_string() } else { format!("{path}?{}", pairs.join("&")) }
+    }
+
+    /// Opens the exec websocket at `addr`; the answer to give the caller when it is refused.
+    pub(super) async fn connect(addr: &str, hop: Hop, parts: &Parts) -> Result<Next, Response> {
+        let failed =
+            |e: &dyn std::fmt::Display| (StatusCode::BAD_GATEWAY, format!("forwarding to the agent at {addr}: {e}")).into_response();
+        let mut request = format!("ws://{addr}{}", next_path(parts, hop)).into_client_request().map_err(|e| failed(&e))?;
+        let mut headers = HeaderMap::new();
+        for name in forward::CREDENTIALS {
+            if let Some(v) = parts.headers.get(*name) {
+                headers.insert(*name, v.clone());
+            }
+        }
+        forward::mark(&mut headers, hop);
+        request.headers_mut().extend(headers);
+        let config = WebSocketConfig::default().max_message_size(Some(MAX_MESSAGE_BYTES));
+        let connected = tokio::time::timeout(CONNECT_TIMEOUT, async {
+            let tcp = tokio::net::TcpStream::connect(addr).await.map_err(WsError::Io)?;
+            tokio_tungstenite::client_async_with_config(request, tcp, Some(config)).await
+        })
+        .await;
+        match connected {
+            Ok(Ok((next, _))) => Ok(next),
+            // The next hop answered without upgrading (an unknown alloc, a bad request): as it said.
+            Ok(Err(WsError::Http(refused))) => {
+                let status = StatusCode::from_u16(refused.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+                let body = refused.body().clone().unwrap_or_default();
+                Err((status, String::from_utf8_lossy(&body).into_owned()).into_response())
+            }
+            Ok(Err(e)) => Err(failed(&e)),
+            Err(_) => Err(failed(&format!("no answer within {CONNECT_TIMEOUT:?}"))),
+        }
+    }
+
+    fn to_next(frame: CloseFrame) -> NextCloseFrame {
+        NextCloseFrame { code: frame.code.into(), reason: frame.reason.as_str().into() }
+    }
+
+    fn from_next(frame: NextCloseFrame) -> CloseFrame {
+        CloseFrame { code: frame.code.into(), reason: frame.reason.as_str().into() }
+    }
+
+    /// Relays messages both ways until either side closes; a close frame goes on as it came.
+    pub(super) async fn run(mut caller: WebSocket, next: Next, read_handshake: bool) {
+        let (mut next_tx, mut next_rx) = next.split();
+        if read_handshake && let Err((code, message)) = handshake(&mut caller).await {
+            let _ = next_tx.send(NextMessage::Close(None)).await;
+            return close(&mut caller, code, &message).await;
+        }
+        let (mut caller_tx, mut caller_rx) = caller.split();
+        loop {
+            tokio::select! {
+                msg = caller_rx.next() => {
+                    let out = match msg {
+                        Some(Ok(Message::Text(t))) => NextMessage::text(t.as_str()),
+                        Some(Ok(Message::Binary(b))) => NextMessage::binary(b),
+                        Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+                        Some(Ok(Message::Close(frame))) => {
+                            let _ = next_tx.send(NextMessage::Close(frame.map(to_next))).await;
+                            return;
+                        }
+                        None | Some(Err(_)) => {
+                            let _ = next_tx.send(NextMessage::Close(None)).await;
+                            return;
+                        }
+                    };
+                    if next_tx.send(out).await.is_err() {
+                        let frame = CloseFrame { code: CLOSE_INTERNAL, reason: "the connection to the alloc's agent ended".into() };
+                        let _ = caller_tx.send(Message::Close(Some(frame))).await;
+                        return;
+                    }
+                }
+                msg = next_rx.next() => {
+                    let out = match msg {
+                        Some(Ok(NextMessage::Text(t))) => Message::Text(t.as_str().into()),
+                        Some(Ok(NextMessage::Binary(b))) => Message::Binary(b),
+                        Some(Ok(NextMessage::Close(frame))) => {
+                            let _ = caller_tx.send(Message::Close(frame.map(from_next))).await;
+                            return;
+                        }
+                        Some(Ok(_)) => continue,
+                        None | Some(Err(_)) => {
+                            let frame = CloseFrame { code: CLOSE_INTERNAL, reason: "the connection to the alloc's agent ended".into() };
+                            let _ = caller_tx.send(Message::Close(Some(frame))).await;
+                            return;
+                        }
+                    };
+                    if caller_tx.send(out).await.is_err() {
+                        let _ = next_tx.send(NextMessage::Close(None)).await;
+                        return;
+                    }
+                }
+            }
+        }
+    }
 }
 
 async fn close(socket: &mut WebSocket, code: u16, reason: &str) {
@@ -177,15 +340,10 @@ fn input_of(text: &str) -> Result<Vec<ExecInput>, String> {
 }
 
 async fn session(mut socket: WebSocket, runner: std::sync::Arc<AllocRunner>, exec: ExecRequest) {
-    if exec.handshake {
-        let first = socket.recv().await;
-        let version = match &first {
-            Some(Ok(Message::Text(t))) => serde_json::from_str::<Handshake>(t).map(|h| h.version).unwrap_or(0),
-            _ => 0,
-        };
-        if version != 1 {
-            return close(&mut socket, CLOSE_POLICY, &format!("unexpected handshake value: {version}")).await;
-        }
+    if exec.handshake
+        && let Err((code, message)) = handshake(&mut socket).await
+    {
+        return close(&mut socket, code, &message).await;
     }
     if let Err((code, message)) = check(&runner, &exec) {
         return close(&mut socket, code, &message).await;
@@ -291,6 +449,18 @@ mod tests {
         assert_eq!(input_of("{}").unwrap(), vec![], "a heartbeat");
         assert!(input_of(r#"{"stdin":{"data":"!!"}}"#).unwrap_err().contains("base64"));
         assert!(input_of("[").unwrap_err().contains("malformed"));
+    }
+
+    #[test]
+    fn the_next_hop_to_the_node_is_asked_without_the_handshake() {
+        let parts = |uri: &str| axum::http::Request::get(uri).body(()).unwrap().into_parts().0;
+        let p = parts("/v1/client/allocation/a/exec?task=t&ws_handshake=true&command=%5B%22sh%22%5D&tty=true");
+        assert_eq!(relay::next_path(&p, Hop::Node), "/v1/client/allocation/a/exec?task=t&command=%5B%22sh%22%5D&tty=true");
+        assert_eq!(
+            relay::next_path(&p, Hop::Server),
+            "/v1/client/allocation/a/exec?task=t&ws_handshake=true&command=%5B%22sh%22%5D&tty=true"
+        );
+        assert_eq!(relay::next_path(&parts("/v1/client/allocation/a/exec?ws_handshake=1"), Hop::Node), "/v1/client/allocation/a/exec");
     }
 
     #[test]

@@ -8,11 +8,23 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use nomad_server::http::util::HttpError;
 
-/// Marks a forwarded request, so it is never forwarded again.
+/// Marks a request forwarded to the alloc's node, so it is never forwarded again.
 const FORWARDED: &str = "x-nomad-rs-forwarded";
+/// Marks a request a client-only agent sent to its server, so the server never sends it back
+/// to a server (it finds the node, or answers).
+const FROM_CLIENT_AGENT: &str = "x-nomad-rs-from-client-agent";
+
+/// Where a request goes next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Hop {
+    /// To the node that runs the alloc: marked forwarded, without the caller's credentials.
+    Node,
+    /// From a client-only agent to its server, credentials kept (they are the servers').
+    Server,
+}
 
 /// The caller's credentials, meant for the servers: a client node is not given them.
-const CREDENTIALS: &[&str] = &["x-nomad-token", "authorization"];
+pub(super) const CREDENTIALS: &[&str] = &["x-nomad-token", "authorization"];
 
 /// Finds where an alloc runs.
 pub trait AllocLocator: Send + Sync {
@@ -37,17 +49,33 @@ pub(super) fn already_forwarded(req: &Request<Body>) -> bool {
     req.headers().contains_key(FORWARDED)
 }
 
+pub(super) fn from_client_agent(req: &Request<Body>) -> bool {
+    req.headers().contains_key(FROM_CLIENT_AGENT)
+}
+
+/// The headers a request carries on to the next hop.
+pub(super) fn mark(headers: &mut axum::http::HeaderMap, hop: Hop) {
+    headers.remove("host");
+    match hop {
+        Hop::Node => {
+            headers.insert(FORWARDED, HeaderValue::from_static("1"));
+            for header in CREDENTIALS {
+                headers.remove(*header);
+            }
+        }
+        Hop::Server => {
+            headers.insert(FROM_CLIENT_AGENT, HeaderValue::from_static("1"));
+        }
+    }
+}
+
 /// Sends `req` to `addr` and streams the answer back.
-pub(super) async fn forward(addr: &str, req: Request<Body>) -> Result<Response, HttpError> {
+pub(super) async fn forward(addr: &str, req: Request<Body>, hop: Hop) -> Result<Response, HttpError> {
     let (mut parts, body) = req.into_parts();
     let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     parts.uri =
         format!("http://{addr}{path}").parse().map_err(|e| HttpError::bad_request(format!("node address {addr:?} is not usable: {e}")))?;
-    parts.headers.insert(FORWARDED, HeaderValue::from_static("1"));
-    parts.headers.remove("host");
-    for header in CREDENTIALS {
-        parts.headers.remove(*header);
-    }
+    mark(&mut parts.headers, hop);
     let client: Client<_, Body> = Client::builder(TokioExecutor::new()).build_http();
     let resp = client
         .request(Request::from_parts(parts, body))

@@ -12,8 +12,10 @@
 //! An agent serves these for its own allocs. For an alloc another client runs, an agent that
 //! can look the alloc up (it runs the server role) forwards the request once to that node: to the
 //! IP its RPC connection came from with the port of its `HTTPAddr` (never to a host the node
-//! names), without the caller's credentials; an agent that can do neither answers 400 and says
-//! where to send it.
+//! names), without the caller's credentials. A client-only agent sends it to the server it
+//! talks to, which does that (as Nomad's client agents go through their servers); an agent that
+//! can do neither answers 400 and says where to send it. `alloc exec`'s websocket is relayed
+//! message by message along the same hops.
 
 mod exec;
 mod forward;
@@ -81,6 +83,16 @@ enum Target {
     Done(Response),
 }
 
+/// Where a request for an alloc is served.
+enum Located {
+    /// Here, by this client's runner.
+    Local(Arc<AllocRunner>),
+    /// By another agent at this address, one hop on.
+    Remote(String, forward::Hop),
+    /// Nowhere: the error to answer.
+    Nowhere(HttpError),
+}
+
 /// Nomad's error for an alloc this client does not run.
 pub(crate) fn unknown_alloc(id: &str) -> HttpError {
     HttpError::not_found(format!("Unknown allocation \"{id}\""))
@@ -93,26 +105,44 @@ fn no_client() -> HttpError {
 }
 
 impl ClientHttp {
-    /// The local runner, or a forwarded response, or the right error.
-    async fn target(&self, alloc_id: &str, req: Request<Body>) -> Target {
+    /// Where the request is served: this client; the alloc's node, found through the server
+    /// role's state; or, from a client-only agent, its server (which finds the node). A request
+    /// forwarded once already is served here or nowhere.
+    fn locate(&self, alloc_id: &str, req: &Request<Body>) -> Located {
         if let Some(runner) = self.client.as_ref().and_then(|c| c.alloc_runner(alloc_id)) {
-            return Target::Local(runner);
+            return Located::Local(runner);
         }
+        let forwarded = forward::already_forwarded(req);
         let located = self.locator.as_ref().and_then(|l| l.node_http_addr(alloc_id));
         if let Some(addr) = &located
             && !addr.is_empty()
             && *addr != self.own_addr
-            && !forward::already_forwarded(&req)
+            && !forwarded
         {
-            return Target::Done(forward::forward(addr, req).await.unwrap_or_else(IntoResponse::into_response));
+            return Located::Remote(addr.clone(), forward::Hop::Node);
         }
-        let err = match located {
+        if self.locator.is_none()
+            && !forwarded
+            && !forward::from_client_agent(req)
+            && let Some(server) = self.client.as_ref().and_then(Client::server_http_addr)
+        {
+            return Located::Remote(server, forward::Hop::Server);
+        }
+        Located::Nowhere(match located {
             // Known to the servers, but on no node this agent can reach for it.
             Some(_) if self.client.is_none() => no_client(),
             None if self.client.is_none() && self.locator.is_none() => no_client(),
             _ => unknown_alloc(alloc_id),
-        };
-        Target::Done(err.into_response())
+        })
+    }
+
+    /// The local runner, or a forwarded response, or the right error.
+    async fn target(&self, alloc_id: &str, req: Request<Body>) -> Target {
+        match self.locate(alloc_id, &req) {
+            Located::Local(runner) => Target::Local(runner),
+            Located::Remote(addr, hop) => Target::Done(forward::forward(&addr, req, hop).await.unwrap_or_else(IntoResponse::into_response)),
+            Located::Nowhere(err) => Target::Done(err.into_response()),
+        }
     }
 }
 

@@ -24,6 +24,7 @@ use serde_json::{Value, json};
 use super::{ClientHttp, Target};
 use crate::client::driver::{DriverState, TaskHandle};
 use crate::executor::cgroups::CgroupVersion;
+use crate::executor::process::process_tree;
 
 /// Where cgroup hierarchies are mounted.
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
@@ -179,29 +180,6 @@ fn task_cgroup(handle: &TaskHandle) -> Option<CgroupDirs> {
             cgroup_of(&proc_cgroup, Path::new(CGROUP_ROOT))
         }
     }
-}
-
-/// `pid` and its descendants, from one pass over `/proc/*/stat`.
-fn process_tree(pid: i32) -> Vec<i32> {
-    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(child) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
-        // Field 4 (ppid) follows the command name, which may hold spaces and parentheses.
-        let Some(after_name) = stat.rfind(')').map(|i| &stat[i + 1..]) else { continue };
-        if let Some(parent) = after_name.split_whitespace().nth(1).and_then(|p| p.parse().ok()) {
-            children.entry(parent).or_default().push(child);
-        }
-    }
-    let mut tree = vec![pid];
-    let mut next = 0;
-    while next < tree.len() {
-        if let Some(kids) = children.get(&tree[next]) {
-            tree.extend(kids);
-        }
-        next += 1;
-    }
-    tree
 }
 
 /// Sums RSS, swap and CPU time over a process and its descendants; `None` once it is gone.

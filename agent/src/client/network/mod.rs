@@ -7,6 +7,11 @@
 //! `cni/<name>` the list of that name from `cni_config_dir`; for `none` nothing (an empty
 //! namespace). Tasks join the namespace by its path (the executor enters it before exec).
 //!
+//! A group with a task of a driver that can only join a namespace it made itself (docker: a
+//! container joins another container's) gets its namespace from that driver ([`NetnsMaker`]:
+//! the docker driver's infra container); the manager mounts it at the same path, so CNI and the
+//! group's other tasks use it as any other, and it lives on while mounted there.
+//!
 //! The final ADD result is cached under the client state dir with the list and runtime config
 //! it came from: the restarted agent finds it and runs no second ADD, and DEL gets it as
 //! `prevResult` even if the config on disk changed since. Setup and teardown of every alloc
@@ -82,14 +87,27 @@ pub trait NetworkManager: Send + Sync {
     /// Where the alloc's namespace is (whether or not it exists).
     fn netns_path(&self, alloc_id: &str) -> PathBuf;
     /// Creates the namespace; `false` when it exists already (an agent restart).
-    fn create(&self, alloc_id: &str) -> Result<bool, String>;
+    fn create(&self, alloc: &Allocation) -> Result<bool, String>;
     /// What an earlier setup of the alloc reported (kept across agent restarts), if it ran.
     fn restored(&self, alloc_id: &str) -> Option<AllocNetworkStatus>;
     /// Configures the namespace (CNI ADD); the status to report.
     fn setup(&self, alloc: &Allocation, mode: Mode<'_>) -> Result<Option<AllocNetworkStatus>, String>;
     /// Undoes the configuration (CNI DEL); nothing to undo is not an error.
     fn teardown(&self, alloc_id: &str) -> Result<(), String>;
-    /// Removes the namespace.
+    /// Removes the namespace (and what its maker made for it).
+    fn destroy(&self, alloc: &Allocation) -> Result<(), String>;
+}
+
+/// Makes the namespace of an alloc whose group has a task of a driver that must own it (Nomad's
+/// `MustInitiateNetwork` drivers: docker, whose containers can only join another container's
+/// namespace). Called from blocking code (the `network` hook).
+pub trait NetnsMaker: Send + Sync {
+    /// Whether the alloc's namespace is made here (its group has a task of this driver).
+    fn makes(&self, alloc: &Allocation) -> bool;
+    /// Makes the alloc's namespace, or finds the one made before an agent restart: the path of
+    /// its nsfs file, and whether it is new.
+    fn create(&self, alloc: &Allocation) -> Result<(PathBuf, bool), String>;
+    /// Removes what `create` made; nothing there is not an error.
     fn destroy(&self, alloc_id: &str) -> Result<(), String>;
 }
 
@@ -112,6 +130,8 @@ pub struct CniNetworks {
     exec: Arc<dyn PluginExec>,
     /// Between ADD attempts (Nomad: a random 1-2 s).
     retry_wait: fn() -> Duration,
+    /// Makes the namespaces of groups with a docker task.
+    maker: Option<Arc<dyn NetnsMaker>>,
 }
 
 fn random_retry_wait() -> Duration {
@@ -127,7 +147,40 @@ impl CniNetworks {
             cache_dir: state_dir.join("cni").join("results"),
             exec: Arc::new(RealExec),
             retry_wait: random_retry_wait,
+            maker: None,
         }
+    }
+
+    /// Namespaces of allocs `maker` makes come from it.
+    pub fn with_maker(mut self, maker: Arc<dyn NetnsMaker>) -> CniNetworks {
+        self.maker = Some(maker);
+        self
+    }
+
+    fn maker_of(&self, alloc: &Allocation) -> Option<&Arc<dyn NetnsMaker>> {
+        self.maker.as_ref().filter(|m| m.makes(alloc))
+    }
+
+    /// The namespace `maker` made, mounted at the alloc's path. `false` when it is mounted there
+    /// already; a different one mounted there (its maker had to make it again: the Engine
+    /// restarted the infra container) is torn down and replaced.
+    fn bind_made(&self, maker: &dyn NetnsMaker, alloc: &Allocation) -> Result<bool, String> {
+        // Outside the lock: it may wait for an image.
+        let (source, new) = maker.create(alloc)?;
+        let path = self.netns_path(&alloc.id);
+        let _serial = lock();
+        if netns::is_netns(&path) {
+            if !new && netns::same(&path, &source) {
+                return Ok(false);
+            }
+            tracing::warn!(alloc_id = %alloc.id, "the alloc's namespace is not its infra container's any more: configuring the new one");
+            if let Err(e) = self.teardown_locked(&alloc.id) {
+                tracing::error!(alloc_id = %alloc.id, error = %e, "failed to cleanup network for allocation, resources may have leaked");
+            }
+            netns::remove(&path)?;
+        }
+        netns::bind(&source, &path)?;
+        Ok(true)
     }
 
     fn cache_path(&self, alloc_id: &str) -> PathBuf {
@@ -183,9 +236,12 @@ impl NetworkManager for CniNetworks {
         self.netns_dir.join(alloc_id)
     }
 
-    fn create(&self, alloc_id: &str) -> Result<bool, String> {
+    fn create(&self, alloc: &Allocation) -> Result<bool, String> {
+        if let Some(maker) = self.maker_of(alloc) {
+            return self.bind_made(maker.as_ref(), alloc);
+        }
         let _serial = lock();
-        netns::create(&self.netns_path(alloc_id))
+        netns::create(&self.netns_path(&alloc.id))
     }
 
     fn restored(&self, alloc_id: &str) -> Option<AllocNetworkStatus> {
@@ -233,6 +289,22 @@ impl NetworkManager for CniNetworks {
 
     fn teardown(&self, alloc_id: &str) -> Result<(), String> {
         let _serial = lock();
+        self.teardown_locked(alloc_id)
+    }
+
+    fn destroy(&self, alloc: &Allocation) -> Result<(), String> {
+        let unmounted = {
+            let _serial = lock();
+            netns::remove(&self.netns_path(&alloc.id))
+        };
+        let made = self.maker_of(alloc).map_or(Ok(()), |m| m.destroy(&alloc.id));
+        unmounted.and(made)
+    }
+}
+
+impl CniNetworks {
+    /// CNI DEL with the cached result, under the caller's hold of the lock.
+    fn teardown_locked(&self, alloc_id: &str) -> Result<(), String> {
         let Some(cached) = self.cached(alloc_id) else { return Ok(()) };
         let list = NetworkList::from_conflist(&cached.list)?;
         let inv = Invocation {
@@ -245,11 +317,6 @@ impl NetworkManager for CniNetworks {
         cni::del(self.exec.as_ref(), &list, &inv, Some(&cached.result))?;
         let path = self.cache_path(alloc_id);
         std::fs::remove_file(&path).map_err(|e| format!("remove {}: {e}", path.display()))
-    }
-
-    fn destroy(&self, alloc_id: &str) -> Result<(), String> {
-        let _serial = lock();
-        netns::remove(&self.netns_path(alloc_id))
     }
 }
 

@@ -29,22 +29,28 @@ fn ensure_shared(dir: &Path) -> Result<(), String> {
     }
 }
 
-/// Creates the namespace at `path`; `Ok(false)` when one is mounted there already (kept as it
-/// is: its tasks may be running in it).
-pub fn create(path: &Path) -> Result<bool, String> {
-    if is_netns(path) {
-        return Ok(false);
-    }
+/// The empty file a namespace is mounted on, in a shared `dir` (a file left behind without its
+/// mount, by a crash between the steps, is made again).
+fn mount_point(path: &Path) -> Result<(), String> {
     let dir = path.parent().ok_or_else(|| format!("{} has no parent directory", path.display()))?;
     ensure_shared(dir)?;
-    // A file left behind without its mount (a crash between the steps) is made again.
     let _ = std::fs::remove_file(path);
     std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o444)
         .open(path)
-        .map_err(|e| format!("create {}: {e}", path.display()))?;
+        .map(drop)
+        .map_err(|e| format!("create {}: {e}", path.display()))
+}
+
+/// Creates the namespace at `path`; `Ok(false)` when one is mounted there already (kept as it
+/// is: its tasks may be running in it).
+pub fn create(path: &Path) -> Result<bool, String> {
+    if is_netns(path) {
+        return Ok(false);
+    }
+    mount_point(path)?;
     let target = path.to_path_buf();
     // unshare moves only the calling thread: a thread of its own, which ends right after.
     let made = std::thread::spawn(move || -> Result<(), String> {
@@ -61,6 +67,30 @@ pub fn create(path: &Path) -> Result<bool, String> {
         return Err(e);
     }
     Ok(true)
+}
+
+/// Mounts the namespace another owner made (`source`: its nsfs file, such as a container's
+/// sandbox) at `path`, so it is found where every alloc's namespace is and lives on while
+/// mounted there.
+pub fn bind(source: &Path, path: &Path) -> Result<(), String> {
+    if !is_netns(source) {
+        return Err(format!("{} is not a network namespace", source.display()));
+    }
+    mount_point(path)?;
+    if let Err(e) = mount(Some(source), path, None::<&str>, MsFlags::MS_BIND, None::<&str>) {
+        let _ = std::fs::remove_file(path);
+        return Err(format!("bind {} to {}: {e}", source.display(), path.display()));
+    }
+    Ok(())
+}
+
+/// Whether two nsfs files are the same namespace.
+pub fn same(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
 }
 
 /// Unmounts and removes the namespace file; nothing there is not an error.

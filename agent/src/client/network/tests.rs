@@ -176,7 +176,14 @@ fn the_status_is_the_sandbox_interface_with_an_address_and_the_results_dns() {
 
 fn manager(dir: &Path, fake: Arc<Fake>) -> CniNetworks {
     let settings = CniSettings { config_dir: dir.join("conf"), ..CniSettings::default() };
-    CniNetworks { settings, netns_dir: dir.join("netns"), cache_dir: dir.join("cache"), exec: fake, retry_wait: || Duration::ZERO }
+    CniNetworks {
+        settings,
+        netns_dir: dir.join("netns"),
+        cache_dir: dir.join("cache"),
+        exec: fake,
+        retry_wait: || Duration::ZERO,
+        maker: None,
+    }
 }
 
 #[test]
@@ -301,4 +308,75 @@ fn the_node_gets_the_bridge_and_cni_networks_and_the_hairpin_attribute() {
     let modes: Vec<String> = without.node_resources.unwrap().networks.into_iter().map(|n| n.mode).collect();
     assert_eq!(modes, ["cni/mine"]);
     assert!(!without.attributes.contains_key("nomad.bridge.hairpin_mode"));
+}
+
+/// A maker whose next answers the test sets, recording what it is asked to destroy.
+#[derive(Default)]
+struct FakeMaker {
+    next: Mutex<Vec<(PathBuf, bool)>>,
+    destroyed: Mutex<Vec<String>>,
+}
+
+impl NetnsMaker for FakeMaker {
+    fn makes(&self, alloc: &Allocation) -> bool {
+        alloc.task_group == "docker"
+    }
+    fn create(&self, _alloc: &Allocation) -> Result<(PathBuf, bool), String> {
+        self.next.lock().unwrap().pop().ok_or_else(|| "nothing to make".to_string())
+    }
+    fn destroy(&self, alloc_id: &str) -> Result<(), String> {
+        self.destroyed.lock().unwrap().push(alloc_id.to_string());
+        Ok(())
+    }
+}
+
+/// A namespace another owner made is mounted at the alloc's path; found again it is kept (no
+/// second ADD); made again (the Engine restarted the infra container) the old one is torn down
+/// and the new one mounted; destroy unmounts it and asks the maker to remove its side.
+#[test]
+fn a_made_namespace_is_mounted_at_the_allocs_path_replaced_when_remade_and_destroyed_with_its_maker() {
+    nomad_testkit::require_prereqs!(nomad_testkit::Prereq::Root); // to mount namespaces
+    let dir = tempfile::tempdir().unwrap();
+    let fake = Arc::new(Fake::default());
+    let maker = Arc::new(FakeMaker::default());
+    let m = manager(dir.path(), fake.clone()).with_maker(maker.clone());
+    let (first, second) = (dir.path().join("made/1"), dir.path().join("made/2"));
+    assert!(netns::create(&first).unwrap() && netns::create(&second).unwrap());
+    std::fs::create_dir_all(dir.path().join("conf")).unwrap();
+    std::fs::write(
+        dir.path().join("conf/mine.conf"),
+        serde_json::to_vec(&json!({"cniVersion": "0.4.0", "name": "mine", "type": "bridge"})).unwrap(),
+    )
+    .unwrap();
+    let alloc = Allocation { id: "a1".into(), task_group: "docker".into(), ..Allocation::default() };
+    let path = m.netns_path("a1");
+
+    maker.next.lock().unwrap().push((first.clone(), true));
+    assert!(m.create(&alloc).unwrap());
+    assert!(netns::is_netns(&path) && netns::same(&path, &first));
+    m.setup(&alloc, Mode::Cni("mine")).unwrap();
+
+    maker.next.lock().unwrap().push((first.clone(), false));
+    assert!(!m.create(&alloc).unwrap(), "the same namespace: nothing to configure again");
+    assert!(m.restored("a1").is_some());
+
+    fake.calls.lock().unwrap().clear();
+    maker.next.lock().unwrap().push((second.clone(), true));
+    assert!(m.create(&alloc).unwrap());
+    assert!(netns::same(&path, &second) && !netns::same(&path, &first));
+    assert_eq!(fake.calls.lock().unwrap().iter().filter(|c| c.0 == "DEL").count(), 1, "the old one's configuration is undone");
+    assert!(m.restored("a1").is_none());
+
+    m.destroy(&alloc).unwrap();
+    assert!(!path.exists());
+    assert_eq!(*maker.destroyed.lock().unwrap(), ["a1"]);
+
+    // A group the maker does not make gets a namespace of its own; the maker is not asked.
+    let plain = Allocation { id: "a2".into(), task_group: "exec".into(), ..Allocation::default() };
+    assert!(m.create(&plain).unwrap() && netns::is_netns(&m.netns_path("a2")));
+    m.destroy(&plain).unwrap();
+    assert_eq!(maker.destroyed.lock().unwrap().len(), 1);
+    for made in [&first, &second] {
+        netns::remove(made).unwrap();
+    }
 }

@@ -6,6 +6,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use nomad_proto::Allocation;
+
 use super::{AllocHook, AllocHookError, AllocHookRequest, DestroyHook, PostrunHook, PrerunHook};
 use crate::client::network::{AllocNetworkStatus, Mode, NetworkManager};
 use crate::client::state::HookState;
@@ -24,11 +26,11 @@ impl NetworkHook {
         NetworkHook { manager }
     }
 
-    fn cleanup(&self, alloc_id: &str) -> Result<(), AllocHookError> {
-        if let Err(e) = blocking(|| self.manager.teardown(alloc_id)) {
-            tracing::error!(alloc = alloc_id, error = %e, "failed to cleanup network for allocation, resources may have leaked");
+    fn cleanup(&self, alloc: &Allocation) -> Result<(), AllocHookError> {
+        if let Err(e) = blocking(|| self.manager.teardown(&alloc.id)) {
+            tracing::error!(alloc = %alloc.id, error = %e, "failed to cleanup network for allocation, resources may have leaked");
         }
-        blocking(|| self.manager.destroy(alloc_id)).map_err(AllocHookError)
+        blocking(|| self.manager.destroy(alloc)).map_err(AllocHookError)
     }
 }
 
@@ -75,7 +77,7 @@ impl NetworkHook {
         }
         let id = &req.alloc.id;
         let created =
-            blocking(|| self.manager.create(id)).map_err(|e| AllocHookError(format!("failed to create network for alloc: {e}")))?;
+            blocking(|| self.manager.create(req.alloc)).map_err(|e| AllocHookError(format!("failed to create network for alloc: {e}")))?;
         // An existing namespace with a recorded setup is the one this agent made before it
         // restarted: no second ADD. One without (a crash mid-setup) is configured now.
         let restored = if created { None } else { self.manager.restored(id) };
@@ -100,7 +102,7 @@ impl PostrunHook for NetworkHook {
         if Mode::of_alloc(req.alloc).is_ok_and(|m| m == Mode::Host) {
             return Ok(());
         }
-        self.cleanup(&req.alloc.id)
+        self.cleanup(req.alloc)
     }
 }
 
@@ -110,6 +112,6 @@ impl DestroyHook for NetworkHook {
         if Mode::of_alloc(req.alloc).is_ok_and(|m| m == Mode::Host) {
             return Ok(());
         }
-        self.cleanup(&req.alloc.id)
+        self.cleanup(req.alloc)
     }
 }

@@ -399,6 +399,7 @@ pub struct DockerOptions {
     pub dangling_dry_run: bool,
     pub extra_labels: Vec<String>,
     pub infra_image: String,
+    pub infra_image_pull_timeout: Duration,
     pub pull_activity_timeout: Duration,
     pub pids_limit: i64,
     pub allow_runtimes: Vec<String>,
@@ -413,6 +414,9 @@ pub struct DockerOptions {
 /// Below this the reaper would race containers still being started.
 const MIN_CREATION_GRACE: Duration = Duration::from_secs(60);
 const MIN_PULL_ACTIVITY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Nomad's `infra_image` on amd64.
+pub const DEFAULT_INFRA_IMAGE: &str = "gcr.io/google_containers/pause-amd64:3.1";
 
 /// The socket when neither `endpoint` nor `DOCKER_HOST` names one.
 pub const DEFAULT_SOCKET: &str = "/var/run/docker.sock";
@@ -482,7 +486,8 @@ impl DockerOptions {
             dangling_grace,
             dangling_dry_run: dangling.dry_run,
             extra_labels: raw.extra_labels,
-            infra_image: raw.infra_image.unwrap_or_else(|| "gcr.io/google_containers/pause-amd64:3.1".to_string()),
+            infra_image: raw.infra_image.unwrap_or_else(|| DEFAULT_INFRA_IMAGE.to_string()),
+            infra_image_pull_timeout: raw.infra_image_pull_timeout.unwrap_or(Duration::from_secs(300)),
             pull_activity_timeout,
             pids_limit: raw.pids_limit.unwrap_or(0).max(0),
             allow_runtimes: raw.allow_runtimes,
@@ -531,6 +536,9 @@ mod tests {
         assert_eq!(o.dangling_grace, Duration::from_secs(120));
         assert_eq!(o.extra_labels, ["job_name", "task*"]);
         assert_eq!(o.infra_image, "pause:local");
+        assert_eq!(plugin(json!({"infra_image_pull_timeout": "30s"})).unwrap().infra_image_pull_timeout, Duration::from_secs(30));
+        assert_eq!(plugin(json!({})).unwrap().infra_image_pull_timeout, Duration::from_secs(300));
+        assert_eq!(plugin(json!({})).unwrap().infra_image, DEFAULT_INFRA_IMAGE);
     }
 
     #[test]

@@ -211,21 +211,25 @@ fn capability_lists(config: &TaskConfig, allow: CapSet) -> Result<(Vec<String>, 
     Ok((config.cap_add.clone(), drop))
 }
 
-/// Everything the create call sends, from the task and its parsed config.
+/// Everything the create call sends, from the task and its parsed config. `infra` is the
+/// alloc's infra container, which a task in a group network joins unless it names a
+/// `network_mode` of its own.
 pub fn create_body(
     task: &Task,
     config: &TaskConfig,
     options: &DockerOptions,
     image: &str,
     dirs: &TaskDirs,
+    infra: Option<&str>,
 ) -> Result<ContainerCreateBody, DriverError> {
-    if task.netns.is_some() {
-        return Err(DriverError::Refused(
-            "docker tasks in a group with a bridge or cni network are not supported yet (Nomad runs them in a pause container); \
-             use network mode host for the group"
-                .to_string(),
-        ));
-    }
+    let network_mode = match (&config.network_mode, infra) {
+        (Some(mode), _) => Some(mode.clone()),
+        (None, Some(infra)) => Some(format!("container:{infra}")),
+        (None, None) if task.netns.is_some() => {
+            return Err(DriverError::Docker("the task is in a group network but the alloc has no infra container".to_string()));
+        }
+        (None, None) => None,
+    };
     if config.port_map.is_some() {
         return Err(invalid("port_map: task-level port maps are not supported; use group network ports and `ports`"));
     }
@@ -293,7 +297,9 @@ pub fn create_body(
         .collect::<Result<Vec<_>, _>>()?;
 
     // Ports: each label maps the host port to the task's `to` (tcp and udp), as Nomad.
-    let container_network = config.network_mode.as_deref().is_some_and(|m| m.starts_with("container:"));
+    // The Engine refuses port bindings and exposed ports for a container that joins another's
+    // namespace; a group network's ports are mapped by CNI.
+    let container_network = network_mode.as_deref().is_some_and(|m| m.starts_with("container:"));
     let mut port_bindings: HashMap<String, Option<Vec<PortBinding>>> = HashMap::new();
     let mut exposed = Vec::new();
     for label in &config.ports {
@@ -398,7 +404,7 @@ pub fn create_body(
         storage_opt: map(&config.storage_opt),
         ulimits: (!ulimits.is_empty()).then_some(ulimits),
         log_config: Some(HostConfigLogConfig { typ: Some(log_type), config: map(&log_config) }),
-        network_mode: config.network_mode.clone(),
+        network_mode: network_mode.clone(),
         port_bindings: (!port_bindings.is_empty()).then_some(port_bindings),
         readonly_rootfs: Some(config.readonly_rootfs),
         init: config.init.then_some(true),
@@ -552,7 +558,7 @@ mod tests {
             "volumes": ["data:/data:ro"], "cap_drop": ["chown"], "dns_servers": ["8.8.8.8", "bogus"],
             "ulimit": [{"nofile": "1024:2048"}], "mount": [{"type": "tmpfs", "target": "/scratch", "tmpfs_options": [{"size": 1024}]}],
         }));
-        let body = create_body(&task(), &cfg, &options(), "x:1", &dirs()).unwrap();
+        let body = create_body(&task(), &cfg, &options(), "x:1", &dirs(), None).unwrap();
         let binding = json!([{"HostIp": "10.0.0.1", "HostPort": "25000"}]);
         let expected = json!({
             "Image": "x:1",
@@ -593,7 +599,8 @@ mod tests {
 
     #[test]
     fn policy_refusals_name_what_was_refused() {
-        let err = |v: serde_json::Value, o: &DockerOptions| create_body(&task(), &config(v), o, "x:1", &dirs()).unwrap_err().to_string();
+        let err =
+            |v: serde_json::Value, o: &DockerOptions| create_body(&task(), &config(v), o, "x:1", &dirs(), None).unwrap_err().to_string();
         let o = options();
         assert!(err(json!({"image": "x:1", "privileged": true}), &o).contains("privileged mode is disabled"));
         assert!(err(json!({"image": "x:1", "volumes": ["/etc:/etc"]}), &o).contains("volumes[0]: \"/etc\" is outside the alloc dir"));
@@ -612,25 +619,48 @@ mod tests {
         assert!(err(json!({"image": "x:1", "ulimit": {"nofile": "9:1"}}), &o).contains("soft limit 9 exceeds hard limit 1"));
         let mut bridged = task();
         bridged.netns = Some("/run/netns/x".into());
-        let e = create_body(&bridged, &config(json!({"image": "x:1"})), &o, "x:1", &dirs()).unwrap_err().to_string();
-        assert!(e.contains("bridge or cni network are not supported yet"), "{e}");
+        let e = create_body(&bridged, &config(json!({"image": "x:1"})), &o, "x:1", &dirs(), None).unwrap_err().to_string();
+        assert!(e.contains("the alloc has no infra container"), "{e}");
         // Allowed by the plugin.
         let mut open = options();
         open.allow_privileged = true;
         open.volumes_enabled = true;
-        let body =
-            create_body(&task(), &config(json!({"image": "x:1", "privileged": true, "volumes": ["/etc:/etc"]})), &open, "x:1", &dirs())
-                .unwrap();
+        let body = create_body(
+            &task(),
+            &config(json!({"image": "x:1", "privileged": true, "volumes": ["/etc:/etc"]})),
+            &open,
+            "x:1",
+            &dirs(),
+            None,
+        )
+        .unwrap();
         assert_eq!(body.host_config.unwrap().privileged, Some(true));
+    }
+
+    /// In a group network the container joins the infra container's namespace: no port is
+    /// bound or exposed (CNI maps them), and a `network_mode` of the task's own is kept.
+    #[test]
+    fn a_task_in_a_group_network_joins_the_infra_container() {
+        let mut bridged = task();
+        bridged.netns = Some("/run/netns/x".into());
+        let cfg = config(json!({"image": "x:1", "ports": ["http"]}));
+        let body = create_body(&bridged, &cfg, &options(), "x:1", &dirs(), Some("infra-id")).unwrap();
+        assert_eq!(body.exposed_ports, None);
+        let host = body.host_config.unwrap();
+        assert_eq!(host.network_mode.as_deref(), Some("container:infra-id"));
+        assert_eq!(host.port_bindings, None);
+        let own = config(json!({"image": "x:1", "network_mode": "host"}));
+        let host = create_body(&bridged, &own, &options(), "x:1", &dirs(), None).unwrap().host_config.unwrap();
+        assert_eq!(host.network_mode.as_deref(), Some("host"));
     }
 
     #[test]
     fn memory_without_memory_max_is_the_hard_limit() {
         let mut t = task();
         t.resources.memory_max_mib = 0;
-        let host = create_body(&t, &config(json!({"image": "x:1"})), &options(), "x:1", &dirs()).unwrap().host_config.unwrap();
+        let host = create_body(&t, &config(json!({"image": "x:1"})), &options(), "x:1", &dirs(), None).unwrap().host_config.unwrap();
         assert_eq!((host.memory, host.memory_reservation), (Some(256 * 1024 * 1024), None));
-        let host = create_body(&t, &config(json!({"image": "x:1", "memory_hard_limit": 300})), &options(), "x:1", &dirs())
+        let host = create_body(&t, &config(json!({"image": "x:1", "memory_hard_limit": 300})), &options(), "x:1", &dirs(), None)
             .unwrap()
             .host_config
             .unwrap();

@@ -4,14 +4,17 @@
 //! into the alloc's rotated log files, resuming after a restart where it left off.
 //!
 //! `config.rs` task and plugin config · `container.rs` the create body and container calls ·
-//! `images.rs` local/load/pull and image GC · `logs.rs` log following · `fingerprint.rs` ·
-//! `reaper.rs` dangling containers.
+//! `exec.rs` commands in a container (script checks, `alloc exec`) · `images.rs`
+//! local/load/pull and image GC · `logs.rs` log following · `network.rs` the infra container
+//! of a group network · `fingerprint.rs` · `reaper.rs` dangling containers.
 
 pub mod config;
 pub mod container;
+pub mod exec;
 pub mod fingerprint;
 pub mod images;
 pub mod logs;
+pub mod network;
 pub mod reaper;
 
 use std::collections::{BTreeSet, HashMap};
@@ -29,7 +32,8 @@ use nomad_proto::{DriverInfo, Timestamp};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Driver, DriverError, DriverState, ExitResult, LogConfig, ProcessRef, Recovered, SHARED_DIR, TaskConfig, TaskHandle, TaskStatus,
+    Driver, DriverError, DriverState, ExecOutput, ExecSession, ExitResult, LogConfig, ProcessRef, Recovered, SHARED_DIR, TaskConfig,
+    TaskHandle, TaskStatus,
 };
 use crate::fs_beneath::Links;
 pub use config::DockerOptions;
@@ -49,6 +53,13 @@ const OOM_EVENT_GRACE: Duration = Duration::from_secs(2);
 /// Most bytes of a `load` tarball name.
 const MAX_LOAD_NAME: usize = 4096;
 
+/// A client of the Engine at `socket`, speaking its API version.
+async fn connect(socket: &str) -> Result<Docker, DriverError> {
+    let unreachable = |e: bollard::errors::Error| DriverError::Docker(format!("no Docker Engine answers at {socket}: {e}"));
+    let docker = Docker::connect_with_unix(socket, 120, bollard::API_DEFAULT_VERSION).map_err(unreachable)?;
+    docker.negotiate_version().await.map_err(unreachable)
+}
+
 struct Follower {
     cancel: CancellationToken,
     done: tokio::task::JoinHandle<()>,
@@ -60,7 +71,8 @@ pub struct DockerDriver {
     client: tokio::sync::Mutex<Option<Docker>>,
     ever_detected: AtomicBool,
     reaper_started: AtomicBool,
-    /// Containers of tasks this agent runs (the reaper leaves them alone).
+    /// Containers of tasks this agent runs, and infra containers it made (the reaper leaves
+    /// them alone).
     tracked: Arc<Mutex<BTreeSet<String>>>,
     /// Container → the image it holds a reference on.
     image_users: Mutex<HashMap<String, String>>,
@@ -154,10 +166,7 @@ impl DockerDriver {
         if let Some(c) = client.as_ref() {
             return Ok(c.clone());
         }
-        let unreachable =
-            |e: bollard::errors::Error| DriverError::Docker(format!("no Docker Engine answers at {}: {e}", self.options.socket));
-        let docker = Docker::connect_with_unix(&self.options.socket, 120, bollard::API_DEFAULT_VERSION).map_err(unreachable)?;
-        let docker = docker.negotiate_version().await.map_err(unreachable)?;
+        let docker = connect(&self.options.socket).await?;
         *client = Some(docker.clone());
         Ok(docker)
     }
@@ -307,8 +316,18 @@ impl DockerDriver {
         let docker = self.client().await?;
         let image = container::normalize_image(&cfg.image);
         let dirs = Self::task_dirs(task)?;
+        // In a group network the container joins the alloc's infra container.
+        let infra = match (&task.netns, &cfg.network_mode) {
+            (Some(_), None) => Some(self.infra_container(&docker, &task.alloc_id).await?.and_then(|c| c.id).ok_or_else(|| {
+                DriverError::Docker(format!(
+                    "the alloc's infra container {} is not running: its group network is gone",
+                    network::infra_name(&task.alloc_id)
+                ))
+            })?),
+            _ => None,
+        };
         // Everything the task asks is checked before any image work.
-        let body = container::create_body(task, &cfg, &self.options, &image, &dirs)?;
+        let body = container::create_body(task, &cfg, &self.options, &image, &dirs, infra.as_deref())?;
         let image_id = self.ensure_image(&docker, task, &cfg, &image).await?;
         let name = container::container_name(task);
         let (id, adopted) = container::create(&docker, &name, body).await?;
@@ -369,14 +388,12 @@ impl Driver for DockerDriver {
                     && self.options.dangling_enabled
                     && !self.reaper_started.swap(true, Ordering::SeqCst)
                 {
-                    reaper::spawn(
-                        docker,
-                        root.display().to_string(),
-                        self.tracked.clone(),
-                        self.options.dangling_period,
-                        self.options.dangling_grace,
-                        self.options.dangling_dry_run,
-                    );
+                    let scope = reaper::Scope {
+                        alloc_root: root.display().to_string(),
+                        tracked: self.tracked.clone(),
+                        netns_dir: PathBuf::from(crate::client::network::NETNS_DIR),
+                    };
+                    reaper::spawn(docker, scope, self.options.dangling_period, self.options.dangling_grace, self.options.dangling_dry_run);
                 }
             }
             info
@@ -501,6 +518,35 @@ impl Driver for DockerDriver {
             let p = parts(handle)?;
             let docker = self.client().await?;
             container::kill(&docker, p.container_id, signal.as_str()).await
+        })
+    }
+
+    fn exec_task<'a>(
+        &'a self,
+        handle: &'a TaskHandle,
+        command: &'a str,
+        args: &'a [String],
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<ExecOutput, DriverError>> {
+        Box::pin(async move {
+            let p = parts(handle)?;
+            let docker = self.client().await?;
+            exec::run_bounded(&docker, p.container_id, &handle.task_name, command, args, timeout).await
+        })
+    }
+
+    fn exec_streaming<'a>(
+        &'a self,
+        handle: &'a TaskHandle,
+        command: &'a str,
+        args: &'a [String],
+        tty: bool,
+        size: Option<(u16, u16)>,
+    ) -> BoxFuture<'a, Result<ExecSession, DriverError>> {
+        Box::pin(async move {
+            let p = parts(handle)?;
+            let docker = self.client().await?;
+            exec::session(&docker, p.container_id, &handle.task_name, command, args, tty, size).await
         })
     }
 }

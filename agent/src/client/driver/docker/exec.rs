@@ -1,0 +1,246 @@
+//! Commands in a running container through the Engine's exec API, with the contract of the
+//! other drivers (`task_exec`):
+//! - [`run_bounded`] for script checks (`Driver::exec_task`): no stdin, no TTY, the last
+//!   [`CHECK_BUF_SIZE`](super::super::CHECK_BUF_SIZE) bytes of stdout and stderr together, the
+//!   exit code, killed when the timeout passes.
+//! - [`session`] for `alloc exec` (`Driver::exec_streaming`): stdin, stdout and stderr attached,
+//!   a TTY when asked (its size set at start and on every resize), the exit code once the
+//!   output is drained; dropping the session kills the command.
+//!
+//! The Engine keeps an exec's output open at most 2 s after its process exits (children that
+//! hold it lose it then), so reading to the end of the stream is how the end is found. It has no
+//! call to end an exec, so a command that outlives its caller is killed from the host: the PID
+//! the exec's inspect reports and the processes under it, each checked by its start time before
+//! the signal (no stranger that got a reused PID is hit).
+
+use std::time::Duration;
+
+use bollard::Docker;
+use bollard::container::LogOutput;
+use bollard::exec::{CreateExecOptions, ResizeExecOptions, StartExecOptions, StartExecResults};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use nix::sys::signal::Signal;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot};
+
+use super::super::task_exec::{SESSION_CHUNK, Tail};
+use super::super::{DriverError, ExecInput, ExecOutput, ExecOutputChunk, ExecSession};
+use super::container::{engine_error, status_of};
+use crate::executor::process::{ProcessRef, process_tree};
+
+/// How long the exit code is asked for after the output ended (Nomad polls up to 3 s).
+const EXIT_WAIT: Duration = Duration::from_secs(3);
+/// Between two asks.
+const EXIT_POLL: Duration = Duration::from_millis(25);
+
+type Output = BoxStream<'static, Result<LogOutput, bollard::errors::Error>>;
+type Input = std::pin::Pin<Box<dyn AsyncWrite + Send>>;
+
+/// One exec of `command args` in the container, attached.
+struct Exec {
+    id: String,
+    output: Output,
+    input: Input,
+}
+
+fn not_running(task_name: &str) -> DriverError {
+    DriverError::ExecFailed(format!("task {task_name:?} is not running"))
+}
+
+/// Creates and starts the exec; `Err` names why it could not run.
+async fn start(
+    docker: &Docker,
+    container_id: &str,
+    task_name: &str,
+    command: &str,
+    args: &[String],
+    stdin: bool,
+    tty: bool,
+) -> Result<Exec, DriverError> {
+    let cmd: Vec<String> = std::iter::once(command.to_string()).chain(args.iter().cloned()).collect();
+    let options = CreateExecOptions {
+        attach_stdin: Some(stdin),
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        tty: Some(tty),
+        cmd: Some(cmd),
+        ..Default::default()
+    };
+    let id = match docker.create_exec(container_id, options).await {
+        Ok(created) => created.id,
+        // 404: the container is gone; 409: it is not running (or paused).
+        Err(e) if matches!(status_of(&e), Some(404 | 409)) => return Err(not_running(task_name)),
+        Err(e) => return Err(engine_error("create exec", e)),
+    };
+    let start = StartExecOptions { detach: false, tty, output_capacity: Some(SESSION_CHUNK) };
+    match docker.start_exec(&id, Some(start)).await {
+        Ok(StartExecResults::Attached { output, input }) => Ok(Exec { id, output, input }),
+        Ok(StartExecResults::Detached) => Err(DriverError::ExecFailed("the Engine started the exec detached".into())),
+        Err(e) if matches!(status_of(&e), Some(404 | 409)) => Err(not_running(task_name)),
+        Err(e) => Err(engine_error("start exec", e)),
+    }
+}
+
+/// The bytes of one output item and whether they are stderr (a TTY's output is one stream).
+fn bytes_of(item: LogOutput) -> Option<(bool, bytes::Bytes)> {
+    match item {
+        LogOutput::StdOut { message } | LogOutput::Console { message } => Some((false, message)),
+        LogOutput::StdErr { message } => Some((true, message)),
+        LogOutput::StdIn { .. } => None,
+    }
+}
+
+/// The exit code once the Engine reports the exec ended (up to [`EXIT_WAIT`]).
+async fn exit_code(docker: &Docker, id: &str) -> Result<i32, DriverError> {
+    let deadline = tokio::time::Instant::now() + EXIT_WAIT;
+    loop {
+        let inspected = docker.inspect_exec(id).await.map_err(|e| engine_error("inspect exec", e))?;
+        if inspected.running == Some(false) {
+            return Ok(inspected.exit_code.unwrap_or(-1) as i32);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(DriverError::ExecFailed(format!("the command's output ended but it did not exit within {EXIT_WAIT:?}")));
+        }
+        tokio::time::sleep(EXIT_POLL).await;
+    }
+}
+
+/// Kills the exec's process and the processes under it; one already gone is fine.
+async fn kill(docker: &Docker, id: &str) {
+    let pid = match docker.inspect_exec(id).await {
+        Ok(inspected) if inspected.running == Some(true) => inspected.pid.unwrap_or(0) as i32,
+        Ok(_) => return,
+        Err(e) => {
+            tracing::warn!(exec = %id, error = %e, "cannot find the exec's process to kill it");
+            return;
+        }
+    };
+    if pid <= 0 {
+        return;
+    }
+    // Identities first, signals after: once the top is killed its children move to the
+    // container's init and could no longer be found under it.
+    let tree: Vec<ProcessRef> = process_tree(pid).into_iter().filter_map(|p| ProcessRef::of(p).ok()).collect();
+    for process in tree {
+        let _ = process.signal(Signal::SIGKILL);
+    }
+}
+
+/// Runs the command with no stdin and keeps the tail of its output; see the module docs.
+pub async fn run_bounded(
+    docker: &Docker,
+    container_id: &str,
+    task_name: &str,
+    command: &str,
+    args: &[String],
+    timeout: Duration,
+) -> Result<ExecOutput, DriverError> {
+    let mut exec = start(docker, container_id, task_name, command, args, false, false).await?;
+    let mut tail = Tail::check_buffer();
+    let finished = tokio::time::timeout(timeout, async {
+        while let Some(item) = exec.output.next().await {
+            match item.map(bytes_of) {
+                Ok(Some((_, bytes))) => tail.push(&bytes),
+                Ok(None) => {}
+                // The connection broke: what the Engine says about the exec decides.
+                Err(e) => {
+                    tracing::debug!(exec = %exec.id, error = %e, "exec output ended");
+                    break;
+                }
+            }
+        }
+        exit_code(docker, &exec.id).await
+    })
+    .await;
+    match finished {
+        Ok(code) => Ok(ExecOutput { output: tail.to_vec(), exit_code: code? }),
+        Err(_) => {
+            kill(docker, &exec.id).await;
+            Err(DriverError::ExecTimedOut(timeout))
+        }
+    }
+}
+
+/// Starts the command interactively; see the module docs.
+pub async fn session(
+    docker: &Docker,
+    container_id: &str,
+    task_name: &str,
+    command: &str,
+    args: &[String],
+    tty: bool,
+    size: Option<(u16, u16)>,
+) -> Result<ExecSession, DriverError> {
+    let exec = start(docker, container_id, task_name, command, args, true, tty).await?;
+    let Exec { id, mut output, input } = exec;
+    if tty && let Some((height, width)) = size {
+        resize(docker, &id, height, width).await;
+    }
+    let (in_tx, in_rx) = mpsc::channel::<ExecInput>(64);
+    let (out_tx, out_rx) = mpsc::channel::<ExecOutputChunk>(64);
+    let (exit_tx, exit_rx) = oneshot::channel();
+    tokio::spawn(feed_input(docker.clone(), id.clone(), input, in_rx, tty));
+    let pump = tokio::spawn(async move {
+        while let Some(Ok(item)) = output.next().await {
+            let Some((stderr, bytes)) = bytes_of(item) else { continue };
+            let chunk = if stderr { ExecOutputChunk::Stderr(bytes.to_vec()) } else { ExecOutputChunk::Stdout(bytes.to_vec()) };
+            if out_tx.send(chunk).await.is_err() {
+                return;
+            }
+        }
+        let _ = out_tx.send(ExecOutputChunk::StdoutClosed).await;
+        let _ = out_tx.send(ExecOutputChunk::StderrClosed).await;
+    });
+    let docker = docker.clone();
+    tokio::spawn(async move {
+        let mut exit_tx = exit_tx;
+        tokio::select! {
+            _ = pump => {}
+            // Nobody listens any more: the command goes.
+            _ = exit_tx.closed() => {
+                kill(&docker, &id).await;
+                return;
+            }
+        }
+        let _ = exit_tx.send(exit_code(&docker, &id).await);
+    });
+    Ok(ExecSession { input: in_tx, output: out_rx, exit: exit_rx })
+}
+
+async fn resize(docker: &Docker, id: &str, height: u16, width: u16) {
+    if let Err(e) = docker.resize_exec(id, ResizeExecOptions { height, width }).await {
+        tracing::debug!(exec = %id, error = %e, "resizing the exec's terminal");
+    }
+}
+
+/// Stdin bytes, its end and terminal resizes, in the order the caller sent them.
+async fn feed_input(docker: Docker, id: String, input: Input, mut from: mpsc::Receiver<ExecInput>, tty: bool) {
+    let mut stdin = Some(input);
+    while let Some(msg) = from.recv().await {
+        match msg {
+            ExecInput::Stdin(data) => {
+                if let Some(w) = stdin.as_mut()
+                    && (w.write_all(&data).await.is_err() || w.flush().await.is_err())
+                {
+                    stdin = None;
+                }
+            }
+            ExecInput::CloseStdin => match stdin.as_mut() {
+                // A terminal has no end of its own: EOT at the start of a line is one.
+                Some(w) if tty => {
+                    let _ = w.write_all(&[4]).await;
+                    let _ = w.flush().await;
+                }
+                // Half-closes the connection: the Engine closes the command's stdin.
+                Some(w) => {
+                    let _ = w.shutdown().await;
+                    stdin = None;
+                }
+                None => {}
+            },
+            ExecInput::Resize { height, width } if tty => resize(&docker, &id, height, width).await,
+            ExecInput::Resize { .. } => {}
+        }
+    }
+}
