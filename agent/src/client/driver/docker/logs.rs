@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use super::super::{LOG_DIR, LogConfig};
+use super::container::status_of;
 use crate::executor::logs::RotatingLog;
 use crate::fs_beneath::Beneath;
 
@@ -153,11 +154,13 @@ pub async fn follow(docker: Docker, container_id: String, task: LogTarget, cance
                 }
             }
         }
-        // The stream ends when the container stops; anything else (an Engine restart) reconnects.
-        let running =
-            docker.inspect_container(&container_id, None).await.ok().and_then(|c| c.state).and_then(|s| s.running).unwrap_or(false);
-        if !running {
-            return;
+        // The stream ends when the container stops or is removed; anything else (the Engine
+        // restarted or cannot be reached for now) reconnects, so no output is lost meanwhile.
+        match docker.inspect_container(&container_id, None).await {
+            Ok(c) if !c.state.as_ref().and_then(|s| s.running).unwrap_or(false) => return,
+            Err(e) if status_of(&e) == Some(404) => return,
+            Ok(_) => {}
+            Err(e) => tracing::debug!(container = %container_id, error = %e, "docker logs: the Engine does not answer; retrying"),
         }
         if got_any {
             backoff = RECONNECT_MIN;

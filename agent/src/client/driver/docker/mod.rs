@@ -46,6 +46,8 @@ const LOG_DRAIN: Duration = Duration::from_secs(5);
 const DESTROY_WAIT: Duration = Duration::from_secs(10);
 /// How long a SIGKILLed exit waits for a late OOM or removal event.
 const OOM_EVENT_GRACE: Duration = Duration::from_secs(2);
+/// How long a fingerprint waits for the Engine's answers.
+const FINGERPRINT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most bytes of a `load` tarball name.
 const MAX_LOAD_NAME: usize = 4096;
 
@@ -373,8 +375,17 @@ impl Driver for DockerDriver {
 
     fn fingerprint(&self) -> BoxFuture<'_, DriverInfo> {
         Box::pin(async move {
-            let docker = self.client().await.ok();
-            let info = fingerprint::fingerprint(docker.as_ref(), &self.options, self.ever_detected.load(Ordering::SeqCst)).await;
+            let ever_detected = self.ever_detected.load(Ordering::SeqCst);
+            // A hung Engine must not hold the node's fingerprint (every driver's) for long.
+            let answered = tokio::time::timeout(FINGERPRINT_TIMEOUT, async {
+                let docker = self.client().await.ok();
+                (fingerprint::fingerprint(docker.as_ref(), &self.options, ever_detected).await, docker)
+            })
+            .await;
+            let (info, docker) = match answered {
+                Ok(answered) => answered,
+                Err(_) => (fingerprint::failed(ever_detected, &format!("no answer within {FINGERPRINT_TIMEOUT:?}")), None),
+            };
             if info.healthy {
                 self.ever_detected.store(true, Ordering::SeqCst);
                 if let (Some(docker), Some(root)) = (docker, &self.options.alloc_root)
