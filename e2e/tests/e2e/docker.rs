@@ -23,7 +23,7 @@ use crate::SETTLE;
 use crate::cli::{alloc_with_status, allocs, busybox_rootfs, http_get, isolated_tasks_possible, logs_contain, nomad, port, stop_and_purge};
 
 /// Root, an Engine and busybox (for the image); skipped loudly otherwise, failed under CI.
-fn docker_possible() -> bool {
+pub(crate) fn docker_possible() -> bool {
     nomad_testkit::prereq::met(&[Prereq::Root, Prereq::Docker, Prereq::Busybox])
 }
 
@@ -35,12 +35,12 @@ fn docker(args: &[&str]) -> Option<String> {
 
 /// An image imported from the busybox rootfs, named for this test process and test; removed
 /// (with any tag) when dropped.
-struct TestImage {
-    name: String,
+pub(crate) struct TestImage {
+    pub(crate) name: String,
 }
 
 impl TestImage {
-    fn import(dir: &Path) -> TestImage {
+    pub(crate) fn import(dir: &Path) -> TestImage {
         let rootfs = busybox_rootfs(dir);
         let name = format!("nomad-rs-e2e/busybox:{}-{}", std::process::id(), uuid::Uuid::new_v4().simple());
         let tar = Command::new("tar").arg("-C").arg(&rootfs).args(["-c", "."]).stdout(Stdio::piped()).spawn().unwrap();
@@ -62,7 +62,7 @@ impl Drop for TestImage {
 
 /// A dev agent whose docker plugin has `plugin_config`, and every container it made removed
 /// when the test ends (a killed agent leaves its containers running by design).
-struct DockerAgent {
+pub(crate) struct DockerAgent {
     agent: Agent,
     alloc_root: String,
 }
@@ -92,9 +92,9 @@ impl std::ops::DerefMut for DockerAgent {
 }
 
 /// No dangling reaper unless a test asks for it (it has its own test).
-const NO_REAPER: &str = "gc {\n      dangling_containers {\n        enabled = false\n      }\n    }";
+pub(crate) const NO_REAPER: &str = "gc {\n      dangling_containers {\n        enabled = false\n      }\n    }";
 
-fn docker_agent(dir: &Path, plugin_config: &str) -> DockerAgent {
+pub(crate) fn docker_agent(dir: &Path, plugin_config: &str) -> DockerAgent {
     let config = format!("plugin \"docker\" {{\n  config {{\n    {plugin_config}\n  }}\n}}\n");
     let opts = AgentOptions { args: vec!["-dev".into()], config: Some(config), ..Default::default() };
     let agent = Agent::start("dev", dir, opts).expect("start dev agent");
