@@ -41,9 +41,13 @@ impl Position {
         std::fs::read(path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
     }
 
+    /// Replaces the file whole (a temp file renamed over it): an agent killed mid-write must not
+    /// leave a truncated position, which reads as "nothing written yet" and would copy the whole
+    /// log again.
     fn write(&self, path: &Path) {
+        let tmp = path.with_extension("json.tmp");
         if let Ok(bytes) = serde_json::to_vec(self)
-            && let Err(e) = std::fs::write(path, bytes)
+            && let Err(e) = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path))
         {
             tracing::warn!(path = %path.display(), error = %e, "saving the docker log position");
         }
@@ -191,6 +195,18 @@ mod tests {
         assert!(!p.admit(20, &mut seen), "the last line written is not written again");
         assert!(p.admit(20, &mut seen), "a new line with the same stamp is");
         assert!(p.admit(30, &mut seen));
+    }
+
+    #[test]
+    fn the_position_is_replaced_whole_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(POSITION_FILE);
+        assert_eq!(Position::read(&path), Position::default(), "none yet");
+        Position { last_ns: 7, at_last: 2 }.write(&path);
+        Position { last_ns: 9, at_last: 1 }.write(&path);
+        assert_eq!(Position::read(&path), Position { last_ns: 9, at_last: 1 });
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, [POSITION_FILE], "no temp file left behind");
     }
 
     #[test]
