@@ -43,8 +43,9 @@ impl TestImage {
     pub(crate) fn import(dir: &Path) -> TestImage {
         let rootfs = busybox_rootfs(dir);
         let name = format!("nomad-rs-e2e/busybox:{}-{}", std::process::id(), uuid::Uuid::new_v4().simple());
-        let tar = Command::new("tar").arg("-C").arg(&rootfs).args(["-c", "."]).stdout(Stdio::piped()).spawn().unwrap();
-        let out = Command::new("docker").args(["import", "-", &name]).stdin(tar.stdout.unwrap()).output().unwrap();
+        let mut tar = Command::new("tar").arg("-C").arg(&rootfs).args(["-c", "."]).stdout(Stdio::piped()).spawn().unwrap();
+        let out = Command::new("docker").args(["import", "-", &name]).stdin(tar.stdout.take().unwrap()).output().unwrap();
+        assert!(tar.wait().unwrap().success(), "tar of the rootfs");
         assert!(out.status.success(), "docker import: {}", String::from_utf8_lossy(&out.stderr));
         TestImage { name }
     }
@@ -491,7 +492,8 @@ fn a_container_removed_behind_the_agents_back_is_reported_failed_and_rescheduled
     // Removed while the agent watches it.
     docker(&["rm", "-f", &c1]).expect("docker rm -f");
     let list = wait_allocs(&agent, "victim", "the alloc to fail and be replaced", |l| {
-        l.iter().any(|a| a["ID"] == first.as_str() && a["ClientStatus"] == "failed") && running_other_than(l, &[first.clone()]).is_some()
+        l.iter().any(|a| a["ID"] == first.as_str() && a["ClientStatus"] == "failed")
+            && running_other_than(l, std::slice::from_ref(&first)).is_some()
     });
     let a = alloc(&agent.http(), &first);
     let terminated = events(&a, "t", "Terminated");
@@ -499,7 +501,7 @@ fn a_container_removed_behind_the_agents_back_is_reported_failed_and_rescheduled
         terminated.last().is_some_and(|e| e["DisplayMessage"].as_str().unwrap().contains("removed outside Nomad")),
         "the removal is what the task events say: {a}"
     );
-    let second = running_other_than(&list, &[first.clone()]).unwrap()["ID"].as_str().unwrap().to_string();
+    let second = running_other_than(&list, std::slice::from_ref(&first)).unwrap()["ID"].as_str().unwrap().to_string();
     let second_alloc = alloc(&agent.http(), &second);
     assert_eq!(second_alloc["PreviousAllocation"], first.as_str(), "a reschedule of the failed alloc");
     let c2 = the_container_of(&second);
