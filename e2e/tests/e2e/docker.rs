@@ -554,7 +554,8 @@ fn a_dangling_container_of_this_agent_is_reaped_after_its_grace_and_no_other() {
 
     wait_for("the dangling container to be reaped", Duration::from_secs(150), || (inspect(&dangling, "{{.Id}}").is_none()).then_some(()))
         .unwrap_or_else(|e| panic!("{e}\n{}", agent.logs()));
-    assert!(created.elapsed() >= Duration::from_secs(60), "reaped only after creation_grace: {:?}", created.elapsed());
+    // The Engine dates containers to the second: the grace can end up to 1 s early.
+    assert!(created.elapsed() >= Duration::from_secs(59), "reaped only after creation_grace: {:?}", created.elapsed());
     assert_eq!(inspect(&tracked, "{{.State.Running}}").as_deref(), Some("true"), "a task's container is kept");
     assert_eq!(inspect(&others, "{{.State.Running}}").as_deref(), Some("true"), "another agent's container is kept");
 }
