@@ -1,6 +1,6 @@
 """python-nomad 2.1.0's client module against a nomad-rs dev agent: the calls of python-nomad's
 own tests/test_client.py (ls, stat, cat, read_at, stream_file refusing a missing file, host stats,
-allocation stats, gc of one alloc and of all), plus signal and restart, on a raw_exec job.
+allocation stats, gc of one alloc and of all), plus signal and restart, on a raw_exec job, or on a docker job when NOMAD_DRIVER=docker (its image in NOMAD_IMAGE).
 
 Each call prints `ok: <name>` or `FAILED: <name>: <error>`; the last line is
 `N passed, M failed`, and the exit code is 1 when anything failed.
@@ -13,6 +13,13 @@ import nomad
 from nomad.api import exceptions
 
 client = nomad.Nomad(host=os.environ["NOMAD_HOST"], port=int(os.environ["NOMAD_PORT"]), timeout=10)
+
+driver = os.environ.get("NOMAD_DRIVER", "raw_exec")
+script = "echo started > local/out.txt; exec sleep 300"
+if driver == "docker":
+    config = {"image": os.environ["NOMAD_IMAGE"], "command": "sh", "args": ["-c", "cd / && " + script]}
+else:
+    config = {"command": "/bin/sh", "args": ["-c", script]}
 
 job = {
     "Job": {
@@ -27,8 +34,8 @@ job = {
                 "Tasks": [
                     {
                         "Name": "t",
-                        "Driver": "raw_exec",
-                        "Config": {"command": "/bin/sh", "args": ["-c", "echo started > local/out.txt; exec sleep 300"]},
+                        "Driver": driver,
+                        "Config": config,
                         "Resources": {"CPU": 100, "MemoryMB": 64},
                     }
                 ],

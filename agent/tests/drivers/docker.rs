@@ -308,6 +308,9 @@ async fn a_container_removed_behind_our_back_is_reported_failed() {
     container::remove(&docker(), &container_id(&handle)).await.unwrap();
     let exit = waiting.await.unwrap().unwrap();
     assert!(!exit.successful());
+    // `docker rm -f` kills before it removes, so the wait sees an exit first: the removal is
+    // still what the exit says.
+    assert!(exit.err.as_deref().is_some_and(|e| e.contains("removed outside Nomad")), "{exit:?}");
 }
 
 #[tokio::test]

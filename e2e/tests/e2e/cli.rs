@@ -68,12 +68,12 @@ pub(crate) fn dev_agent(dir: &Path) -> Agent {
 
 /// Whether exec and oci tasks can run here (root, runc, busybox-static): when not, the part of
 /// the test that needs them is skipped loudly, or the test fails under CI.
-fn isolated_tasks_possible() -> bool {
+pub(crate) fn isolated_tasks_possible() -> bool {
     nomad_testkit::prereq::met(&[Prereq::Root, Prereq::Runc, Prereq::Busybox])
 }
 
 /// `scripts/make-busybox-rootfs <dir>/rootfs`.
-fn busybox_rootfs(dir: &Path) -> PathBuf {
+pub(crate) fn busybox_rootfs(dir: &Path) -> PathBuf {
     let rootfs = dir.join("rootfs");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/make-busybox-rootfs");
     let out = Command::new(script).arg(&rootfs).output().expect("run make-busybox-rootfs");
@@ -82,12 +82,12 @@ fn busybox_rootfs(dir: &Path) -> PathBuf {
 }
 
 /// The job's allocations.
-fn allocs(http: &HttpClient, job: &str) -> Vec<Value> {
+pub(crate) fn allocs(http: &HttpClient, job: &str) -> Vec<Value> {
     http.get_json(&format!("/v1/job/{job}/allocations")).ok().and_then(|v| v.as_array().cloned()).unwrap_or_default()
 }
 
 /// The one allocation of `job`, once it has `status`.
-fn alloc_with_status(agent: &Agent, job: &str, status: &str) -> Value {
+pub(crate) fn alloc_with_status(agent: &Agent, job: &str, status: &str) -> Value {
     let http = agent.http();
     wait_for(&format!("the alloc of {job} to be {status}"), SETTLE, || {
         let list = allocs(&http, job);
@@ -97,7 +97,7 @@ fn alloc_with_status(agent: &Agent, job: &str, status: &str) -> Value {
 }
 
 /// `alloc logs [flags] <alloc>` until its output contains `text` (a task may not have flushed yet).
-fn logs_contain(agent: &Agent, alloc_id: &str, flags: &[&str], text: &str) -> String {
+pub(crate) fn logs_contain(agent: &Agent, alloc_id: &str, flags: &[&str], text: &str) -> String {
     let mut last = String::new();
     wait_for(&format!("`alloc logs {flags:?}` to show {text:?}"), SETTLE, || {
         let mut args = vec!["alloc", "logs"];
@@ -111,7 +111,7 @@ fn logs_contain(agent: &Agent, alloc_id: &str, flags: &[&str], text: &str) -> St
 }
 
 /// `job stop -purge`, then the job is gone.
-fn stop_and_purge(agent: &Agent, job: &str) {
+pub(crate) fn stop_and_purge(agent: &Agent, job: &str) {
     nomad(agent, &["job", "stop", "-purge", job]).expect(0, &format!("job stop -purge {job}"));
     let http = agent.http();
     wait_for(&format!("{job} to be purged"), SETTLE, || {
@@ -123,13 +123,13 @@ fn stop_and_purge(agent: &Agent, job: &str) {
 }
 
 /// An assigned host port of the alloc.
-fn port(alloc: &Value, label: &str) -> u16 {
+pub(crate) fn port(alloc: &Value, label: &str) -> u16 {
     let ports = alloc["AllocatedResources"]["Shared"]["Ports"].as_array().cloned().unwrap_or_default();
     let p = ports.iter().find(|p| p["Label"] == label).unwrap_or_else(|| panic!("no port {label} in {alloc}"));
     p["Value"].as_u64().unwrap() as u16
 }
 
-fn http_get(port: u16, path: &str) -> Option<String> {
+pub(crate) fn http_get(port: u16, path: &str) -> Option<String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(std::time::Duration::from_secs(5))).ok()?;

@@ -12,6 +12,7 @@ mod csi_controller;
 mod csi_plugin;
 mod csi_volume;
 mod disconnect;
+mod docker;
 mod docker_bridge;
 mod drain;
 mod events;

@@ -1,7 +1,8 @@
 //! API compatibility with a real third-party client: python-nomad 2.1.0.
 //!
 //! The project's test script installs python-nomad into a virtualenv and
-//! points `NOMAD_RS_PYTHON` at its interpreter.
+//! points `NOMAD_RS_PYTHON` at its interpreter. The client module runs against a raw_exec and a
+//! docker task (`compat_client.py`).
 
 use std::process::Command;
 
@@ -14,9 +15,20 @@ fn python() -> String {
 }
 
 fn run_script(script: &str, addr: &str) -> String {
+    run_script_with(script, addr, &[])
+}
+
+/// Runs `script` against the agent at `addr`, with `env` set for it.
+fn run_script_with(script: &str, addr: &str, env: &[(&str, &str)]) -> String {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("python").join(script);
     let (host, port) = addr.rsplit_once(':').unwrap();
-    let out = Command::new(python()).arg(&path).env("NOMAD_HOST", host).env("NOMAD_PORT", port).output().expect("running python");
+    let out = Command::new(python())
+        .arg(&path)
+        .env("NOMAD_HOST", host)
+        .env("NOMAD_PORT", port)
+        .envs(env.iter().copied())
+        .output()
+        .expect("running python");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{script} failed:\nstdout:\n{stdout}\nstderr:\n{}", String::from_utf8_lossy(&out.stderr));
     stdout
@@ -48,4 +60,24 @@ fn python_nomad_against_one_server_and_two_clients_registers_lists_reads_and_sto
     for step in ["NodeResources present", "one allocation on each client", "allocation stopped", "ok: cluster"] {
         assert!(out.contains(step), "missing {step:?}:\n{out}");
     }
+}
+
+#[test]
+fn python_nomads_client_module_reads_files_and_stats_signals_restarts_and_collects_a_raw_exec_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = crate::cli::dev_agent(&dir.path().join("agent"));
+    let out = run_script("compat_client.py", &agent.http_addr);
+    assert!(out.contains("11 passed, 0 failed"), "{out}");
+}
+
+#[test]
+fn python_nomads_client_module_works_on_a_docker_task() {
+    if !crate::docker::docker_possible() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = crate::docker::TestImage::import(dir.path());
+    let agent = crate::docker::docker_agent(&dir.path().join("agent"), crate::docker::NO_REAPER);
+    let out = run_script_with("compat_client.py", &agent.http_addr, &[("NOMAD_DRIVER", "docker"), ("NOMAD_IMAGE", &image.name)]);
+    assert!(out.contains("11 passed, 0 failed"), "{out}");
 }

@@ -56,6 +56,12 @@ pub trait Driver: Send + Sync {
         })
     }
 
+    /// The signal a stop sends first when the task sets no `kill_signal`: Nomad's SIGINT for
+    /// process drivers.
+    fn default_kill_signal(&self) -> Signal {
+        Signal::SIGINT
+    }
+
     /// Sends `signal`, and SIGKILL if the task is still running after `timeout`. By default
     /// signals go to the task's process group (it leads its own session).
     fn stop<'a>(&'a self, handle: &'a TaskHandle, signal: Signal, timeout: Duration) -> BoxFuture<'a, Result<(), DriverError>> {

@@ -50,7 +50,7 @@ use super::driver::{Driver, DriverError, ExitResult, LogConfig, Recovered, TaskC
 use super::state::{Durability, LocalTaskState};
 use crate::fs_beneath::{Beneath, Links};
 
-/// Nomad's default kill signal for process drivers.
+/// Nomad's default kill signal for process drivers (a driver may have its own).
 const DEFAULT_KILL_SIGNAL: Signal = Signal::SIGINT;
 
 /// A restart was asked of a task that is not running.
@@ -423,7 +423,7 @@ impl TaskRunner {
                 max_files: task.log_config.max_files.clamp(1, i64::from(u32::MAX)) as u32,
                 max_file_size: (task.log_config.max_file_size_mb.max(1) as u64) * 1024 * 1024,
             },
-            kill_signal: parse_signal(&task.kill_signal).unwrap_or(DEFAULT_KILL_SIGNAL),
+            kill_signal: parse_signal(&task.kill_signal).unwrap_or_else(|| driver.map_or(DEFAULT_KILL_SIGNAL, |d| d.default_kill_signal())),
             kill_timeout,
             mounts,
             netns: match crate::client::network::Mode::of_alloc(&alloc) {

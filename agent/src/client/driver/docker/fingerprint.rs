@@ -14,23 +14,26 @@ fn first_host(subnet: &str) -> Option<String> {
     Some(std::net::Ipv4Addr::from(u32::from(ip).checked_add(1)?).to_string())
 }
 
+/// No Engine answered: undetected when none ever did, else detected and unhealthy.
+pub fn failed(ever_detected: bool, why: &str) -> DriverInfo {
+    let mut info = DriverInfo { update_time: Timestamp::now(), ..DriverInfo::default() };
+    if ever_detected {
+        info.detected = true;
+        info.health_description = format!("Failed to connect to docker daemon: {why}");
+    } else {
+        info.health_description = format!("no Docker Engine answers: {why}");
+    }
+    info
+}
+
 /// The fingerprint from the Engine's answers; `ever_detected` decides between undetected (never
 /// seen an Engine) and unhealthy (one went away).
 pub async fn fingerprint(docker: Option<&Docker>, options: &DockerOptions, ever_detected: bool) -> DriverInfo {
     let mut info = DriverInfo { update_time: Timestamp::now(), ..DriverInfo::default() };
-    let failed = |mut info: DriverInfo, why: String| {
-        if ever_detected {
-            info.detected = true;
-            info.health_description = format!("Failed to connect to docker daemon: {why}");
-        } else {
-            info.health_description = format!("no Docker Engine answers: {why}");
-        }
-        info
-    };
-    let Some(docker) = docker else { return failed(info, format!("no socket at {}", options.socket)) };
+    let Some(docker) = docker else { return failed(ever_detected, &format!("no socket at {}", options.socket)) };
     let version = match docker.version().await {
         Ok(v) => v,
-        Err(e) => return failed(info, e.to_string()),
+        Err(e) => return failed(ever_detected, &e.to_string()),
     };
     let a = &mut info.attributes;
     a.insert("driver.docker".to_string(), "1".to_string());

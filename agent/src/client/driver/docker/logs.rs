@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use super::super::{LOG_DIR, LogConfig};
+use super::container::status_of;
 use crate::executor::logs::RotatingLog;
 use crate::fs_beneath::Beneath;
 
@@ -40,9 +41,13 @@ impl Position {
         std::fs::read(path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
     }
 
+    /// Replaces the file whole (a temp file renamed over it): an agent killed mid-write must not
+    /// leave a truncated position, which reads as "nothing written yet" and would copy the whole
+    /// log again.
     fn write(&self, path: &Path) {
+        let tmp = path.with_extension("json.tmp");
         if let Ok(bytes) = serde_json::to_vec(self)
-            && let Err(e) = std::fs::write(path, bytes)
+            && let Err(e) = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path))
         {
             tracing::warn!(path = %path.display(), error = %e, "saving the docker log position");
         }
@@ -153,11 +158,13 @@ pub async fn follow(docker: Docker, container_id: String, task: LogTarget, cance
                 }
             }
         }
-        // The stream ends when the container stops; anything else (an Engine restart) reconnects.
-        let running =
-            docker.inspect_container(&container_id, None).await.ok().and_then(|c| c.state).and_then(|s| s.running).unwrap_or(false);
-        if !running {
-            return;
+        // The stream ends when the container stops or is removed; anything else (the Engine
+        // restarted or cannot be reached for now) reconnects, so no output is lost meanwhile.
+        match docker.inspect_container(&container_id, None).await {
+            Ok(c) if !c.state.as_ref().and_then(|s| s.running).unwrap_or(false) => return,
+            Err(e) if status_of(&e) == Some(404) => return,
+            Ok(_) => {}
+            Err(e) => tracing::debug!(container = %container_id, error = %e, "docker logs: the Engine does not answer; retrying"),
         }
         if got_any {
             backoff = RECONNECT_MIN;
@@ -188,6 +195,18 @@ mod tests {
         assert!(!p.admit(20, &mut seen), "the last line written is not written again");
         assert!(p.admit(20, &mut seen), "a new line with the same stamp is");
         assert!(p.admit(30, &mut seen));
+    }
+
+    #[test]
+    fn the_position_is_replaced_whole_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(POSITION_FILE);
+        assert_eq!(Position::read(&path), Position::default(), "none yet");
+        Position { last_ns: 7, at_last: 2 }.write(&path);
+        Position { last_ns: 9, at_last: 1 }.write(&path);
+        assert_eq!(Position::read(&path), Position { last_ns: 9, at_last: 1 });
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, [POSITION_FILE], "no temp file left behind");
     }
 
     #[test]

@@ -48,8 +48,10 @@ const DEFAULT_PULL_TIMEOUT: Duration = Duration::from_secs(300);
 const LOG_DRAIN: Duration = Duration::from_secs(5);
 /// How long destroy waits for a killed container.
 const DESTROY_WAIT: Duration = Duration::from_secs(10);
-/// How long a SIGKILLed exit waits for a late OOM event.
+/// How long a SIGKILLed exit waits for a late OOM or removal event.
 const OOM_EVENT_GRACE: Duration = Duration::from_secs(2);
+/// How long a fingerprint waits for the Engine's answers.
+const FINGERPRINT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most bytes of a `load` tarball name.
 const MAX_LOAD_NAME: usize = 4096;
 
@@ -96,6 +98,11 @@ fn exit_of(c: &ContainerInspectResponse) -> ExitResult {
         .unwrap_or_else(Timestamp::now);
     let err = if oom { Some("OOM Killed".to_string()) } else { state.error.filter(|e| !e.is_empty()) };
     ExitResult { exit_code: state.exit_code.unwrap_or(-1) as i32, signal: 0, oom_killed: oom, finished_at, err, log_bytes_dropped: 0 }
+}
+
+/// What a task whose container was removed behind the agent's back reports.
+fn removed_message(container_id: &str) -> String {
+    format!("container {container_id} was removed outside Nomad")
 }
 
 fn running(c: &ContainerInspectResponse) -> bool {
@@ -278,15 +285,16 @@ impl DockerDriver {
         }
     }
 
-    /// The Engine sets `OOMKilled` from an OOM event that can arrive after the exit (cgroup v1
-    /// notifications race the exit), so a SIGKILLed container without the flag is checked
-    /// against the Engine's event log, waiting briefly for a late event.
-    async fn with_late_oom(docker: &Docker, id: &str, started_at: Timestamp, mut exit: ExitResult) -> ExitResult {
+    /// Why a SIGKILLed container (exit 137) died, from the Engine's event log: the Engine sets
+    /// `OOMKilled` from an OOM event that can arrive after the exit (cgroup v1 notifications race
+    /// the exit), and `docker rm -f` kills the container before it removes it, so the exit is
+    /// seen before the container is gone. Waits briefly for a late event of either kind.
+    async fn explain_sigkill(docker: &Docker, id: &str, started_at: Timestamp, mut exit: ExitResult) -> ExitResult {
         if exit.oom_killed || exit.exit_code != 137 {
             return exit;
         }
         let filters: HashMap<String, Vec<String>> =
-            [("container".to_string(), vec![id.to_string()]), ("event".to_string(), vec!["oom".to_string()])].into();
+            [("container".to_string(), vec![id.to_string()]), ("event".to_string(), vec!["oom".to_string(), "destroy".to_string()])].into();
         let until = Timestamp::now().unix_secs() + OOM_EVENT_GRACE.as_secs() as i64;
         let options = bollard::query_parameters::EventsOptions {
             since: Some((started_at.unix_secs() - 1).to_string()),
@@ -294,19 +302,25 @@ impl DockerDriver {
             filters: Some(filters),
         };
         let mut events = docker.events(Some(options));
-        let found = tokio::time::timeout(OOM_EVENT_GRACE * 2, async {
-            while let Some(event) = events.next().await {
-                if event.is_ok() {
-                    return true;
+        let (mut oom, mut removed) = (false, false);
+        let _ = tokio::time::timeout(OOM_EVENT_GRACE * 2, async {
+            while let Some(Ok(event)) = events.next().await {
+                match event.action.as_deref() {
+                    Some("oom") => oom = true,
+                    Some("destroy") => removed = true,
+                    _ => {}
+                }
+                if oom {
+                    break;
                 }
             }
-            false
         })
-        .await
-        .unwrap_or(false);
-        if found {
+        .await;
+        if oom {
             exit.oom_killed = true;
             exit.err = Some("OOM Killed".to_string());
+        } else if removed {
+            exit.err = Some(removed_message(id));
         }
         exit
     }
@@ -380,8 +394,17 @@ impl Driver for DockerDriver {
 
     fn fingerprint(&self) -> BoxFuture<'_, DriverInfo> {
         Box::pin(async move {
-            let docker = self.client().await.ok();
-            let info = fingerprint::fingerprint(docker.as_ref(), &self.options, self.ever_detected.load(Ordering::SeqCst)).await;
+            let ever_detected = self.ever_detected.load(Ordering::SeqCst);
+            // A hung Engine must not hold the node's fingerprint (every driver's) for long.
+            let answered = tokio::time::timeout(FINGERPRINT_TIMEOUT, async {
+                let docker = self.client().await.ok();
+                (fingerprint::fingerprint(docker.as_ref(), &self.options, ever_detected).await, docker)
+            })
+            .await;
+            let (info, docker) = match answered {
+                Ok(answered) => answered,
+                Err(_) => (fingerprint::failed(ever_detected, &format!("no answer within {FINGERPRINT_TIMEOUT:?}")), None),
+            };
             if info.healthy {
                 self.ever_detected.store(true, Ordering::SeqCst);
                 if let (Some(docker), Some(root)) = (docker, &self.options.alloc_root)
@@ -400,6 +423,11 @@ impl Driver for DockerDriver {
         })
     }
 
+    /// What `docker stop` sends when the task names no `kill_signal`.
+    fn default_kill_signal(&self) -> Signal {
+        Signal::SIGTERM
+    }
+
     fn validate_config(&self, task: &TaskConfig) -> Result<(), DriverError> {
         task.parse_driver_config::<config::TaskConfig>(NAME).map(drop)
     }
@@ -415,8 +443,8 @@ impl Driver for DockerDriver {
             let stopped = Self::wait_stopped(&docker, p.container_id).await?;
             self.drain_follower(p.container_id).await;
             Ok(match stopped {
-                Some(c) => Self::with_late_oom(&docker, p.container_id, handle.started_at, exit_of(&c)).await,
-                None => ExitResult::failed(format!("container {} was removed outside Nomad", p.container_id)),
+                Some(c) => Self::explain_sigkill(&docker, p.container_id, handle.started_at, exit_of(&c)).await,
+                None => ExitResult::failed(removed_message(p.container_id)),
             })
         })
     }
@@ -479,7 +507,7 @@ impl Driver for DockerDriver {
             if !running(&c) {
                 // Collect what it wrote while nobody followed, then report how it ended.
                 self.drain_follower(p.container_id).await;
-                return Ok(Recovered::Exited(Self::with_late_oom(&docker, p.container_id, handle.started_at, exit_of(&c)).await));
+                return Ok(Recovered::Exited(Self::explain_sigkill(&docker, p.container_id, handle.started_at, exit_of(&c)).await));
             }
             let mut recovered = handle.clone();
             recovered.task = process_ref(&c);
@@ -506,7 +534,7 @@ impl Driver for DockerDriver {
                     running: false,
                     pid: 0,
                     started_at: handle.started_at,
-                    exit: Some(ExitResult::failed(format!("container {} was removed outside Nomad", p.container_id))),
+                    exit: Some(ExitResult::failed(removed_message(p.container_id))),
                 }),
                 Err(e) => Err(engine_error("inspect container", e)),
             }
