@@ -623,15 +623,24 @@ mod tests {
             id: "web-1".into(),
             name: "web".into(),
             port: 8080,
-            connect: Some(serde_json::json!({"SidecarService": {"Proxy": {"Config": {"envoy_stats_tags": ["a=b"]}}}})),
+            connect: Some(ServiceConnect {
+                native: false,
+                sidecar_service: Some(Box::new(ServiceRegistration {
+                    proxy: Some(ConnectProxyConfig {
+                        config: [("envoy_stats_tags".to_string(), serde_json::json!(["a=b"]))].into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })),
+            }),
             ..Default::default()
         };
         c.service_register(&reg).await.unwrap();
         let proxy = c.service("web-1-sidecar-proxy", "team").await.unwrap();
         assert_eq!((proxy.kind.as_str(), proxy.service.as_str(), proxy.datacenter.as_str()), ("connect-proxy", "web-sidecar-proxy", "dc1"));
         let p = proxy.proxy.unwrap();
-        assert_eq!(p["DestinationServiceName"], "web");
-        assert_eq!(p["Config"]["envoy_stats_tags"], serde_json::json!(["a=b"]));
+        assert_eq!(p.destination_service_name, "web");
+        assert_eq!(p.config["envoy_stats_tags"], serde_json::json!(["a=b"]));
         let call = standin.calls_to("GET", "/v1/agent/service/").pop().unwrap();
         assert_eq!((call.path.as_str(), call.query.as_str()), ("/v1/agent/service/web-1-sidecar-proxy", "ns=team"));
         let err = c.service("nope", "").await.unwrap_err();

@@ -25,7 +25,6 @@ use std::collections::BTreeMap;
 
 use nomad_proto::service::{Service, ServiceCheck as JobCheck};
 use nomad_proto::{Allocation, Node, Task};
-use sha1::{Digest, Sha1};
 
 use super::{ServiceAddress, ServiceCheck, ServiceRegistration};
 use crate::cli::format::go_duration;
@@ -50,52 +49,10 @@ pub fn has_consul_services(alloc: &Allocation) -> bool {
     group.services.iter().chain(group.tasks.iter().flat_map(|t| t.services.iter())).any(is_consul)
 }
 
-/// Nomad's `ServiceCheck.Hash(serviceID)`: SHA-1 over the service ID and the check's fields in
-/// Nomad's order, hex. Optional fields are only hashed when set, so IDs stay what older Nomads
-/// made; durations are hashed as Go prints them.
+/// Nomad's `ServiceCheck.Hash(serviceID)` (one definition, in proto: the servers' mutator
+/// names exposed-check ports with it too).
 pub fn check_hash(service_id: &str, c: &JobCheck) -> String {
-    let mut h = Sha1::new();
-    for s in [
-        service_id,
-        &c.name,
-        &c.check_type,
-        &c.command,
-        &c.args.concat(),
-        &c.path,
-        &c.protocol,
-        &c.port_label,
-        &go_duration(c.interval),
-        &go_duration(c.timeout),
-        &c.method,
-        &c.body,
-        &c.on_update,
-    ] {
-        h.update(s.as_bytes());
-    }
-    if c.tls_skip_verify {
-        h.update(b"true");
-    }
-    // TLSServerName would go here when set; the job specification has none yet.
-    if !c.header.is_empty() {
-        let mut headers: Vec<String> = c.header.iter().map(|(k, v)| format!("{k}{}", v.concat())).collect();
-        headers.sort();
-        h.update(headers.concat().as_bytes());
-    }
-    for s in [&c.address_mode, &c.grpc_service] {
-        if !s.is_empty() {
-            h.update(s.as_bytes());
-        }
-    }
-    if c.grpc_use_tls {
-        h.update(b"true");
-    }
-    if c.success_before_passing != 0 {
-        h.update(format!("success:{}", c.success_before_passing).as_bytes());
-    }
-    if c.failures_before_critical != 0 {
-        h.update(format!("failures:{}", c.failures_before_critical).as_bytes());
-    }
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    c.hash(service_id)
 }
 
 /// The check ID Nomad registers: `_nomad-check-<hash>`.

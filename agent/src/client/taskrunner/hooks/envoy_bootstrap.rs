@@ -27,6 +27,7 @@
 //! the restarted agent reattaches to keeps the file it runs with; the `NOMAD_ENVOY_*` variables
 //! are computed from the alloc by the task runner, the same before and after a restart.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -163,9 +164,8 @@ impl EnvoyBootstrapHook {
         );
         let consul = self.deps.consul.as_deref().ok_or_else(|| fatal("this client has no Consul configuration"))?;
         let reg = self.registration(consul, &proxy_id, &namespace).await?;
-        let stats_tags = proxy_config(reg.proxy.as_ref().and_then(|p| p.get("Config"))).map_err(fatal)?;
-        let destination =
-            reg.proxy.as_ref().and_then(|p| p.get("DestinationServiceName")).and_then(Value::as_str).unwrap_or_default().to_string();
+        let stats_tags = proxy_config(reg.proxy.as_ref().map(|p| &p.config)).map_err(fatal)?;
+        let destination = reg.proxy.as_ref().map(|p| p.destination_service_name.clone()).unwrap_or_default();
         // Consul's `templateArgs`/`generateConfig`: a sidecar is its destination's cluster; a
         // gateway started with `-gateway <kind>` and no `-service` is its kind's, while the
         // source tag names the registered gateway.
@@ -203,7 +203,7 @@ impl EnvoyBootstrapHook {
         let mut attempt = 0u32;
         loop {
             let last = match consul.service(proxy_id, namespace).await {
-                Ok(s) if s.proxy.as_ref().is_some_and(|p| !p.is_null()) => return Ok(s),
+                Ok(s) if s.proxy.is_some() => return Ok(s),
                 Ok(_) => format!("service {proxy_id:?} is not a Connect proxy or gateway"),
                 Err(e) => format!("failed fetch proxy config from local agent: {e}"),
             };
@@ -239,8 +239,8 @@ async fn grpc_endpoint(raw: &str) -> Result<GrpcEndpoint, String> {
 
 /// `envoy_stats_tags` of a proxy's `Config` (mapstructure's weak decoding: a list, or one
 /// value), and the config keys that change the bootstrap, which are refused.
-fn proxy_config(config: Option<&Value>) -> Result<Vec<String>, String> {
-    let Some(Value::Object(config)) = config else { return Ok(Vec::new()) };
+fn proxy_config(config: Option<&BTreeMap<String, Value>>) -> Result<Vec<String>, String> {
+    let Some(config) = config else { return Ok(Vec::new()) };
     let unbuilt: Vec<&str> = UNBUILT_KEYS.iter().copied().filter(|k| config.get(*k).is_some_and(|v| !v.is_null())).collect();
     if !unbuilt.is_empty() {
         return Err(format!("proxy config {} not supported by this client's Envoy bootstrap", unbuilt.join(", ")));

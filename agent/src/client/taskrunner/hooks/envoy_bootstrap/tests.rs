@@ -8,7 +8,7 @@ use serde_json::json;
 use super::*;
 use crate::client::connect::proxy::tests::alloc;
 use crate::config::consul::ConsulSettings;
-use crate::consul::{ConsulClient, ServiceRegistration};
+use crate::consul::{ConsulClient, ServiceConnect, ServiceRegistration};
 
 const SIDECAR: &str = "connect-proxy-count-api";
 const GATEWAY: &str = "connect-terminating-tgw";
@@ -52,9 +52,16 @@ impl Fixture {
             id: "_nomad-task-9f1c0a2e-group-api-count-api-9001".into(),
             name: "count-api".into(),
             port: 9001,
-            connect: Some(json!({"SidecarService": {"Port": 21000, "Proxy": {"Config": {
-                "bind_address": "0.0.0.0", "bind_port": 21000,
-                "envoy_stats_tags": ["nomad.alloc_id=9f1c0a2e", "nomad.group=api"]}}}})),
+            connect: Some(ServiceConnect {
+                native: false,
+                sidecar_service: Some(Box::new(ServiceRegistration {
+                    port: 21000,
+                    proxy: Some(typed(json!({"Config": {
+                        "bind_address": "0.0.0.0", "bind_port": 21000,
+                        "envoy_stats_tags": ["nomad.alloc_id=9f1c0a2e", "nomad.group=api"]}}))),
+                    ..ServiceRegistration::default()
+                })),
+            }),
             ..ServiceRegistration::default()
         };
         self.client.service_register(&reg).await.unwrap();
@@ -66,7 +73,7 @@ impl Fixture {
             id: GATEWAY_ID.into(),
             name: "tgw".into(),
             port: 8443,
-            proxy: Some(json!({"Config": {"connect_timeout_ms": 5000, "envoy_gateway_no_default_bind": true}})),
+            proxy: Some(typed(json!({"Config": {"connect_timeout_ms": 5000, "envoy_gateway_no_default_bind": true}}))),
             ..ServiceRegistration::default()
         };
         self.client.service_register(&reg).await.unwrap();
@@ -214,7 +221,7 @@ async fn a_planted_symlink_is_not_written_through_and_unbuilt_config_is_named() 
         kind: "terminating-gateway".into(),
         id: GATEWAY_ID.into(),
         name: "tgw".into(),
-        proxy: Some(json!({"Config": {"envoy_prometheus_bind_addr": "0.0.0.0:9102"}})),
+        proxy: Some(typed(json!({"Config": {"envoy_prometheus_bind_addr": "0.0.0.0:9102"}}))),
         ..ServiceRegistration::default()
     };
     f.client.service_register(&reg).await.unwrap();
@@ -241,4 +248,9 @@ async fn every_written_bootstrap_passes_envoy_validate() {
         assert!(out.status.success() && text.contains("OK"), "{name}: {text}");
         assert!(!text.to_lowercase().contains("deprecated"), "{name}: {text}");
     }
+}
+
+/// A Consul API shape from its JSON, as the agent answers it.
+fn typed<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
+    serde_json::from_value(v).expect("a Consul API shape")
 }
