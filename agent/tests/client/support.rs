@@ -337,6 +337,7 @@ pub fn drivers() -> DriverRegistry {
 
 /// A client config rooted at `root`, in dev mode (1 s retries), talking to `servers`.
 pub fn client_config(root: &Path, servers: Vec<String>) -> ClientConfig {
+    kill_tasks_at_exit(root);
     let settings = ClientSettings {
         servers,
         state_dir: root.join("client"),
@@ -452,4 +453,52 @@ pub fn event_types(state: &TaskState) -> Vec<String> {
 /// Contents of a task's log file `<task>.<stream>.0` under the client's alloc dir.
 pub fn log_file(root: &Path, alloc_id: &str, task: &str, stream: &str) -> String {
     std::fs::read_to_string(root.join("alloc").join(alloc_id).join("alloc/logs").join(format!("{task}.{stream}.0"))).unwrap_or_default()
+}
+
+/// Roots whose tasks are killed when the test process exits.
+static TASK_ROOTS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Tasks outlive their client by design (an agent restart reattaches them), so a test's tasks
+/// would outlive the test: at exit, every executor started under `root` is killed with all the
+/// processes under it.
+pub fn kill_tasks_at_exit(root: &Path) {
+    static REGISTER: std::sync::Once = std::sync::Once::new();
+    // SAFETY: the handler is an `extern "C" fn` that does not unwind.
+    REGISTER.call_once(|| unsafe {
+        libc::atexit(kill_test_tasks);
+    });
+    TASK_ROOTS.lock().unwrap_or_else(|e| e.into_inner()).push(root.to_path_buf());
+}
+
+extern "C" fn kill_test_tasks() {
+    let _ = std::panic::catch_unwind(|| {
+        let roots: Vec<String> =
+            TASK_ROOTS.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|r| r.to_string_lossy().into_owned()).collect();
+        let mut parent_of = Vec::new();
+        let mut executors = Vec::new();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else { continue };
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            // The parent PID is the second field after the command's closing parenthesis.
+            let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok());
+            if let Some(ppid) = ppid {
+                parent_of.push((pid, ppid));
+            }
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            if cmdline.contains("nomad-rs-executor") && roots.iter().any(|r| cmdline.contains(r.as_str())) {
+                executors.push(pid);
+            }
+        }
+        let mut doomed = executors.clone();
+        let mut i = 0;
+        while i < doomed.len() {
+            let p = doomed[i];
+            doomed.extend(parent_of.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+            i += 1;
+        }
+        for pid in doomed {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+    });
 }
