@@ -24,6 +24,52 @@ pub fn pause_image() -> &'static str {
     })
 }
 
+/// `docker.io/envoyproxy/envoy:v<version>` (the name Nomad's default `connect.sidecar_image`
+/// resolves to for that version), made from the host's Envoy binary at `envoy`, which must be
+/// that version: the binary as `/usr/local/bin/envoy` (the entrypoint) and the shared libraries
+/// `ldd` lists at their paths, nothing else. The image carries a label with the archive's digest
+/// and is imported again only when the Engine's copy differs.
+pub fn envoy_image(envoy: &Path, version: &str) -> Result<String, String> {
+    let dir = tempfile::tempdir().map_err(|e| format!("make a temp dir: {e}"))?;
+    let rootfs = dir.path().join("rootfs");
+    let place = |from: &Path, to: &Path| -> Result<(), String> {
+        let dest = rootfs.join(to.strip_prefix("/").unwrap_or(to));
+        std::fs::create_dir_all(dest.parent().expect("a parent")).map_err(|e| format!("mkdir for {}: {e}", dest.display()))?;
+        std::fs::copy(from, &dest).map(drop).map_err(|e| format!("copy {} to {}: {e}", from.display(), dest.display()))
+    };
+    place(envoy, Path::new("/usr/local/bin/envoy"))?;
+    let ldd = run(Command::new("ldd").arg(envoy), None)?;
+    for line in String::from_utf8_lossy(&ldd).lines() {
+        // `libm.so.6 => /lib/x86_64-linux-gnu/libm.so.6 (0x...)` or `/lib64/ld-linux-x86-64.so.2 (0x...)`.
+        let path = line.split("=>").last().and_then(|rest| rest.split_whitespace().next()).filter(|p| p.starts_with('/'));
+        if let Some(path) = path {
+            place(Path::new(path), Path::new(path))?;
+        }
+    }
+    std::fs::create_dir_all(rootfs.join("tmp")).map_err(|e| format!("mkdir tmp: {e}"))?;
+    let tar = run(
+        Command::new("tar")
+            .args(["--sort=name", "--mtime=@0", "--owner=0", "--group=0", "--numeric-owner", "-C"])
+            .arg(&rootfs)
+            .args(["-c", "."]),
+        None,
+    )?;
+    drop(dir);
+    let digest = run(&mut Command::new("sha256sum"), Some(&tar))?;
+    let digest = String::from_utf8_lossy(&digest).chars().take(16).collect::<String>();
+    let name = format!("docker.io/envoyproxy/envoy:v{version}");
+    let label = "org.nomad-rs.test.digest";
+    let format = format!("{{{{index .Config.Labels \"{label}\"}}}}");
+    let current = run(Command::new("docker").args(["image", "inspect", "--format", &format, &name]), None);
+    if current.is_ok_and(|l| String::from_utf8_lossy(&l).trim() == digest) {
+        return Ok(name);
+    }
+    let entrypoint = r#"ENTRYPOINT ["/usr/local/bin/envoy"]"#;
+    let label_change = format!("LABEL {label}={digest}");
+    run(Command::new("docker").args(["import", "--change", entrypoint, "--change", &label_change, "-", &name]), Some(&tar))?;
+    Ok(name)
+}
+
 fn run(cmd: &mut Command, input: Option<&[u8]>) -> Result<Vec<u8>, String> {
     let what = format!("{cmd:?}");
     let mut child = cmd

@@ -27,6 +27,10 @@ pub struct AgentArgs {
     /// Development mode: server and client in one process, temporary state, raw_exec enabled.
     #[arg(long)]
     pub dev: bool,
+    /// Development mode for Consul Connect: as -dev, listening on every address, with the default
+    /// route's interface as the node's (bridge networks reach it). Root only.
+    #[arg(long = "dev-connect")]
+    pub dev_connect: bool,
     /// Run the server role.
     #[arg(long)]
     pub server: bool,
@@ -90,7 +94,8 @@ impl AgentArgs {
     fn flags(&self) -> AgentFlags {
         AgentFlags {
             config: self.config.clone(),
-            dev: self.dev,
+            dev: self.dev || self.dev_connect,
+            dev_connect: self.dev_connect,
             server: self.server,
             client: self.client,
             data_dir: self.data_dir.clone(),
@@ -118,9 +123,15 @@ impl AgentArgs {
 /// storage cannot be written): then it stops and returns that error, so the process exits
 /// non-zero and a supervisor restarts it.
 pub async fn run(args: AgentArgs) -> Result<()> {
+    if args.dev_connect && !nix::unistd::geteuid().is_root() {
+        anyhow::bail!("-dev-connect uses network namespaces and is only supported for root.");
+    }
     // Dev mode keeps its state in a temp dir removed on exit.
-    let dev_dir =
-        if args.dev && args.data_dir.is_none() { Some(tempfile::Builder::new().prefix("nomad-rs-dev-").tempdir()?) } else { None };
+    let dev_dir = if (args.dev || args.dev_connect) && args.data_dir.is_none() {
+        Some(tempfile::Builder::new().prefix("nomad-rs-dev-").tempdir()?)
+    } else {
+        None
+    };
     let mut cfg = AgentConfig::resolve(&args.flags(), dev_dir.as_ref().map(|d| d.path().to_path_buf()))?;
     crate::logging::init(&cfg.log_level);
     if !cfg.sources.is_empty() {
@@ -317,8 +328,13 @@ fn agent_health(server: Option<&Server>, client: Option<&Client>) -> nomad_serve
 }
 
 /// Starts the client role with the agent's settings.
-async fn start_client(cfg: &AgentConfig, settings: crate::config::ClientSettings) -> Result<Client> {
+async fn start_client(cfg: &AgentConfig, mut settings: crate::config::ClientSettings) -> Result<Client> {
     let exec_policy = cfg.exec_policy(&settings.options).map_err(anyhow::Error::msg)?;
+    if cfg.dev_connect && settings.network_interface.is_none() {
+        let iface = crate::client::fingerprint::network::default_route_interface()
+            .ok_or_else(|| anyhow::anyhow!("-dev-connect uses network namespaces: could not find public network interface"))?;
+        settings.network_interface = Some(iface);
+    }
     // A network_interface that names nothing is a configuration error, not a node without a network.
     if let Some(name) = &settings.network_interface {
         crate::client::fingerprint::network::interface_address(name).map_err(anyhow::Error::msg)?;

@@ -22,8 +22,11 @@ pub use file::ConfigError;
 pub struct AgentFlags {
     /// `-config` (repeatable): files or directories.
     pub config: Vec<PathBuf>,
-    /// `-dev`.
+    /// `-dev` (also set by `-dev-connect`).
     pub dev: bool,
+    /// `-dev-connect`: dev mode listening on every address, the node on the default route's
+    /// interface (Nomad's `devModeConfig.connectMode`).
+    pub dev_connect: bool,
     /// `-server`.
     pub server: bool,
     /// `-client`.
@@ -262,6 +265,8 @@ pub struct AgentConfig {
     pub log_level: String,
     /// Dev mode (temp data dir, server + client, raw_exec on).
     pub dev: bool,
+    /// `-dev-connect`: the client's `network_interface` defaults to the default route's.
+    pub dev_connect: bool,
     /// Server role, when enabled.
     pub server: Option<ServerSettings>,
     /// Client role, when enabled.
@@ -377,7 +382,9 @@ impl AgentConfig {
             None if dev => dev_data_dir.ok_or_else(|| invalid("data_dir", "dev mode needs a temporary data dir".into()))?,
             None => return Err(invalid("data_dir", "Must specify data directory (data_dir in a config file or -data-dir)".into())),
         };
-        let default_bind = if dev { "127.0.0.1" } else { "0.0.0.0" };
+        // -dev-connect listens everywhere (so the CLI "just works" whatever address it is given),
+        // plain -dev on loopback only.
+        let default_bind = if dev && !flags.dev_connect { "127.0.0.1" } else { "0.0.0.0" };
         let bind_str = flags.bind.clone().or(f.bind_addr).unwrap_or_else(|| default_bind.into());
         let bind_addr: IpAddr = bind_str.parse().map_err(|_| invalid("bind_addr", format!("{bind_str:?} is not an IP address")))?;
         let ports = f.ports.unwrap_or_default();
@@ -554,6 +561,7 @@ impl AgentConfig {
             advertise_rpc,
             log_level,
             dev,
+            dev_connect: dev && flags.dev_connect,
             server,
             client,
             plugins,
@@ -700,6 +708,19 @@ mod tests {
         assert_eq!(c.http_port, 4646);
         assert_eq!(c.client.as_ref().unwrap().servers, vec!["127.0.0.1:4647"]);
         assert_eq!(c.data_dir, PathBuf::from("/tmp/dev"));
+    }
+
+    /// `-dev-connect` (which sets `-dev` too) listens everywhere unless told otherwise; its RPC
+    /// stays on loopback as any dev agent's; plain `-dev` is not Connect's.
+    #[test]
+    fn dev_connect_listens_everywhere_and_marks_the_config() {
+        let c = resolve("", AgentFlags { dev: true, dev_connect: true, ..Default::default() }).unwrap();
+        assert!(c.bind_addr.is_unspecified(), "{}", c.bind_addr);
+        assert_eq!(c.rpc_bind_addr.to_string(), "127.0.0.1");
+        assert!(c.dev && c.dev_connect && c.plugin_enabled("raw_exec"));
+        let c = resolve("", AgentFlags { dev: true, dev_connect: true, bind: Some("127.0.0.1".into()), ..Default::default() }).unwrap();
+        assert_eq!(c.bind_addr.to_string(), "127.0.0.1", "-bind wins");
+        assert!(!resolve("", AgentFlags { dev: true, ..Default::default() }).unwrap().dev_connect);
     }
 
     #[test]

@@ -44,6 +44,9 @@ pub struct ConsulOptions {
     pub management_token: Option<String>,
     /// The built-in CA's leaf lifetime (Consul's `LeafCertTTL`, 72h by default).
     pub leaf_cert_ttl: Duration,
+    /// `xDS.SupportedProxies.envoy`, most preferred first (Consul 1.16.1's by default): the first
+    /// is the version Nomad's `${NOMAD_envoy_version}` becomes.
+    pub supported_envoy: Vec<String>,
 }
 
 impl Default for ConsulOptions {
@@ -61,6 +64,7 @@ impl Default for ConsulOptions {
             segment: None,
             management_token: None,
             leaf_cert_ttl: Duration::from_secs(72 * 3600),
+            supported_envoy: ["1.26.4", "1.25.9", "1.24.10", "1.23.12"].map(String::from).to_vec(),
         }
     }
 }

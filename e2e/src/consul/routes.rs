@@ -342,7 +342,7 @@ fn agent_self(shared: &Shared, who: &Who) -> Resp {
                        "ProtocolMin": 1, "ProtocolMax": 5, "ProtocolCur": 2, "DelegateMin": 2, "DelegateMax": 5, "DelegateCur": 4},
             "Stats": {},
             "Meta": {"consul-network-segment": o.segment.clone().unwrap_or_default()},
-            "xDS": {"SupportedProxies": {"envoy": ["1.26.4", "1.25.9", "1.24.10", "1.23.12"]}, "Port": o.grpc_port, "Ports": {"Plaintext": o.grpc_port, "TLS": o.grpc_tls_port}},
+            "xDS": {"SupportedProxies": {"envoy": o.supported_envoy}, "Port": o.grpc_port, "Ports": {"Plaintext": o.grpc_port, "TLS": o.grpc_tls_port}},
         }),
         None,
     )

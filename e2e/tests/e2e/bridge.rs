@@ -90,42 +90,52 @@ pub(crate) struct Cleanup {
 impl Drop for Cleanup {
     fn drop(&mut self) {
         if let Some(id) = &self.alloc_id {
-            let ns = Path::new("/var/run/netns").join(id);
-            let _ = nix::mount::umount2(&ns, nix::mount::MntFlags::MNT_DETACH);
-            let _ = std::fs::remove_file(&ns);
-            for lease in leases_of(id) {
-                let _ = std::fs::remove_file(lease);
-            }
-            // The rules naming the alloc or its address, and the per-alloc chains they jump to.
-            // iptables-save quotes its comments for a shell: each rule is deleted through one.
-            let address = self.address.clone().map(|a| format!("{a}/32"));
-            for table in ["nat", "filter"] {
-                let save = Command::new("iptables-save").args(["-t", table]).output().map(|o| o.stdout).unwrap_or_default();
-                let save = String::from_utf8_lossy(&save).into_owned();
-                let mine = |l: &&str| l.starts_with("-A ") && (l.contains(id.as_str()) || address.as_ref().is_some_and(|a| l.contains(a)));
-                let mut chains = Vec::new();
-                for rule in save.lines().filter(mine) {
-                    if let Some(chain) = rule
-                        .split_whitespace()
-                        .skip_while(|w| *w != "-j")
-                        .nth(1)
-                        .filter(|c| c.starts_with("CNI-DN-") || (c.starts_with("CNI-") && c.len() > 20))
-                    {
-                        chains.push(chain.to_string());
-                    }
-                    let _ = Command::new("sh").arg("-c").arg(format!("iptables -w -t {table} -D {}", &rule[3..])).output();
-                }
-                for chain in chains {
-                    let _ = Command::new("iptables").args(["-w", "-t", table, "-F", &chain]).output();
-                    let _ = Command::new("iptables").args(["-w", "-t", table, "-X", &chain]).output();
-                }
-            }
+            cleanup_alloc_network(id, self.address.as_deref());
         }
-        let _ = Command::new("iptables")
-            .args(["-w", "-t", "filter", "-D", "NOMAD-ADMIN", "-o", &self.bridge, "-d", &self.subnet, "-j", "ACCEPT"])
-            .output();
-        let _ = Command::new("ip").args(["link", "del", &self.bridge]).output();
+        cleanup_bridge(&self.bridge, &self.subnet);
     }
+}
+
+/// Removes what a failed run would leave of an alloc's network: its namespace and leases, and
+/// the netfilter rules naming it or its address (given, or the one its lease names; with the
+/// per-alloc chains they jump to).
+pub(crate) fn cleanup_alloc_network(id: &str, address: Option<&str>) {
+    let ns = Path::new("/var/run/netns").join(id);
+    let _ = nix::mount::umount2(&ns, nix::mount::MntFlags::MNT_DETACH);
+    let _ = std::fs::remove_file(&ns);
+    let mut addresses: Vec<String> = address.iter().map(|a| format!("{a}/32")).collect();
+    for lease in leases_of(id) {
+        addresses.extend(lease.file_name().map(|ip| format!("{}/32", ip.to_string_lossy())));
+        let _ = std::fs::remove_file(lease);
+    }
+    // iptables-save quotes its comments for a shell: each rule is deleted through one.
+    for table in ["nat", "filter"] {
+        let save = Command::new("iptables-save").args(["-t", table]).output().map(|o| o.stdout).unwrap_or_default();
+        let save = String::from_utf8_lossy(&save).into_owned();
+        let mine = |l: &&str| l.starts_with("-A ") && (l.contains(id) || addresses.iter().any(|a| l.contains(a.as_str())));
+        let mut chains = Vec::new();
+        for rule in save.lines().filter(mine) {
+            if let Some(chain) = rule
+                .split_whitespace()
+                .skip_while(|w| *w != "-j")
+                .nth(1)
+                .filter(|c| c.starts_with("CNI-DN-") || (c.starts_with("CNI-") && c.len() > 20))
+            {
+                chains.push(chain.to_string());
+            }
+            let _ = Command::new("sh").arg("-c").arg(format!("iptables -w -t {table} -D {}", &rule[3..])).output();
+        }
+        for chain in chains {
+            let _ = Command::new("iptables").args(["-w", "-t", table, "-F", &chain]).output();
+            let _ = Command::new("iptables").args(["-w", "-t", table, "-X", &chain]).output();
+        }
+    }
+}
+
+/// Removes a test's bridge and its NOMAD-ADMIN rule.
+pub(crate) fn cleanup_bridge(bridge: &str, subnet: &str) {
+    let _ = Command::new("iptables").args(["-w", "-t", "filter", "-D", "NOMAD-ADMIN", "-o", bridge, "-d", subnet, "-j", "ACCEPT"]).output();
+    let _ = Command::new("ip").args(["link", "del", bridge]).output();
 }
 
 #[test]

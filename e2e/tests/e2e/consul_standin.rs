@@ -605,3 +605,40 @@ fn the_binary_prints_its_address_first() {
     child.wait().unwrap();
     assert_eq!(v.unwrap()["Config"]["Datacenter"], "dc1");
 }
+
+/// A terminating gateway listens where Consul's `listenersFromSnapshotGateway` says: Nomad's
+/// bridge-mode registration (the host's address, `envoy_gateway_no_default_bind` and a `default`
+/// bind address on 0.0.0.0) gets one listener on 0.0.0.0, not one on the host's address that
+/// Envoy could not bind inside the namespace; without those keys the service's own address is
+/// used; tagged addresses only when asked for; one listener per address, by name.
+#[test]
+fn gateway_listeners_follow_the_proxy_bind_settings() {
+    let (s, c) = standin();
+    let listeners = |id: &str| -> Vec<String> {
+        s.xds_resource_names(id).unwrap().remove("type.googleapis.com/envoy.config.listener.v3.Listener").unwrap_or_default()
+    };
+    let gateway = |id: &str, config: Value| {
+        let reg = json!({"Kind": "terminating-gateway", "ID": id, "Name": "tgw", "Address": "192.0.2.9", "Port": 24402,
+                         "TaggedAddresses": {"lan": {"Address": "10.0.0.9", "Port": 7000}},
+                         "Proxy": {"Config": config}});
+        assert_eq!(put(&c, "/v1/agent/service/register", &reg).0, 200);
+    };
+    gateway(
+        "bridge",
+        json!({"connect_timeout_ms": 5000, "envoy_gateway_no_default_bind": true,
+               "envoy_gateway_bind_addresses": {"default": {"Address": "0.0.0.0", "Port": 24402}}}),
+    );
+    assert_eq!(listeners("bridge"), ["default:0.0.0.0:24402"]);
+    gateway("host", json!({}));
+    assert_eq!(listeners("host"), ["default:192.0.2.9:24402"]);
+    gateway(
+        "tagged",
+        json!({"envoy_gateway_no_default_bind": "true", "envoy_gateway_bind_tagged_addresses": 1,
+               "envoy_gateway_bind_addresses": {"again": {"address": "10.0.0.9", "port": 7000}, "extra": {"Address": "0.0.0.0", "Port": 7001}}}),
+    );
+    assert_eq!(
+        listeners("tagged"),
+        ["again:10.0.0.9:7000", "extra:0.0.0.0:7001"],
+        "lan and again share an address: the first by name wins"
+    );
+}

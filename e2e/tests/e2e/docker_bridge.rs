@@ -21,19 +21,19 @@ use crate::SETTLE;
 use crate::bridge::{Cleanup, bridge_ports, http_get, inode, leases_of, rules_with, task_pid};
 
 /// `docker` CLI output (trimmed), or empty when it fails.
-fn docker(args: &[&str]) -> String {
+pub(crate) fn docker(args: &[&str]) -> String {
     let out = Command::new("docker").args(args).output().expect("docker runs");
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 /// IDs of the containers (running or not) labelled with the alloc ID.
-fn containers_of(alloc_id: &str) -> Vec<String> {
+pub(crate) fn containers_of(alloc_id: &str) -> Vec<String> {
     let filter = format!("label=com.hashicorp.nomad.alloc_id={alloc_id}");
     docker(&["ps", "-aq", "--no-trunc", "--filter", &filter]).lines().map(str::to_string).collect()
 }
 
 /// Removes the alloc's containers whatever happened (the network cleanup is `bridge.rs`'s).
-struct Containers(Option<String>);
+pub(crate) struct Containers(pub(crate) Option<String>);
 impl Drop for Containers {
     fn drop(&mut self) {
         if let Some(id) = &self.0 {

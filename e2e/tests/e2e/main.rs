@@ -4,6 +4,7 @@ mod bridge;
 mod cli;
 mod client_agent;
 mod client_restore;
+mod connect_mesh;
 mod connect_xds;
 mod consul_checks;
 mod consul_standin;

@@ -21,14 +21,15 @@ fn event_type(cmd: &Command) -> Option<&'static str> {
         Command::PlanApply(_) | Command::PlanApplyBatch(_) => "PlanResult",
         Command::ServiceRegistrationUpsert { .. } => "ServiceRegistration",
         Command::ServiceRegistrationDeleteByAlloc { .. } | Command::ServiceRegistrationDeleteById { .. } => "ServiceDeregistration",
-        // Garbage collection and namespace changes emit nothing, as in Nomad. Nomad 1.6 has no
-        // CSI topics either (`CSIVolume`/`CSIPlugin` events came later).
+        // The CSI topics (later Nomad's, not 1.6's): every claim change, from the first claim
+        // through each release checkpoint to the reaping of past claims, is a `CSIVolumeClaim`.
+        Command::CsiVolumeRegister { .. } => "CSIVolumeRegistered",
+        Command::CsiVolumeDeregister { .. } => "CSIVolumeDeregistered",
+        Command::CsiVolumeClaim { .. } => "CSIVolumeClaim",
+        // Garbage collection and namespace changes emit nothing, as in Nomad.
         Command::EvalDelete { .. }
         | Command::NamespaceUpsert { .. }
         | Command::NamespaceDelete { .. }
-        | Command::CsiVolumeRegister { .. }
-        | Command::CsiVolumeDeregister { .. }
-        | Command::CsiVolumeClaim { .. }
         // Nor SI token bookkeeping or the cluster's metadata (no such topics in Nomad).
         | Command::SiTokenAccessorsRegister { .. }
         | Command::SiTokenAccessorsDeregister { .. }
@@ -73,6 +74,18 @@ pub fn batch_for(index: u64, cmd: &Command, changes: &[Change]) -> Option<EventB
                     vec![r.job_id.clone(), r.service_name.clone()],
                     serde_json::json!({ "Service": r }),
                 ),
+                // As `GET /v1/volume/csi/:id` shows it: never its secrets, claims or mount flags.
+                Change::CsiVolume(v) | Change::CsiVolumeDeleted(v) => (
+                    topic::CSI_VOLUME,
+                    v.volume.id.clone(),
+                    v.volume.namespace.clone(),
+                    vec![],
+                    serde_json::json!({ "CSIVolume": v.volume.to_api_value(&v.allocations) }),
+                ),
+                // Plugins are global; their alloc stubs are namespaced, so none are shown.
+                Change::CsiPlugin(p) | Change::CsiPluginDeleted(p) => {
+                    (topic::CSI_PLUGIN, p.id.clone(), String::new(), vec![], serde_json::json!({ "CSIPlugin": p }))
+                }
             };
             // Service changes keep their own type whatever command made them (node down, alloc finished).
             let ty = match c {

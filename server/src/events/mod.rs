@@ -13,6 +13,8 @@
 
 mod broker;
 mod build;
+#[cfg(test)]
+mod csi_tests;
 
 pub use broker::{EventBroker, SubscribeError, Subscription, TopicFilter};
 pub use build::batch_for;
@@ -33,6 +35,10 @@ pub mod topic {
     pub const SERVICE: &str = "Service";
     /// Deployments.
     pub const DEPLOYMENT: &str = "Deployment";
+    /// CSI volumes (namespaced; registered, claimed and released, deregistered).
+    pub const CSI_VOLUME: &str = "CSIVolume";
+    /// CSI plugins (global; their instances and health, from node fingerprints).
+    pub const CSI_PLUGIN: &str = "CSIPlugin";
     /// Every topic.
     pub const ALL: &str = "*";
 }

@@ -598,3 +598,70 @@ async fn register_with_a_controller_is_validated_by_it_and_a_refused_volume_is_n
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert_eq!(fake.requests().len(), 2, "no controller call");
 }
+
+/// Reads the NDJSON lines of an event stream until `n` batches (not heartbeats) arrived.
+async fn read_event_lines(body: &mut Body, n: usize) -> Vec<String> {
+    use http_body_util::BodyExt;
+    let (mut buf, mut lines) = (Vec::new(), Vec::new());
+    while lines.len() < n {
+        let frame = tokio::time::timeout(std::time::Duration::from_secs(10), body.frame()).await.expect("a frame in time");
+        if let Ok(data) = frame.expect("stream still open").unwrap().into_data() {
+            buf.extend_from_slice(&data);
+        }
+        while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+            let line = String::from_utf8(buf.drain(..=pos).collect()).unwrap();
+            if line.trim() != "{}" {
+                lines.push(line);
+            }
+        }
+    }
+    lines
+}
+
+#[tokio::test]
+async fn the_csi_volume_topic_streams_register_claim_and_deregister_in_order() {
+    let ts = server().await;
+    let req = Request::get("/v1/event/stream?topic=CSIVolume").body(Body::empty()).unwrap();
+    let resp = ts.router().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut stream = resp.into_body();
+
+    let registered = call(&ts, Method::PUT, "/v1/volume/csi/vol", volume_body("vol", "hostpath")).await.index.unwrap();
+    put_alloc(&ts, "a1", "default").await;
+    claim(&ts, "default", "vol", "a1").await;
+    let freed = CsiVolumeClaim {
+        allocation_id: "a1".into(),
+        mode: CsiVolumeClaimMode::Write,
+        state: nomad_proto::csi::CsiVolumeClaimState::ReadyToFree,
+        ..CsiVolumeClaim::default()
+    };
+    ts.consensus.apply(Command::CsiVolumeClaim { namespace: "default".into(), volume_id: "vol".into(), claim: freed }).await.unwrap();
+    let r = call(&ts, Method::DELETE, "/v1/volume/csi/vol", Body::empty()).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+
+    // The node's plugin event and the alloc's events are on other topics: only the volume's come.
+    let lines = read_event_lines(&mut stream, 4).await;
+    let batches: Vec<Value> = lines.iter().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let seen: Vec<(&str, &str, &str)> = batches
+        .iter()
+        .flat_map(|b| b["Events"].as_array().unwrap())
+        .map(|e| (e["Topic"].as_str().unwrap(), e["Type"].as_str().unwrap(), e["Key"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("CSIVolume", "CSIVolumeRegistered", "vol"),
+            ("CSIVolume", "CSIVolumeClaim", "vol"),
+            ("CSIVolume", "CSIVolumeClaim", "vol"),
+            ("CSIVolume", "CSIVolumeDeregistered", "vol"),
+        ]
+    );
+    let indexes: Vec<u64> = batches.iter().map(|b| b["Index"].as_u64().unwrap()).collect();
+    assert_eq!(indexes[0], registered);
+    assert!(indexes.windows(2).all(|w| w[0] < w[1]), "in index order: {indexes:?}");
+    let claimed = &batches[1]["Events"][0];
+    assert_eq!(claimed["Namespace"], "default");
+    assert_eq!(claimed["Payload"]["CSIVolume"]["WriteAllocs"], json!({"a1": null}));
+    assert_eq!(claimed["Payload"]["CSIVolume"]["Allocations"][0]["ID"], "a1");
+    assert!(lines.iter().all(|l| !l.contains("hunter2") && !l.contains("noatime")), "secrets or mount flags streamed: {lines:?}");
+}

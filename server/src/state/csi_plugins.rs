@@ -9,7 +9,7 @@ use std::sync::Arc;
 use nomad_proto::csi::CsiPlugin;
 use nomad_proto::{AllocStubFields, Node};
 
-use super::{State, Table, Txn, Watch};
+use super::{Change, State, Table, Txn, Watch};
 use crate::csi::plugin::{PluginWrite, writes_for_node, writes_for_node_removal};
 
 impl State {
@@ -42,16 +42,32 @@ impl State {
 }
 
 impl Txn<'_> {
+    /// Applies plugin writes. Every node register rewrites the plugins the node reports; only
+    /// those whose instances or health changed are recorded for the event stream.
     fn apply_plugin_writes(&mut self, writes: Vec<PluginWrite>) {
         for w in writes {
             let id = match w {
                 PluginWrite::Upsert(p) => {
                     let id = p.id.clone();
-                    self.state.csi_plugins.insert(id.clone(), Arc::new(*p));
+                    let p = Arc::new(*p);
+                    let changed = self.state.csi_plugins.get(&id).is_none_or(|old| !same_instances(old, &p));
+                    self.state.csi_plugins.insert(id.clone(), p.clone());
+                    if changed {
+                        self.record(Change::CsiPlugin(p));
+                    }
                     id
                 }
                 PluginWrite::Delete(id) => {
-                    self.state.csi_plugins.remove(&id);
+                    if let Some(old) = self.state.csi_plugins.remove(&id) {
+                        // Deleted because no instance is left: shown as such.
+                        let mut last = (*old).clone();
+                        last.controllers.clear();
+                        last.nodes.clear();
+                        last.controllers_healthy = 0;
+                        last.nodes_healthy = 0;
+                        last.modify_index = self.index;
+                        self.record(Change::CsiPluginDeleted(Arc::new(last)));
+                    }
                     id
                 }
             };
@@ -71,4 +87,18 @@ impl Txn<'_> {
         let writes = writes_for_node_removal(&self.state.csi_plugins, node_id, self.index);
         self.apply_plugin_writes(writes);
     }
+}
+
+/// Whether two versions of a plugin have the same instances, health and identity: what differs
+/// is only the index and the instances' fingerprint times, which every node register renews.
+fn same_instances(a: &CsiPlugin, b: &CsiPlugin) -> bool {
+    let normal = |p: &CsiPlugin| {
+        let mut p = p.clone();
+        p.modify_index = 0;
+        for i in p.controllers.values_mut().chain(p.nodes.values_mut()) {
+            i.update_time = Default::default();
+        }
+        p
+    };
+    normal(a) == normal(b)
 }

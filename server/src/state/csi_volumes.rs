@@ -9,7 +9,7 @@ use std::sync::Arc;
 use nomad_proto::csi::{CsiVolume, CsiVolumeClaim, CsiVolumeClaimState};
 use nomad_proto::{AllocListStub, DesiredStatus, NamespacedId};
 
-use super::{State, Table, Txn, TxnError, Watch};
+use super::{Change, State, Table, Txn, TxnError, Watch};
 use crate::csi;
 
 /// A volume as reads show it: denormalized, with the stubs of its claiming allocs.
@@ -87,7 +87,10 @@ impl Txn<'_> {
         let key = NamespacedId::new(&vol.namespace, &vol.id);
         self.touch(Table::CsiVolumes);
         self.touch_key(Watch::CsiVolume(Watch::job_key(&vol.namespace, &vol.id)));
+        // The event shows the volume as a read would, so it is denormalized here, once.
+        let view = self.state.csi_volume_denormalized(&vol);
         self.state.csi_volumes.insert(key, Arc::new(vol));
+        self.record(Change::CsiVolume(Arc::new(view)));
     }
 
     /// Registers volumes (`UpsertCSIVolume`): the namespace must exist; a known volume keeps its
@@ -156,7 +159,9 @@ impl Txn<'_> {
                     return Err(TxnError(format!("volume in use: {id}")));
                 }
             }
+            let last = self.state.csi_volume_denormalized(vol);
             self.state.csi_volumes.remove(&key);
+            self.record(Change::CsiVolumeDeleted(Arc::new(last)));
             self.touch(Table::CsiVolumes);
             self.touch_key(Watch::CsiVolume(Watch::job_key(namespace, id)));
         }

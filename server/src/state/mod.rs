@@ -175,6 +175,14 @@ pub enum Change {
     Service(Arc<nomad_proto::ServiceRegistration>),
     /// A service registration was removed.
     ServiceDeleted(Arc<nomad_proto::ServiceRegistration>),
+    /// A CSI volume was registered or its claims changed, as reads show it (denormalized).
+    CsiVolume(Arc<CsiVolumeView>),
+    /// A CSI volume was removed, as reads showed it last.
+    CsiVolumeDeleted(Arc<CsiVolumeView>),
+    /// A CSI plugin was created or its instances or their health changed.
+    CsiPlugin(Arc<nomad_proto::csi::CsiPlugin>),
+    /// A CSI plugin lost its last instance and was removed (shown without instances).
+    CsiPluginDeleted(Arc<nomad_proto::csi::CsiPlugin>),
 }
 
 impl Change {
@@ -185,6 +193,8 @@ impl Change {
             Change::Eval(e) => (2, e.id.clone()),
             Change::Alloc(a) => (3, a.id.clone()),
             Change::Service(r) | Change::ServiceDeleted(r) => (4, r.id.clone()),
+            Change::CsiVolume(v) | Change::CsiVolumeDeleted(v) => (5, format!("{}/{}", v.volume.namespace, v.volume.id)),
+            Change::CsiPlugin(p) | Change::CsiPluginDeleted(p) => (6, p.id.clone()),
         }
     }
 }

@@ -137,7 +137,7 @@ mod tests {
         }
         seen.sort_by(|a, b| a.0.cmp(&b.0));
         let names: Vec<&str> = seen.iter().map(|(n, _)| n.as_str()).collect();
-        for expected in ["hello.nomad.hcl", "oci-batch.nomad.hcl", "system.nomad.hcl", "web.nomad.hcl"] {
+        for expected in ["connect.nomad.hcl", "hello.nomad.hcl", "oci-batch.nomad.hcl", "system.nomad.hcl", "web.nomad.hcl"] {
             assert!(names.contains(&expected), "examples/{expected} is missing: {names:?}");
         }
         let type_of = |n: &str| seen.iter().find(|(name, _)| name == n).map(|(_, t)| *t).unwrap();

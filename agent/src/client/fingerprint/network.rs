@@ -61,6 +61,13 @@ fn interface_of(ip: IpAddr) -> Option<String> {
     interface_addresses().into_iter().find(|(_, a)| *a == ip).map(|(name, _)| name)
 }
 
+/// The interface of the default route's source address (what `-dev-connect` makes the node's,
+/// as Nomad's `sockaddr.GetDefaultInterfaces`), if the host has one.
+pub(crate) fn default_route_interface() -> Option<String> {
+    let ip: IpAddr = crate::config::local_ip()?.parse().ok()?;
+    interface_of(ip).filter(|name| name != "lo")
+}
+
 /// The address of the interface `name` (its first IPv4 one, else its first global IPv6 one),
 /// or why there is none, in Nomad's words.
 pub(crate) fn interface_address(name: &str) -> Result<IpAddr, String> {
@@ -115,6 +122,15 @@ mod tests {
         assert_eq!(pick_ip(Some("127.0.0.1")), IpAddr::from([127, 0, 0, 1]));
         assert!(!pick_ip(Some("0.0.0.0")).is_unspecified());
         assert_eq!(interface_of(IpAddr::from([127, 0, 0, 1])).as_deref(), Some("lo"));
+    }
+
+    /// `-dev-connect`'s interface is the one holding the default route's source address.
+    #[test]
+    fn the_default_route_interface_holds_the_default_route_address() {
+        let Some(ip) = crate::config::local_ip() else { return };
+        let iface = default_route_interface().expect("the default route's interface");
+        assert_eq!(interface_address(&iface).map(|a| a.to_string()), Ok(ip));
+        assert_ne!(iface, "lo");
     }
 
     #[test]

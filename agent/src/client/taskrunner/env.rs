@@ -89,6 +89,22 @@ fn port_vars(env: &mut BTreeMap<String, String>, p: &AllocatedPortMapping) {
     env.insert(format!("NOMAD_ALLOC_ADDR_{label}"), format!("{}:{task_port}", ip_for_addr(&p.host_ip)));
 }
 
+/// `NOMAD_UPSTREAM_{IP,PORT,ADDR}_<destination>` for every upstream of the group's Connect
+/// sidecars (Nomad's `buildUpstreamsEnv`): the sidecar's local listener, always on 127.0.0.1
+/// whatever `local_bind_address` says, under the destination's name as written and cleaned.
+fn upstream_vars(env: &mut BTreeMap<String, String>, group: &nomad_proto::TaskGroup) {
+    let upstreams =
+        group.services.iter().filter_map(|s| s.connect.as_ref()?.sidecar_service.as_ref()?.proxy.as_ref()).flat_map(|p| p.upstreams.iter());
+    for u in upstreams {
+        let port = u.local_bind_port.to_string();
+        for name in [u.destination_name.clone(), clean_env_key(&u.destination_name)] {
+            env.insert(format!("NOMAD_UPSTREAM_IP_{name}"), "127.0.0.1".into());
+            env.insert(format!("NOMAD_UPSTREAM_PORT_{name}"), port.clone());
+            env.insert(format!("NOMAD_UPSTREAM_ADDR_{name}"), format!("127.0.0.1:{port}"));
+        }
+    }
+}
+
 /// IPv6 addresses are bracketed in `host:port` pairs.
 fn ip_for_addr(ip: &str) -> String {
     if ip.contains(':') { format!("[{ip}]") } else { ip.to_string() }
@@ -170,6 +186,9 @@ pub fn build_env(input: &EnvInput<'_>) -> BTreeMap<String, String> {
     }
     for p in ports(alloc, &task.name) {
         port_vars(&mut env, &p);
+    }
+    if let Some(group) = group {
+        upstream_vars(&mut env, group);
     }
 
     // The task's own variables, interpolated against everything above.
@@ -276,6 +295,48 @@ mod tests {
         assert_eq!(get("GREETING"), "hello 2 from dc7");
         assert_eq!(get("PORT"), "8080");
         assert_eq!(get("PATH"), "/bin");
+    }
+
+    /// Every task of a group with Connect upstreams learns where its sidecar listens for each
+    /// (the countdash example's `${NOMAD_UPSTREAM_ADDR_count_api}`), under the raw and the
+    /// cleaned name, always on 127.0.0.1.
+    #[test]
+    fn connect_upstreams_become_nomad_upstream_variables_usable_in_task_env() {
+        use nomad_proto::service::{ConsulConnect, ConsulProxy, ConsulSidecarService, ConsulUpstream, Service};
+        let (mut alloc, node) = fixture();
+        let mut job = (**alloc.job.as_ref().unwrap()).clone();
+        let upstream = |name: &str, port: i64, address: &str| ConsulUpstream {
+            destination_name: name.into(),
+            local_bind_port: port,
+            local_bind_address: address.into(),
+            ..ConsulUpstream::default()
+        };
+        job.task_groups[0].services = vec![Service {
+            name: "count-dashboard".into(),
+            connect: Some(ConsulConnect {
+                sidecar_service: Some(ConsulSidecarService {
+                    proxy: Some(ConsulProxy {
+                        upstreams: vec![upstream("count-api", 8080, ""), upstream("db", 5432, "127.0.0.9")],
+                        ..ConsulProxy::default()
+                    }),
+                    ..ConsulSidecarService::default()
+                }),
+                ..ConsulConnect::default()
+            }),
+            ..Service::default()
+        }];
+        job.task_groups[0].tasks[0].env.insert("API".into(), "http://${NOMAD_UPSTREAM_ADDR_count_api}".into());
+        let task = job.task_groups[0].tasks[0].clone();
+        alloc.job = Some(Arc::new(job));
+        let dirs = TaskDirs::isolated();
+        let env = build_env(&EnvInput { alloc: &alloc, task: &task, node: &node, region: "eu", dirs: &dirs, host_env: None });
+        let get = |k: &str| env.get(k).map(String::as_str).unwrap_or_else(|| panic!("{k} missing"));
+        assert_eq!(get("NOMAD_UPSTREAM_ADDR_count_api"), "127.0.0.1:8080");
+        assert_eq!(get("NOMAD_UPSTREAM_ADDR_count-api"), "127.0.0.1:8080");
+        assert_eq!(get("NOMAD_UPSTREAM_IP_count_api"), "127.0.0.1");
+        assert_eq!(get("NOMAD_UPSTREAM_PORT_count_api"), "8080");
+        assert_eq!(get("NOMAD_UPSTREAM_ADDR_db"), "127.0.0.1:5432", "Nomad ignores local_bind_address here");
+        assert_eq!(get("API"), "http://127.0.0.1:8080");
     }
 
     #[test]

@@ -193,27 +193,66 @@ fn terminating_gateway(st: &State, ca: &ConnectCa, reg: &Value, gateway: &str) -
         snap.add(CLUSTER, sni.clone(), c);
         snap.add(ENDPOINT, sni.clone(), external_endpoints(st, &sni, &service));
     }
-    let address = non_empty(&reg["Address"]).unwrap_or_else(|| "0.0.0.0".into());
-    let port = port_of(&reg["Port"]);
-    let name = format!("default:{address}:{port}");
     let tls_inspector = ListenerFilter {
         name: "envoy.filters.listener.tls_inspector".into(),
         config_type: Some(listener_filter::ConfigType::TypedConfig(pack_any(TlsInspector::default()))),
         ..Default::default()
     };
-    snap.add(
-        LISTENER,
-        name.clone(),
-        Listener {
-            name,
-            address: Some(socket(&address, port)),
-            filter_chains: chains,
-            listener_filters: vec![tls_inspector],
-            traffic_direction: TrafficDirection::Outbound as i32,
-            ..Default::default()
-        },
-    );
+    for (bind_name, address, port) in gateway_binds(reg) {
+        let name = format!("{bind_name}:{address}:{port}");
+        snap.add(
+            LISTENER,
+            name.clone(),
+            Listener {
+                name,
+                address: Some(socket(&address, port)),
+                filter_chains: chains.clone(),
+                listener_filters: vec![tls_inspector.clone()],
+                traffic_direction: TrafficDirection::Outbound as i32,
+                ..Default::default()
+            },
+        );
+    }
     Ok(snap)
+}
+
+/// Where a gateway listens (Consul's `listenersFromSnapshotGateway`): its service address
+/// (`default`, 0.0.0.0 when it has none) unless `envoy_gateway_no_default_bind`, its tagged
+/// addresses with `envoy_gateway_bind_tagged_addresses`, and each `envoy_gateway_bind_addresses`
+/// entry (Nomad's bridge mode: `default` on 0.0.0.0, the registration's address being the
+/// host's); sorted by name, one listener per address.
+fn gateway_binds(reg: &Value) -> Vec<(String, String, u32)> {
+    let config = &reg["Proxy"]["Config"];
+    let field = |v: &Value, key: &str| {
+        v.as_object().and_then(|o| o.iter().find(|(k, _)| k.eq_ignore_ascii_case(key)).map(|(_, v)| v.clone())).unwrap_or(Value::Null)
+    };
+    let mut binds = Vec::new();
+    if !weak_bool(&config["envoy_gateway_no_default_bind"]) {
+        binds.push(("default".to_string(), non_empty(&reg["Address"]).unwrap_or_else(|| "0.0.0.0".into()), port_of(&reg["Port"])));
+    }
+    let mut named = |map: &Value| {
+        for (name, a) in map.as_object().into_iter().flatten() {
+            binds.push((name.clone(), non_empty(&field(a, "Address")).unwrap_or_default(), port_of(&field(a, "Port"))));
+        }
+    };
+    if weak_bool(&config["envoy_gateway_bind_tagged_addresses"]) {
+        named(&reg["TaggedAddresses"]);
+    }
+    named(&config["envoy_gateway_bind_addresses"]);
+    binds.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut seen = std::collections::BTreeSet::new();
+    binds.retain(|(_, address, port)| seen.insert((address.clone(), *port)));
+    binds
+}
+
+/// A proxy config flag as Consul decodes it (mapstructure's weak typing: `true`, `"true"`, `1`).
+fn weak_bool(v: &Value) -> bool {
+    match v {
+        Value::Bool(b) => *b,
+        Value::String(s) => matches!(s.as_str(), "1" | "t" | "T" | "true" | "TRUE" | "True"),
+        Value::Number(n) => n.as_f64().is_some_and(|f| f != 0.0),
+        _ => false,
+    }
 }
 
 fn socket(address: &str, port: u32) -> Address {
