@@ -77,6 +77,21 @@ impl ProcessRef {
         killpg(Pid::from_raw(self.pid), signal)
     }
 
+    /// Waits (blocking, up to `timeout`) until this process is stopped or gone.
+    pub fn wait_stopped(&self, timeout: Duration) {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            match read_stat(self.pid) {
+                Ok(stat) if stat.start_time == self.start_time && !matches!(stat.state, 'T' | 't' | 'Z' | 'X') => {}
+                _ => return,
+            }
+            if std::time::Instant::now() >= deadline {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// Waits until the process exits or `timeout` passes; returns true when it has exited.
     ///
     /// Works without being the parent: a pidfd becomes readable when the process exits. Where
@@ -149,6 +164,11 @@ pub fn parse_signal(name: &str) -> Option<Signal> {
 
 /// `pid` and its descendants, from one pass over `/proc/*/stat`.
 pub fn process_tree(pid: i32) -> Vec<i32> {
+    descendants(&[pid])
+}
+
+/// `roots` and every process under them, from one pass over `/proc/*/stat`.
+fn descendants(roots: &[i32]) -> Vec<i32> {
     let mut children: std::collections::HashMap<i32, Vec<i32>> = std::collections::HashMap::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(child) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
@@ -159,15 +179,58 @@ pub fn process_tree(pid: i32) -> Vec<i32> {
             children.entry(parent).or_default().push(child);
         }
     }
-    let mut tree = vec![pid];
+    let mut tree: Vec<i32> = Vec::with_capacity(roots.len());
+    for &root in roots {
+        if !tree.contains(&root) {
+            tree.push(root);
+        }
+    }
     let mut next = 0;
     while next < tree.len() {
         if let Some(kids) = children.get(&tree[next]) {
-            tree.extend(kids);
+            for &kid in kids {
+                if !tree.contains(&kid) {
+                    tree.push(kid);
+                }
+            }
         }
         next += 1;
     }
     tree
+}
+
+/// Passes over `/proc` [`kill_tree`] makes at most before it kills what it has stopped.
+const KILL_TREE_PASSES: usize = 64;
+/// How long one process is given to reach its stop before the next pass looks for its children.
+const STOP_WAIT: Duration = Duration::from_millis(200);
+
+/// Kills `pid` and every process under it, forks made meanwhile included, without a cgroup to
+/// do it. Scanning and then killing lets a child forked between the two escape (reparented, it
+/// can no longer be found), so the tree is stopped first: a stopped process cannot fork, and once
+/// it shows state `T` any fork it was in has finished and its child is under it. Pass after pass
+/// stops what is new until a pass finds no one, then all of them get SIGKILL. Each process is
+/// checked by its start time before every signal. Blocks (each stop is waited on in `/proc`).
+pub fn kill_tree(pid: i32) {
+    let mut stopped: Vec<ProcessRef> = Vec::new();
+    for _ in 0..KILL_TREE_PASSES {
+        // A stopped parent cannot exit and drop its children, so every one stopped is a root.
+        let roots: Vec<i32> = std::iter::once(pid).chain(stopped.iter().map(|p| p.pid)).collect();
+        let new: Vec<ProcessRef> =
+            descendants(&roots).into_iter().filter_map(|p| ProcessRef::of(p).ok()).filter(|p| !stopped.contains(p)).collect();
+        if new.is_empty() {
+            break;
+        }
+        for process in &new {
+            let _ = process.signal(Signal::SIGSTOP);
+        }
+        for process in &new {
+            process.wait_stopped(STOP_WAIT);
+        }
+        stopped.extend(new);
+    }
+    for process in &stopped {
+        let _ = process.signal(Signal::SIGKILL);
+    }
 }
 
 #[cfg(test)]
@@ -186,6 +249,45 @@ mod tests {
         assert!(me.is_alive());
         let impostor = ProcessRef { start_time: me.start_time + 1, ..me };
         assert!(!impostor.is_alive());
+    }
+
+    /// A shell that forks without pause: whatever escapes a scan-then-kill would survive it.
+    #[test]
+    fn kill_tree_leaves_nothing_of_a_tree_that_keeps_forking() {
+        use std::os::unix::process::CommandExt;
+        let mut shell =
+            std::process::Command::new("/bin/sh").args(["-c", "while :; do sleep 300 & done"]).process_group(0).spawn().unwrap();
+        let group = shell.id() as i32;
+        // Until the shell has children, there is nothing to race with.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while process_tree(group).len() < 20 {
+            assert!(std::time::Instant::now() < deadline, "the shell forked nothing");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+
+        kill_tree(group);
+        let _ = shell.wait();
+        // Every member of the shell's process group, reparented or not, is gone (zombies
+        // waiting for init to reap them count as gone).
+        let in_group = || {
+            std::fs::read_dir("/proc")
+                .unwrap()
+                .flatten()
+                .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+                .filter(|stat| {
+                    let after = &stat[stat.rfind(')').unwrap() + 1..];
+                    let fields: Vec<&str> = after.split_whitespace().collect();
+                    fields[2].parse::<i32>() == Ok(group) && !matches!(fields[0], "Z" | "X")
+                })
+                .count()
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while in_group() > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let left = in_group();
+        let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
+        assert_eq!(left, 0, "processes of the tree outlived kill_tree");
     }
 
     #[test]

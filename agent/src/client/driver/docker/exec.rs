@@ -20,14 +20,13 @@ use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, ResizeExecOptions, StartExecOptions, StartExecResults};
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use nix::sys::signal::Signal;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
 use super::super::task_exec::{SESSION_CHUNK, Tail};
 use super::super::{DriverError, ExecInput, ExecOutput, ExecOutputChunk, ExecSession};
 use super::container::{engine_error, status_of};
-use crate::executor::process::{ProcessRef, process_tree};
+use crate::executor::process::kill_tree;
 
 /// How long the exit code is asked for after the output ended (Nomad polls up to 3 s).
 const EXIT_WAIT: Duration = Duration::from_secs(3);
@@ -119,11 +118,10 @@ async fn kill(docker: &Docker, id: &str) {
     if pid <= 0 {
         return;
     }
-    // Identities first, signals after: once the top is killed its children move to the
-    // container's init and could no longer be found under it.
-    let tree: Vec<ProcessRef> = process_tree(pid).into_iter().filter_map(|p| ProcessRef::of(p).ok()).collect();
-    for process in tree {
-        let _ = process.signal(Signal::SIGKILL);
+    // Stopped before killed: a child forked after a scan would move to the container's init
+    // and could no longer be found under the command (see `kill_tree`).
+    if let Err(e) = tokio::task::spawn_blocking(move || kill_tree(pid)).await {
+        tracing::warn!(exec = %id, error = %e, "killing the exec's processes");
     }
 }
 
@@ -195,13 +193,16 @@ pub async fn session(
     let docker = docker.clone();
     tokio::spawn(async move {
         let mut exit_tx = exit_tx;
-        tokio::select! {
-            _ = pump => {}
-            // Nobody listens any more: the command goes.
-            _ = exit_tx.closed() => {
-                kill(&docker, &id).await;
-                return;
-            }
+        // Nobody listens any more: the command goes. Checked first, and again after the output
+        // ended, since a caller that left can also end the output (or meet its end) first.
+        let gone = tokio::select! {
+            biased;
+            _ = exit_tx.closed() => true,
+            _ = pump => exit_tx.is_closed(),
+        };
+        if gone {
+            kill(&docker, &id).await;
+            return;
         }
         let _ = exit_tx.send(exit_code(&docker, &id).await);
     });
