@@ -1,5 +1,6 @@
 //! The nomad-rs server role.
 
+pub mod acl;
 pub mod broker;
 pub mod client_conn;
 pub mod consensus;

@@ -63,6 +63,8 @@ pub struct ServerConfig {
     pub csi_claim_gc: crate::leader::ClaimGcConfig,
     /// Consul, for SI tokens and gateway config entries (the agent's `consul {}` block).
     pub consul: crate::consul::ConsulHandles,
+    /// ACLs (the agent's `acl {}` block); off by default.
+    pub acl: crate::acl::AclConfig,
 }
 
 impl ServerConfig {
@@ -86,6 +88,7 @@ impl ServerConfig {
             rpc_limits: crate::rpc_listener::RpcLimits::default(),
             csi_claim_gc: crate::leader::ClaimGcConfig::default(),
             consul: crate::consul::ConsulHandles::default(),
+            acl: crate::acl::AclConfig::default(),
         }
     }
 }
@@ -151,7 +154,8 @@ impl Server {
         )
         .with_events(events)
         .with_scheduler(scheduler.clone())
-        .with_consul(cfg.consul.clone());
+        .with_consul(cfg.consul.clone())
+        .with_acl(cfg.acl.clone());
         let peers = Peers::new(auth.clone());
         // Calls to clients go over the streams clients keep open to their server; a stream held
         // by another server is reached through it (`client_conn`).

@@ -31,6 +31,9 @@ pub struct AgentArgs {
     /// route's interface as the node's (bridge networks reach it). Root only.
     #[arg(long = "dev-connect")]
     pub dev_connect: bool,
+    /// Enforce ACLs (`acl { enabled = true }`).
+    #[arg(long = "acl-enabled")]
+    pub acl_enabled: bool,
     /// Run the server role.
     #[arg(long)]
     pub server: bool,
@@ -96,6 +99,7 @@ impl AgentArgs {
             config: self.config.clone(),
             dev: self.dev || self.dev_connect,
             dev_connect: self.dev_connect,
+            acl_enabled: self.acl_enabled,
             server: self.server,
             client: self.client,
             data_dir: self.data_dir.clone(),
@@ -140,6 +144,11 @@ pub async fn run(args: AgentArgs) -> Result<()> {
     }
     for key in &cfg.unused {
         tracing::warn!("agent configuration: {key}");
+    }
+    if !cfg.dev && !cfg.acl.enabled {
+        tracing::warn!(
+            "ACLs are disabled: anyone who can reach this agent's HTTP API can run and stop any job; set `acl {{ enabled = true }}` (or -acl-enabled) on every agent and bootstrap a token"
+        );
     }
     println!("==> Starting nomad-rs agent...");
     std::fs::create_dir_all(&cfg.data_dir).with_context(|| format!("creating data dir {}", cfg.data_dir.display()))?;
@@ -187,6 +196,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         // of Connect tasks and gateway config entries.
         let consul = Arc::new(crate::consul::server::ServerConsul(crate::consul::ConsulClient::new(&cfg.consul)));
         sc.consul = nomad_server::consul::ConsulHandles::from(consul);
+        sc.acl = cfg.acl.for_server(&s.data_dir);
         let srv = Server::start(sc, listener).await?;
         let info = AgentInfo {
             name: cfg.name.clone(),
@@ -223,8 +233,17 @@ pub async fn run(args: AgentArgs) -> Result<()> {
     let advertised = advertise_in_consul(&cfg, http_addr, server.as_ref(), client.as_ref());
     router = router.merge(nomad_server::http::health::router(agent_health(server.as_ref(), client.as_ref())));
     let locator = server.as_ref().map(|s| Arc::new(StateLocator(s.store().clone())) as Arc<dyn AllocLocator>);
-    router =
-        router.merge(crate::client::http::router(ClientHttp { client: client.clone(), locator, own_addr: cfg.advertise_http.clone() }));
+    let client_routes = crate::client::http::router(ClientHttp { client: client.clone(), locator, own_addr: cfg.advertise_http.clone() });
+    // The client routes pass the same authorization table as the server's (with a server here).
+    let client_routes = match &server {
+        Some(srv) => {
+            client_routes.route_layer(axum::middleware::from_fn_with_state(srv.endpoints().clone(), nomad_server::http::authz::authorize))
+        }
+        // A client-only agent cannot resolve tokens yet: with ACLs on, its client routes refuse all.
+        None if cfg.acl.enabled => client_routes.route_layer(axum::middleware::from_fn(nomad_server::http::authz::refuse)),
+        None => client_routes,
+    };
+    router = router.merge(client_routes);
     // The agent's `limits`: a request head within the handshake timeout, so many connections per client.
     let http = tokio::spawn(nomad_server::http::listener::serve(http_listener, router, cfg.limits.http()));
 

@@ -11,6 +11,7 @@
 //! allocations; `job plan` keeps Nomad's own codes (0 no changes, 1 changes,
 //! 255 error).
 
+pub mod acl;
 pub mod agent;
 pub mod alloc;
 pub mod api;
@@ -51,6 +52,8 @@ pub struct Cli {
 pub enum Command {
     /// Run an agent (server, client, or both with -dev).
     Agent(agent::AgentArgs),
+    /// ACLs: bootstrap, policies and tokens.
+    Acl(acl::AclArgs),
     /// Submit, inspect and stop jobs.
     Job(job::JobArgs),
     /// Show and manage client nodes.
@@ -151,6 +154,7 @@ impl Ctx {
 /// Runs an API command and returns the process exit code, printing a failure to stderr.
 pub async fn run(command: Command) -> u8 {
     let result = match command {
+        Command::Acl(a) => acl::run(a).await,
         Command::Job(a) => job::run(a).await,
         Command::Node(a) => node::run(a).await,
         Command::Alloc(a) => alloc::run(a).await,

@@ -77,6 +77,8 @@ pub struct FileConfig {
     pub telemetry: Option<Value>,
     /// Consul: `consul {}` (see [`super::consul`]).
     pub consul: Option<super::consul::ConsulBlock>,
+    /// ACLs: `acl {}` (see [`super::acl`]).
+    pub acl: Option<super::acl::AclBlock>,
     /// Accepted for compatibility.
     pub leave_on_interrupt: Option<bool>,
     /// Accepted for compatibility.

@@ -1,5 +1,6 @@
 //! The agent's configuration: files, then command-line flags, then defaults.
 
+pub mod acl;
 pub mod consul;
 pub mod file;
 
@@ -27,6 +28,8 @@ pub struct AgentFlags {
     /// `-dev-connect`: dev mode listening on every address, the node on the default route's
     /// interface (Nomad's `devModeConfig.connectMode`).
     pub dev_connect: bool,
+    /// `-acl-enabled`.
+    pub acl_enabled: bool,
     /// `-server`.
     pub server: bool,
     /// `-client`.
@@ -277,6 +280,8 @@ pub struct AgentConfig {
     pub limits: Limits,
     /// Consul (`consul {}`).
     pub consul: consul::ConsulSettings,
+    /// ACLs (`acl {}`, `-acl-enabled`).
+    pub acl: acl::AclSettings,
     /// Keys the files set that nomad-rs accepts for compatibility but does not act on, each with
     /// why; the agent logs them at start so no setting is dropped without a word.
     pub unused: Vec<String>,
@@ -542,6 +547,7 @@ impl AgentConfig {
 
         let limits = Limits::resolve(f.limits)?;
         let consul = consul::ConsulSettings::resolve(f.consul, |k| std::env::var(k).ok())?;
+        let acl = acl::AclSettings::resolve(f.acl, flags.acl_enabled)?;
         let mut plugins: BTreeMap<String, BTreeMap<String, Value>> =
             f.plugin.unwrap_or_default().into_iter().map(|(k, v)| (k, v.config.unwrap_or_default())).collect();
         if dev {
@@ -567,6 +573,7 @@ impl AgentConfig {
             plugins,
             limits,
             consul,
+            acl,
             unused,
             sources: flags.config.clone(),
         })

@@ -5,6 +5,7 @@
 
 mod support;
 
+mod acl;
 mod errors;
 mod examples;
 mod jobs;

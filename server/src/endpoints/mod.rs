@@ -86,6 +86,8 @@ pub struct Endpoints {
     controller_locks: csi_controller::ControllerLocks,
     /// Consul: SI tokens and config entries (none without a `consul {}` block).
     consul: crate::consul::ConsulHandles,
+    /// ACL settings (off by default).
+    acl: Arc<crate::acl::AclConfig>,
 }
 
 impl Endpoints {
@@ -102,7 +104,19 @@ impl Endpoints {
             client_csi: crate::csi::NoClientCalls::shared(),
             controller_locks: Default::default(),
             consul: crate::consul::ConsulHandles::default(),
+            acl: Arc::default(),
         }
+    }
+
+    /// These endpoints, enforcing ACLs as `acl` says.
+    pub fn with_acl(mut self, acl: crate::acl::AclConfig) -> Endpoints {
+        self.acl = Arc::new(acl);
+        self
+    }
+
+    /// The ACL settings.
+    pub fn acl_config(&self) -> &crate::acl::AclConfig {
+        &self.acl
     }
 
     /// These endpoints, reaching Consul through `consul`.

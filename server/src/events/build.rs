@@ -33,7 +33,15 @@ fn event_type(cmd: &Command) -> Option<&'static str> {
         // Nor SI token bookkeeping or the cluster's metadata (no such topics in Nomad).
         | Command::SiTokenAccessorsRegister { .. }
         | Command::SiTokenAccessorsDeregister { .. }
-        | Command::ClusterMetadata { .. } => return None,
+        | Command::ClusterMetadata { .. }
+        // ACL changes carry secrets; the ACL topics are not published (yet).
+        | Command::AclPolicyUpsert { .. }
+        | Command::AclPolicyDelete { .. }
+        | Command::AclTokenUpsert { .. }
+        | Command::AclTokenDelete { .. }
+        | Command::AclTokenBootstrap { .. }
+        | Command::AclRoleUpsert { .. }
+        | Command::AclRoleDelete { .. } => return None,
     })
 }
 

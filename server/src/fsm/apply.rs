@@ -179,6 +179,13 @@ fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnError> {
         Command::SiTokenAccessorsRegister { accessors } => txn.upsert_si_token_accessors(accessors),
         Command::SiTokenAccessorsDeregister { accessor_ids } => txn.delete_si_token_accessors(accessor_ids),
         Command::ClusterMetadata { metadata } => txn.set_cluster_metadata(metadata),
+        Command::AclPolicyUpsert { policies } => txn.upsert_acl_policies(policies),
+        Command::AclPolicyDelete { names } => txn.delete_acl_policies(names)?,
+        Command::AclTokenUpsert { tokens } => txn.upsert_acl_tokens(tokens),
+        Command::AclTokenDelete { accessor_ids } => txn.delete_acl_tokens(accessor_ids)?,
+        Command::AclTokenBootstrap { token, reset_index } => txn.bootstrap_acl_token(token, *reset_index)?,
+        Command::AclRoleUpsert { roles } => txn.upsert_acl_roles(roles)?,
+        Command::AclRoleDelete { ids } => txn.delete_acl_roles(ids)?,
         Command::NodeDrainComplete { nodes, now } => {
             for n in nodes {
                 txn.complete_node_drain(&n.node_id, n.event.clone(), *now);

@@ -206,6 +206,44 @@ pub enum Command {
         /// The metadata a leader generated.
         metadata: crate::state::ClusterMetadata,
     },
+    /// Create or replace ACL policies (`ACL.UpsertPolicies`), validated by the endpoint.
+    AclPolicyUpsert {
+        /// Policies.
+        policies: Vec<crate::acl::AclPolicy>,
+    },
+    /// Delete ACL policies by name.
+    AclPolicyDelete {
+        /// Names.
+        names: Vec<String>,
+    },
+    /// Create or update ACL tokens (IDs, secrets and times made by the endpoint).
+    AclTokenUpsert {
+        /// Tokens.
+        tokens: Vec<crate::acl::AclToken>,
+    },
+    /// Delete ACL tokens by AccessorID.
+    AclTokenDelete {
+        /// AccessorIDs.
+        accessor_ids: Vec<String>,
+    },
+    /// The one-time bootstrap: store the management token, refused once done unless
+    /// `reset_index` is the current bootstrap index.
+    AclTokenBootstrap {
+        /// The bootstrap token.
+        token: crate::acl::AclToken,
+        /// The reset index from `<data_dir>/server/acl-bootstrap-reset` (0: none).
+        reset_index: u64,
+    },
+    /// Create or update ACL roles.
+    AclRoleUpsert {
+        /// Roles.
+        roles: Vec<crate::acl::AclRole>,
+    },
+    /// Delete ACL roles by ID.
+    AclRoleDelete {
+        /// IDs.
+        ids: Vec<String>,
+    },
 }
 
 /// One node whose drain is done.

@@ -7,8 +7,10 @@
 //! `404 page not found` for unknown paths. `health.rs` holds the agent-wide routes
 //! (`/v1/agent/health`, `/`, `/ui/`) the agent merges beside the server's and client's.
 
+mod acl;
 mod agent;
 mod allocs;
+pub mod authz;
 mod csi;
 mod evals;
 mod events;
@@ -61,40 +63,59 @@ async fn respond(f: impl Future<Output = HttpResult>) -> Response {
     }
 }
 
+/// Declares the server's routes once: the router is built from the list, and the list
+/// ([`ROUTE_PATHS`]) is what the authorization table is checked against.
+macro_rules! server_routes {
+    ($($path:literal => $handler:path,)*) => {
+        /// Every route pattern of [`router`], as axum spells it.
+        pub const ROUTE_PATHS: &[&str] = &[$($path),*];
+
+        fn server_routes() -> Router<HttpState> {
+            Router::new()$(.route($path, any($handler)))*
+        }
+    };
+}
+
+server_routes! {
+    "/v1/jobs" => jobs::jobs,
+    "/v1/jobs/parse" => jobs::jobs_parse,
+    "/v1/validate/job" => jobs::validate_job,
+    "/v1/job/{*rest}" => jobs::job_specific,
+    "/v1/allocations" => allocs::allocations,
+    "/v1/allocation/{*rest}" => allocs::allocation_specific,
+    "/v1/evaluations" => evals::evaluations,
+    "/v1/evaluation/{*rest}" => evals::evaluation_specific,
+    "/v1/nodes" => nodes::nodes,
+    "/v1/node/{*rest}" => nodes::node_specific,
+    "/v1/namespaces" => namespaces::namespaces,
+    "/v1/namespace/{*rest}" => namespaces::namespace_specific,
+    "/v1/agent/self" => agent::agent_self,
+    "/v1/agent/members" => agent::agent_members,
+    "/v1/status/leader" => agent::status_leader,
+    "/v1/status/peers" => agent::status_peers,
+    "/v1/regions" => agent::regions,
+    "/v1/operator/raft/configuration" => operator::raft_configuration,
+    "/v1/operator/raft/peer" => operator::raft_peer,
+    "/v1/event/stream" => events::stream,
+    "/v1/services" => services::services,
+    "/v1/service/{*rest}" => services::service_specific,
+    "/v1/volumes" => csi::volumes,
+    "/v1/volume/csi/{*rest}" => csi::volume_specific,
+    "/v1/plugins" => csi::plugins,
+    "/v1/plugin/csi/{*rest}" => csi::plugin_specific,
+    "/v1/acl/{*rest}" => acl::acl_route,
+}
+
 /// The `/v1` routes of the server role. The agent merges its own (client) routes. On a
 /// follower, requests that need the leader are passed to it (`forward`).
 pub fn router(state: HttpState) -> Router {
-    let routes = Router::new()
-        .route("/v1/jobs", any(jobs::jobs))
-        .route("/v1/jobs/parse", any(jobs::jobs_parse))
-        .route("/v1/validate/job", any(jobs::validate_job))
-        .route("/v1/job/{*rest}", any(jobs::job_specific))
-        .route("/v1/allocations", any(allocs::allocations))
-        .route("/v1/allocation/{*rest}", any(allocs::allocation_specific))
-        .route("/v1/evaluations", any(evals::evaluations))
-        .route("/v1/evaluation/{*rest}", any(evals::evaluation_specific))
-        .route("/v1/nodes", any(nodes::nodes))
-        .route("/v1/node/{*rest}", any(nodes::node_specific))
-        .route("/v1/namespaces", any(namespaces::namespaces))
-        .route("/v1/namespace/{*rest}", any(namespaces::namespace_specific))
-        .route("/v1/agent/self", any(agent::agent_self))
-        .route("/v1/agent/members", any(agent::agent_members))
-        .route("/v1/status/leader", any(agent::status_leader))
-        .route("/v1/status/peers", any(agent::status_peers))
-        .route("/v1/regions", any(agent::regions))
-        .route("/v1/operator/raft/configuration", any(operator::raft_configuration))
-        .route("/v1/operator/raft/peer", any(operator::raft_peer))
-        .route("/v1/event/stream", any(events::stream))
-        .route("/v1/services", any(services::services))
-        .route("/v1/service/{*rest}", any(services::service_specific))
-        .route("/v1/volumes", any(csi::volumes))
-        .route("/v1/volume/csi/{*rest}", any(csi::volume_specific))
-        .route("/v1/plugins", any(csi::plugins))
-        .route("/v1/plugin/csi/{*rest}", any(csi::plugin_specific));
+    let routes = server_routes();
     let routes = match state.forwarder.clone() {
         Some(forwarder) => routes.route_layer(axum::middleware::from_fn_with_state(forwarder, forward::to_leader)),
         None => routes,
     };
+    // Authorization runs first (outermost): a refused request is neither forwarded nor handled.
+    let routes = routes.route_layer(axum::middleware::from_fn_with_state(state.endpoints.clone(), authz::authorize));
     routes
         // Go's http.NotFound, as Nomad answers a path it has no route for: never an empty body.
         .fallback(|| async { (StatusCode::NOT_FOUND, [(axum::http::header::CONTENT_TYPE, "text/plain; charset=utf-8")], NOT_FOUND_TEXT) })

@@ -14,6 +14,7 @@
 //! **Invariant:** only the FSM calls [`StateStore::write`]; every change is
 //! stamped with the Raft index of the command that made it.
 
+mod acl;
 mod allocs;
 mod changes;
 mod csi_plugins;
@@ -71,10 +72,16 @@ pub enum Table {
     CsiPlugins,
     /// Consul Service Identity token accessors.
     SiTokenAccessors,
+    /// ACL policies.
+    AclPolicies,
+    /// ACL tokens (and the bootstrap index).
+    AclTokens,
+    /// ACL roles.
+    AclRoles,
 }
 
 /// Number of tables.
-const TABLES: usize = 10;
+const TABLES: usize = 13;
 
 impl Table {
     /// Every table.
@@ -89,6 +96,9 @@ impl Table {
         Table::CsiVolumes,
         Table::CsiPlugins,
         Table::SiTokenAccessors,
+        Table::AclPolicies,
+        Table::AclTokens,
+        Table::AclRoles,
     ];
 
     fn slot(self) -> usize {
@@ -124,6 +134,16 @@ pub struct State {
     si_accessors: OrdMap<String, Arc<SiTokenAccessor>>,
     /// The cluster's ID, once a leader set it.
     cluster: Option<ClusterMetadata>,
+    /// ACL policies, by name.
+    acl_policies: OrdMap<String, Arc<crate::acl::AclPolicy>>,
+    /// ACL tokens, by AccessorID.
+    acl_tokens: OrdMap<String, Arc<crate::acl::AclToken>>,
+    /// SecretID → AccessorID.
+    acl_tokens_by_secret: OrdMap<String, String>,
+    /// ACL roles, by ID.
+    acl_roles: OrdMap<String, Arc<crate::acl::AclRole>>,
+    /// Raft index of the ACL bootstrap (0: not done).
+    acl_bootstrap_index: u64,
 }
 
 impl State {

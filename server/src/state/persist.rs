@@ -30,6 +30,14 @@ struct Persisted {
     si_token_accessors: Vec<Arc<super::SiTokenAccessor>>,
     #[serde(default)]
     cluster: Option<super::ClusterMetadata>,
+    #[serde(default)]
+    acl_policies: Vec<Arc<crate::acl::AclPolicy>>,
+    #[serde(default)]
+    acl_tokens: Vec<Arc<crate::acl::AclToken>>,
+    #[serde(default)]
+    acl_roles: Vec<Arc<crate::acl::AclRole>>,
+    #[serde(default)]
+    acl_bootstrap_index: u64,
     namespaces: Vec<Arc<Namespace>>,
     jobs: Vec<Arc<Job>>,
     job_summaries: Vec<Arc<JobSummary>>,
@@ -87,6 +95,10 @@ impl State {
             csi_plugins: self.csi_plugins.values().cloned().collect(),
             si_token_accessors: self.si_accessors.values().cloned().collect(),
             cluster: self.cluster.clone(),
+            acl_policies: self.acl_policies.values().cloned().collect(),
+            acl_tokens: self.acl_tokens.values().cloned().collect(),
+            acl_roles: self.acl_roles.values().cloned().collect(),
+            acl_bootstrap_index: self.acl_bootstrap_index,
         };
         serde_json::to_vec(&p).map_err(|e| format!("encoding state snapshot: {e}"))
     }
@@ -148,6 +160,17 @@ impl State {
             s.si_accessors.insert(a.accessor_id.clone(), a);
         }
         s.cluster = p.cluster;
+        for pol in p.acl_policies {
+            s.acl_policies.insert(pol.name.clone(), pol);
+        }
+        for t in p.acl_tokens {
+            s.acl_tokens_by_secret.insert(t.secret_id.clone(), t.accessor_id.clone());
+            s.acl_tokens.insert(t.accessor_id.clone(), t);
+        }
+        for r in p.acl_roles {
+            s.acl_roles.insert(r.id.clone(), r);
+        }
+        s.acl_bootstrap_index = p.acl_bootstrap_index;
         for (node, idx) in p.alloc_removed {
             s.alloc_removed.insert(node, idx);
         }

@@ -1,0 +1,71 @@
+//! Resolving a caller's secret to its token and compiled [`Acl`].
+
+use std::sync::Arc;
+
+use nomad_proto::Timestamp;
+
+use super::{Acl, AclToken, Policy};
+use crate::state::State;
+
+/// Why a secret was refused; the texts are Nomad's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    /// No token has this secret (403).
+    #[error("ACL token not found")]
+    NotFound,
+    /// The token expired (403 on routes, as Nomad masks it).
+    #[error("ACL token expired")]
+    Expired,
+    /// The secret is not an ACL token at all (a node's SecretID): 403.
+    #[error("Permission denied")]
+    Denied,
+}
+
+/// Who is calling: the token and what it may do.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// The token (the anonymous one for an empty secret).
+    pub token: Arc<AclToken>,
+    /// Its compiled ACL.
+    pub acl: Arc<Acl>,
+}
+
+/// Resolves `secret` against `state` at `now`: an empty secret is the anonymous token; a node's
+/// SecretID is refused (node identities are not HTTP callers); an unknown secret is
+/// `ACL token not found`; an expired token is `ACL token expired`.
+pub fn resolve(state: &State, secret: &str, now: Timestamp) -> Result<Identity, AuthError> {
+    let token = if secret.is_empty() {
+        Arc::new(AclToken::anonymous())
+    } else {
+        match state.acl_token_by_secret(secret) {
+            Some(t) => t.clone(),
+            None if state.nodes().any(|n| !n.secret_id.is_empty() && n.secret_id == secret) => return Err(AuthError::Denied),
+            None => return Err(AuthError::NotFound),
+        }
+    };
+    if token.expired(now) {
+        return Err(AuthError::Expired);
+    }
+    let acl = if token.is_management() { Acl::management() } else { compile_for(state, &token) };
+    Ok(Identity { token, acl: Arc::new(acl) })
+}
+
+/// The names of the policies a token carries, directly or through its roles (deduplicated).
+pub fn policy_names(state: &State, token: &AclToken) -> Vec<String> {
+    let mut names: Vec<String> = token.policies.clone();
+    for link in &token.roles {
+        if let Some(role) = state.acl_role(&link.id) {
+            names.extend(role.policies.iter().map(|p| p.name.clone()));
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+fn compile_for(state: &State, token: &AclToken) -> Acl {
+    // Missing policies grant nothing; stored ones were validated on write.
+    let parsed: Vec<Policy> =
+        policy_names(state, token).iter().filter_map(|n| state.acl_policy(n)).filter_map(|p| Policy::parse(&p.rules).ok()).collect();
+    Acl::compile(&parsed)
+}

@@ -1,0 +1,382 @@
+//! Authorization of every HTTP route, in one table.
+//!
+//! [`ROWS`] maps (method, path pattern) to the capability a caller needs (Nomad's per-endpoint
+//! checks, reference §1.8). [`authorize`] is the one middleware: it resolves the caller's secret
+//! (`X-Nomad-Token`, else `Authorization: Bearer`), finds the row, and refuses before the handler
+//! runs. A request no row matches is refused (default deny). With ACLs off it lets everything
+//! through untouched.
+//!
+//! Where an object's namespace decides (an alloc by ID, a job registered from a body), the
+//! middleware finds it first: from the state for alloc and eval IDs, from the body's `Namespace`
+//! for job registration. Reads of single objects and `namespace=*` lists are checked on the way
+//! out: an object of a namespace the caller may not read is a 403, and a list keeps only the
+//! objects of namespaces it may read (by each element's `Namespace`).
+//!
+//! Not yet per namespace: the event stream (`/v1/event/stream`) and the client routes
+//! (`/v1/client/*`) are management-only until they filter per event and per alloc.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::util::{HttpError, MAX_BODY_BYTES};
+use crate::acl::{Acl, AuthError, Identity};
+use crate::endpoints::Endpoints;
+
+/// Which methods a row covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum M {
+    /// Every method.
+    Any,
+    /// GET and HEAD.
+    Get,
+    /// PUT and POST.
+    Write,
+    /// DELETE.
+    Delete,
+}
+
+impl M {
+    fn covers(self, m: &Method) -> bool {
+        match self {
+            M::Any => true,
+            M::Get => *m == Method::GET || *m == Method::HEAD,
+            M::Write => *m == Method::PUT || *m == Method::POST,
+            M::Delete => *m == Method::DELETE,
+        }
+    }
+}
+
+/// Where the namespace of a namespaced check comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NsFrom {
+    /// `?namespace=` (default `default`; `*` = any namespace, lists filtered per object).
+    Query,
+    /// The job in the body (`Job.Namespace`, else `?namespace=`): registration, plan, validate.
+    JobBody,
+    /// The alloc whose ID (or ID prefix) is path segment 3 (`/v1/allocation/<id>/...`).
+    Alloc,
+    /// The object returned: the check passes if any namespace allows, then the response's
+    /// `Namespace` decides (403 if not allowed).
+    Response,
+}
+
+/// What a row requires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// Nothing: not even a valid token (status, bootstrap).
+    Public,
+    /// Any valid token, the anonymous one included; the handler narrows what it shows.
+    AnyToken,
+    /// The handler resolves the token itself (`/v1/acl/token/self`: expiry is not checked).
+    Handler,
+    /// One of these namespace capabilities, in the namespace `from` says.
+    Ns(&'static [&'static str], NsFrom),
+    /// Any capability in the namespace named by the last path segment (namespace reads); lists
+    /// keep the namespaces with any capability (by `Name`).
+    NsAny,
+    /// `node` read / write.
+    Node(bool),
+    /// `agent` read / write.
+    Agent(bool),
+    /// `operator` read / write.
+    Operator(bool),
+    /// `plugin` list.
+    PluginList,
+    /// `plugin` read.
+    PluginRead,
+    /// A management token.
+    Management,
+}
+
+/// One row of the table.
+#[derive(Debug, Clone, Copy)]
+pub struct Row {
+    /// Methods.
+    pub method: M,
+    /// Path pattern: literal segments, `:x` for one segment, `*` for one or more.
+    pub pattern: &'static str,
+    /// The requirement.
+    pub need: Need,
+}
+
+const fn row(method: M, pattern: &'static str, need: Need) -> Row {
+    Row { method, pattern, need }
+}
+
+use M::{Any, Delete, Get, Write};
+use Need::*;
+use NsFrom::{Alloc, JobBody, Query, Response as Resp};
+
+/// The authorization table. The first row that matches decides; no row: refused.
+pub const ROWS: &[Row] = &[
+    // Status and ACL bootstrap: anyone.
+    row(Get, "/v1/status/leader", Public),
+    row(Get, "/v1/status/peers", Public),
+    row(Get, "/v1/regions", Public),
+    row(Get, "/v1/agent/health", Public),
+    row(Write, "/v1/acl/bootstrap", Public),
+    // ACL objects (handlers narrow reads to the caller's own).
+    row(Get, "/v1/acl/policies", AnyToken),
+    row(Get, "/v1/acl/policy/:name", AnyToken),
+    row(Write, "/v1/acl/policy/:name", Management),
+    row(Delete, "/v1/acl/policy/:name", Management),
+    row(Get, "/v1/acl/tokens", Management),
+    row(Write, "/v1/acl/token", Management),
+    row(Get, "/v1/acl/token/self", Handler),
+    row(Get, "/v1/acl/token/:accessor", AnyToken),
+    row(Write, "/v1/acl/token/:accessor", Management),
+    row(Delete, "/v1/acl/token/:accessor", Management),
+    row(Get, "/v1/acl/roles", AnyToken),
+    row(Write, "/v1/acl/role", Management),
+    row(Get, "/v1/acl/role/name/:name", AnyToken),
+    row(Get, "/v1/acl/role/:id", AnyToken),
+    row(Write, "/v1/acl/role/:id", Management),
+    row(Delete, "/v1/acl/role/:id", Management),
+    // Jobs.
+    row(Get, "/v1/jobs", Ns(&["list-jobs"], Query)),
+    row(Write, "/v1/jobs", Ns(&["submit-job"], JobBody)),
+    row(Write, "/v1/jobs/parse", Ns(&["parse-job", "submit-job"], Query)),
+    row(Write, "/v1/validate/job", Ns(&["read-job"], JobBody)),
+    row(Get, "/v1/job/*/allocations", Ns(&["read-job"], Query)),
+    row(Get, "/v1/job/*/evaluations", Ns(&["read-job"], Query)),
+    row(Get, "/v1/job/*/summary", Ns(&["read-job"], Query)),
+    row(Write, "/v1/job/*/plan", Ns(&["submit-job"], JobBody)),
+    row(Get, "/v1/job/*", Ns(&["read-job"], Query)),
+    row(Write, "/v1/job/*", Ns(&["submit-job"], JobBody)),
+    row(Delete, "/v1/job/*", Ns(&["submit-job"], Query)),
+    // Allocations and evaluations.
+    row(Get, "/v1/allocations", Ns(&["read-job"], Query)),
+    row(Write, "/v1/allocation/:id/stop", Ns(&["alloc-lifecycle"], Alloc)),
+    row(Get, "/v1/allocation/*", Ns(&["read-job"], Alloc)),
+    row(Get, "/v1/evaluations", Ns(&["read-job"], Query)),
+    row(Get, "/v1/evaluation/*", Ns(&["read-job"], Resp)),
+    // Nodes.
+    row(Get, "/v1/nodes", Node(false)),
+    row(Get, "/v1/node/*", Node(false)),
+    row(Write, "/v1/node/*", Node(true)),
+    // Namespaces.
+    row(Get, "/v1/namespaces", NsAny),
+    row(Get, "/v1/namespace/:name", NsAny),
+    row(Write, "/v1/namespace/:name", Management),
+    row(Delete, "/v1/namespace/:name", Management),
+    // Agent and operator.
+    row(Get, "/v1/agent/self", Agent(false)),
+    row(Get, "/v1/agent/members", Node(false)),
+    row(Get, "/v1/operator/raft/configuration", Management),
+    row(Delete, "/v1/operator/raft/peer", Management),
+    // The event stream: management-only until it checks each event's namespace.
+    row(Get, "/v1/event/stream", Management),
+    // Services.
+    row(Get, "/v1/services", Ns(&["read-job"], Query)),
+    row(Get, "/v1/service/*", Ns(&["read-job"], Query)),
+    row(Delete, "/v1/service/*", Ns(&["submit-job"], Query)),
+    // CSI volumes and plugins.
+    row(Get, "/v1/volumes", Ns(&["csi-list-volume", "csi-read-volume", "csi-mount-volume", "list-jobs"], Query)),
+    row(Get, "/v1/volume/csi/*", Ns(&["csi-read-volume", "csi-mount-volume", "read-job"], Query)),
+    row(Write, "/v1/volume/csi/*", Ns(&["csi-write-volume"], Query)),
+    row(Delete, "/v1/volume/csi/*", Ns(&["csi-write-volume"], Query)),
+    row(Get, "/v1/plugins", PluginList),
+    row(Get, "/v1/plugin/csi/:id", PluginRead),
+    row(Delete, "/v1/plugin/csi/:id", Management),
+    // Client routes: management-only until each checks its alloc's namespace.
+    row(Any, "/v1/client/*", Management),
+];
+
+/// Whether `path` matches `pattern` (see [`Row::pattern`]).
+pub fn path_matches(pattern: &str, path: &str) -> bool {
+    let pat: Vec<&str> = pattern.trim_start_matches('/').split('/').collect();
+    let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let Some(star) = pat.iter().position(|p| *p == "*") else {
+        return pat.len() == segs.len() && pat.iter().zip(&segs).all(|(p, s)| seg_matches(p, s));
+    };
+    let (head, tail) = (&pat[..star], &pat[star + 1..]);
+    segs.len() > head.len() + tail.len()
+        && head.iter().zip(&segs).all(|(p, s)| seg_matches(p, s))
+        && tail.iter().rev().zip(segs.iter().rev()).all(|(p, s)| seg_matches(p, s))
+        && segs[head.len()..segs.len() - tail.len()].iter().all(|s| !s.is_empty())
+}
+
+fn seg_matches(pattern: &str, seg: &str) -> bool {
+    if pattern.starts_with(':') { !seg.is_empty() } else { pattern == seg }
+}
+
+/// The row deciding a request, if any.
+pub fn row_for(method: &Method, path: &str) -> Option<&'static Row> {
+    ROWS.iter().find(|r| r.method.covers(method) && path_matches(r.pattern, path))
+}
+
+/// The caller as the middleware resolved it (a request extension). Absent with ACLs off.
+#[derive(Debug, Clone)]
+pub struct Caller(pub Identity);
+
+/// The secret a request carries: `X-Nomad-Token` (trimmed), else `Authorization: Bearer <t>`.
+pub fn request_secret(headers: &HeaderMap) -> String {
+    if let Some(t) = headers.get("x-nomad-token").and_then(|v| v.to_str().ok()).map(str::trim).filter(|t| !t.is_empty()) {
+        return t.to_string();
+    }
+    headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let mut it = v.split_whitespace();
+            match (it.next(), it.next()) {
+                (Some(scheme), Some(tok)) if scheme.eq_ignore_ascii_case("bearer") => Some(tok.to_string()),
+                _ => None,
+            }
+        })
+        .unwrap_or_default()
+}
+
+fn denied() -> Response {
+    HttpError { code: StatusCode::FORBIDDEN, message: "Permission denied".into() }.into_response()
+}
+
+fn auth_error(e: AuthError) -> Response {
+    HttpError { code: StatusCode::FORBIDDEN, message: e.to_string() }.into_response()
+}
+
+fn query_namespace(uri: &axum::http::Uri) -> String {
+    super::util::QueryOptions::parse(uri).map(|q| q.namespace).unwrap_or_else(|_| nomad_proto::job::DEFAULT_NAMESPACE.into())
+}
+
+/// What to check on the response.
+enum After {
+    Nothing,
+    /// Keep the list elements (or the object) whose `Namespace` allows one of these.
+    Filter(&'static [&'static str]),
+    /// Keep namespaces (by `Name`) with any capability.
+    Namespaces,
+}
+
+/// The middleware: resolve, find the row, check, run the handler, filter what it answers.
+pub async fn authorize(State(endpoints): State<Endpoints>, req: Request, next: Next) -> Response {
+    if !endpoints.acl_config().enabled {
+        return next.run(req).await;
+    }
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let Some(row) = row_for(&method, &path) else { return denied() };
+    let snap = endpoints.store().snapshot();
+    let identity = match row.need {
+        Public | Handler => None,
+        _ => match crate::acl::resolve(&snap, &request_secret(req.headers()), nomad_proto::Timestamp::now()) {
+            Ok(id) => Some(id),
+            Err(e) => return auth_error(e),
+        },
+    };
+    let Some(id) = identity else { return next.run(req).await };
+    let acl = id.acl.clone();
+    let mut req = req;
+    req.extensions_mut().insert(Caller(id));
+    let mut after = After::Nothing;
+    let allowed = match row.need {
+        Public | Handler | AnyToken => true,
+        Management => acl.is_management(),
+        Node(w) => acl.allow_node(w),
+        Agent(w) => acl.allow_agent(w),
+        Operator(w) => acl.allow_operator(w),
+        PluginList => acl.allow_plugin_list(),
+        PluginRead => acl.allow_plugin_read(),
+        NsAny => {
+            after = After::Namespaces;
+            match path.strip_prefix("/v1/namespace/") {
+                Some(name) => acl.allow_namespace(name),
+                None => true,
+            }
+        }
+        Ns(caps, from) => {
+            let ns = match from {
+                Query => query_namespace(req.uri()),
+                Resp => "*".to_string(),
+                Alloc => {
+                    let id = path.split('/').nth(3).unwrap_or_default();
+                    match snap.alloc(id).map(|a| a.namespace.clone()).or_else(|| alloc_by_prefix(&snap, id)) {
+                        Some(ns) => ns,
+                        // Unknown alloc: the handler answers 404 to anyone allowed somewhere.
+                        None => "*".to_string(),
+                    }
+                }
+                JobBody => {
+                    let (parts, body) = req.into_parts();
+                    let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+                        Ok(b) => b,
+                        Err(_) => return HttpError::bad_request("request body too large").into_response(),
+                    };
+                    let ns = job_namespace(&bytes).unwrap_or_else(|| query_namespace(&parts.uri));
+                    req = Request::from_parts(parts, Body::from(bytes));
+                    ns
+                }
+            };
+            if ns == "*" || matches!(from, Resp | Alloc) {
+                after = After::Filter(caps);
+            }
+            caps.iter().any(|c| acl.allow_namespace_op(&ns, c))
+        }
+    };
+    if !allowed {
+        return denied();
+    }
+    let resp = next.run(req).await;
+    if acl.is_management() {
+        return resp;
+    }
+    match after {
+        After::Nothing => resp,
+        After::Filter(caps) => filter_response(resp, &acl, "Namespace", |acl, ns| caps.iter().any(|c| acl.allow_namespace_op(ns, c))).await,
+        After::Namespaces => filter_response(resp, &acl, "Name", |acl, ns| acl.allow_namespace(ns)).await,
+    }
+}
+
+/// Refuses every request (`Permission denied`): routes an agent cannot authorize yet.
+pub async fn refuse(_req: Request, _next: Next) -> Response {
+    denied()
+}
+
+fn alloc_by_prefix(snap: &crate::state::State, prefix: &str) -> Option<String> {
+    if prefix.is_empty() {
+        return None;
+    }
+    let mut found = snap.allocs().filter(|a| a.id.starts_with(prefix));
+    let first = found.next()?;
+    found.next().is_none().then(|| first.namespace.clone())
+}
+
+/// `Job.Namespace` of a registration body (`{"Job": {...}}`), if set.
+fn job_namespace(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let job = v.get("Job").unwrap_or(&v);
+    job.get("Namespace").and_then(|n| n.as_str()).filter(|n| !n.is_empty()).map(str::to_string)
+}
+
+/// Drops list elements whose `key` the ACL does not allow; a single object not allowed is a
+/// 403. Non-JSON and error answers pass unchanged.
+async fn filter_response(resp: Response, acl: &Arc<Acl>, key: &str, allow: impl Fn(&Acl, &str) -> bool) -> Response {
+    if !resp.status().is_success() {
+        return resp;
+    }
+    let is_json = resp.headers().get("content-type").and_then(|v| v.to_str().ok()).is_some_and(|c| c.starts_with("application/json"));
+    if !is_json {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else { return denied() };
+    let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+        return Response::from_parts(parts, Body::from(bytes));
+    };
+    let ok = |item: &serde_json::Value| item.get(key).and_then(|n| n.as_str()).is_none_or(|ns| allow(acl, ns));
+    match &mut v {
+        serde_json::Value::Array(items) => items.retain(ok),
+        obj @ serde_json::Value::Object(_) if !ok(&*obj) => return denied(),
+        _ => {}
+    }
+    let out = serde_json::to_vec(&v).unwrap_or_default();
+    parts.headers.remove("content-length");
+    Response::from_parts(parts, Body::from(out))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,469 @@
+//! The authorization table against the real router, with every kind of caller.
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use super::{Need, NsFrom, ROWS, row_for};
+use crate::acl::{AclConfig, AclToken, CLIENT};
+use crate::fsm::Command;
+use crate::testing::{TestServer, job, node};
+
+struct Reply {
+    status: StatusCode,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+}
+
+/// Sends a request; the body is read only when `read_body` (a stream never ends).
+async fn send(ts: &TestServer, method: Method, path: &str, token: Option<&str>, body: String, read_body: bool) -> Reply {
+    let mut b = Request::builder().method(method).uri(path);
+    if let Some(t) = token {
+        b = b.header("X-Nomad-Token", t);
+    }
+    // A guard, not a synchronisation: a handler that never answers fails the test instead of hanging it.
+    let resp = tokio::time::timeout(std::time::Duration::from_secs(30), ts.router().oneshot(b.body(Body::from(body)).unwrap()))
+        .await
+        .expect("the router answers")
+        .unwrap();
+    let status = resp.status();
+    let body = if read_body || status == StatusCode::FORBIDDEN {
+        String::from_utf8_lossy(&axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap()).into_owned()
+    } else {
+        String::new()
+    };
+    Reply { status, body }
+}
+
+async fn call(ts: &TestServer, method: Method, path: &str, token: Option<&str>, body: Value) -> Reply {
+    let body = if body.is_null() { String::new() } else { body.to_string() };
+    send(ts, method, path, token, body, true).await
+}
+
+fn acl_server() -> TestServer {
+    let mut ts = TestServer::new();
+    ts.endpoints = ts.endpoints.clone().with_acl(AclConfig { enabled: true, ..AclConfig::default() });
+    ts
+}
+
+async fn bootstrap(ts: &TestServer) -> AclToken {
+    let r = call(ts, Method::POST, "/v1/acl/bootstrap", None, Value::Null).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    serde_json::from_str(&r.body).unwrap()
+}
+
+async fn policy(ts: &TestServer, mgmt: &str, name: &str, rules: &str) {
+    let r = call(ts, Method::PUT, &format!("/v1/acl/policy/{name}"), Some(mgmt), json!({"Name": name, "Rules": rules})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+}
+
+async fn token(ts: &TestServer, mgmt: &str, policies: &[&str], ttl: Option<&str>) -> Reply {
+    let mut body = json!({"Name": "t", "Type": "client", "Policies": policies});
+    if let Some(ttl) = ttl {
+        body["ExpirationTTL"] = json!(ttl);
+    }
+    call(ts, Method::POST, "/v1/acl/token", Some(mgmt), body).await
+}
+
+async fn client_token(ts: &TestServer, mgmt: &str, policies: &[&str]) -> String {
+    let r = token(ts, mgmt, policies, None).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    r.json()["SecretID"].as_str().unwrap().to_string()
+}
+
+/// A token that expired a minute ago, written straight through the FSM (the API refuses such TTLs).
+async fn expired_token(ts: &TestServer) -> String {
+    let now = nomad_proto::Timestamp::now();
+    let t = AclToken {
+        accessor_id: uuid::Uuid::new_v4().to_string(),
+        secret_id: uuid::Uuid::new_v4().to_string(),
+        token_type: CLIENT.into(),
+        policies: vec!["read".into()],
+        create_time: now.add_nanos(-120_000_000_000),
+        expiration_time: Some(now.add_nanos(-60_000_000_000)),
+        ..AclToken::default()
+    };
+    ts.endpoints.consensus().apply(Command::AclTokenUpsert { tokens: vec![t.clone()] }).await.unwrap();
+    t.secret_id
+}
+
+const READ_RULES: &str = r#"
+namespace "default" { policy = "read" }
+node { policy = "read" }
+agent { policy = "read" }
+plugin { policy = "read" }
+"#;
+const WRITE_A_RULES: &str = r#"namespace "a" { policy = "write" }"#;
+
+/// `policy = "read"` and `policy = "write"` as the reference's table expands them.
+fn read_cap(c: &str) -> bool {
+    crate::acl::NAMESPACE_READ.contains(&c)
+}
+
+fn write_cap(c: &str) -> bool {
+    read_cap(c) || crate::acl::NAMESPACE_WRITE_EXTRA.contains(&c)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Who {
+    Anonymous,
+    Read,
+    WriteA,
+    Management,
+    Expired,
+}
+
+/// What the reference says each caller may do, written out per caller (not derived from `Acl`).
+fn expect_allowed(who: Who, need: Need, method: &Method, pattern: &str, ns: &str) -> bool {
+    let open = matches!(need, Need::Public | Need::Handler);
+    match who {
+        Who::Management => true,
+        Who::Expired => open,
+        // Reading a token by accessor: management or the token itself (the sample is management's).
+        _ if *method == Method::GET && pattern == "/v1/acl/token/:accessor" => false,
+        // The namespace list is open to any token; it shows only the namespaces the token may use.
+        Who::Anonymous => open || need == Need::AnyToken || pattern == "/v1/namespaces",
+        Who::Read => match need {
+            Need::Public | Need::Handler | Need::AnyToken => true,
+            Need::Node(w) | Need::Agent(w) => !w,
+            Need::PluginList | Need::PluginRead => true,
+            Need::NsAny => pattern == "/v1/namespaces",
+            Need::Ns(caps, from) => {
+                let ns = if matches!(from, NsFrom::Alloc | NsFrom::Response) { "default" } else { ns };
+                ns == "default" && caps.iter().any(|c| read_cap(c))
+            }
+            Need::Operator(_) | Need::Management => false,
+        },
+        Who::WriteA => match need {
+            Need::Public | Need::Handler | Need::AnyToken => true,
+            Need::NsAny => pattern == "/v1/namespaces",
+            Need::Ns(caps, from) => {
+                let ns = if matches!(from, NsFrom::Alloc | NsFrom::Response) { "a" } else { ns };
+                ns == "a" && caps.iter().any(|c| write_cap(c))
+            }
+            _ => false,
+        },
+    }
+}
+
+fn sample_path(pattern: &str, mgmt_accessor: &str, method: &Method) -> String {
+    pattern
+        .split('/')
+        .map(|seg| match seg {
+            ":name" => "anonymous".to_string(),
+            ":accessor" if *method == Method::GET => mgmt_accessor.to_string(),
+            s if s.starts_with(':') || s == "*" => "x".to_string(),
+            s => s.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+fn methods_of(m: super::M) -> Vec<Method> {
+    match m {
+        super::M::Any => vec![Method::GET, Method::PUT, Method::DELETE],
+        super::M::Get => vec![Method::GET],
+        super::M::Write => vec![Method::PUT, Method::POST],
+        super::M::Delete => vec![Method::DELETE],
+    }
+}
+
+/// A route pattern as axum spells it, with its catch-all filled in.
+fn served(path: &str) -> bool {
+    crate::http::ROUTE_PATHS.iter().any(|p| match p.strip_suffix("{*rest}") {
+        Some(prefix) => path.starts_with(prefix) && path.len() > prefix.len(),
+        None => *p == path,
+    })
+}
+
+#[test]
+fn every_router_route_has_a_row() {
+    for p in crate::http::ROUTE_PATHS {
+        // The ACL routes are one catch-all; `policies` stands for them (each has its own row below).
+        let sample = if *p == "/v1/acl/{*rest}" { "/v1/acl/policies".to_string() } else { p.replace("{*rest}", "x") };
+        let covered = [Method::GET, Method::PUT, Method::POST, Method::DELETE].iter().any(|m| row_for(m, &sample).is_some());
+        assert!(covered, "route {p} has no row in authz::ROWS");
+    }
+    // The sub-routes the catch-all handlers serve, each with the method it takes.
+    for (m, path) in [
+        (Method::GET, "/v1/job/web/allocations"),
+        (Method::GET, "/v1/job/web/evaluations"),
+        (Method::GET, "/v1/job/web/summary"),
+        (Method::PUT, "/v1/job/web/plan"),
+        (Method::DELETE, "/v1/job/web"),
+        (Method::PUT, "/v1/allocation/abc/stop"),
+        (Method::PUT, "/v1/node/n1/eligibility"),
+        (Method::PUT, "/v1/node/n1/drain"),
+        (Method::PUT, "/v1/node/n1/purge"),
+        (Method::GET, "/v1/node/n1/allocations"),
+        (Method::PUT, "/v1/volume/csi/v1/create"),
+        (Method::DELETE, "/v1/plugin/csi/p1"),
+        (Method::GET, "/v1/acl/role/name/ops"),
+        (Method::PUT, "/v1/acl/bootstrap"),
+        (Method::GET, "/v1/acl/token/self"),
+        (Method::POST, "/v1/acl/token"),
+        (Method::DELETE, "/v1/acl/policy/p"),
+        (Method::GET, "/v1/client/fs/logs/abc"),
+        (Method::PUT, "/v1/client/allocation/abc/restart"),
+    ] {
+        assert!(row_for(&m, path).is_some(), "{m} {path} has no row");
+    }
+    // Every row's pattern is served by some route (or is a client/agent route).
+    for r in ROWS {
+        let sample = r.pattern.replace(":name", "x").replace(":accessor", "x").replace(":id", "x").replace('*', "x");
+        assert!(served(&sample) || sample.starts_with("/v1/client/") || sample == "/v1/agent/health", "row {} serves nothing", r.pattern);
+    }
+    // Default deny: a method no row lists.
+    assert!(row_for(&Method::PATCH, "/v1/jobs").is_none());
+}
+
+#[tokio::test]
+async fn table_walk_with_every_kind_of_caller() {
+    let ts = acl_server();
+    let mgmt = bootstrap(&ts).await;
+    policy(&ts, &mgmt.secret_id, "read", READ_RULES).await;
+    policy(&ts, &mgmt.secret_id, "write-a", WRITE_A_RULES).await;
+    let read = client_token(&ts, &mgmt.secret_id, &["read"]).await;
+    let write_a = client_token(&ts, &mgmt.secret_id, &["write-a"]).await;
+    let expired = expired_token(&ts).await;
+    let callers: [(Who, Option<&str>); 5] = [
+        (Who::Anonymous, None),
+        (Who::Read, Some(&read)),
+        (Who::WriteA, Some(&write_a)),
+        (Who::Management, Some(&mgmt.secret_id)),
+        (Who::Expired, Some(&expired)),
+    ];
+    let mut checked = 0;
+    for row in ROWS {
+        for method in methods_of(row.method) {
+            let path = sample_path(row.pattern, &mgmt.accessor_id, &method);
+            if !served(&path) {
+                continue;
+            }
+            for ns in ["default", "a"] {
+                let mut j = serde_json::to_value(job("x", 1)).unwrap();
+                j["Namespace"] = json!(ns);
+                let body = if method == Method::GET || method == Method::DELETE { String::new() } else { json!({"Job": j}).to_string() };
+                let sep = if path.contains('?') { '&' } else { '?' };
+                let uri = format!("{path}{sep}namespace={ns}");
+                for (who, tok) in callers {
+                    let r = send(&ts, method.clone(), &uri, tok, body.clone(), false).await;
+                    let want = expect_allowed(who, row.need, &method, row.pattern, ns);
+                    if want {
+                        assert_ne!(r.status, StatusCode::FORBIDDEN, "{who:?} {method} {uri}: {}", r.body);
+                    } else {
+                        assert_eq!(r.status, StatusCode::FORBIDDEN, "{who:?} {method} {uri} should be refused");
+                        let text = if who == Who::Expired { "ACL token expired" } else { "Permission denied" };
+                        assert_eq!(r.body, text, "{who:?} {method} {uri}");
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked > 400, "walked {checked} requests");
+}
+
+#[tokio::test]
+async fn secrets_that_are_not_tokens_are_refused() {
+    let ts = acl_server();
+    let mgmt = bootstrap(&ts).await;
+    let n = ts.register_node(node("n1")).await;
+    let r = call(&ts, Method::GET, "/v1/nodes", Some(&n.secret_id), Value::Null).await;
+    assert_eq!((r.status, r.body.as_str()), (StatusCode::FORBIDDEN, "Permission denied"), "a node SecretID is no HTTP token");
+    let r = call(&ts, Method::GET, "/v1/nodes", Some(&uuid::Uuid::new_v4().to_string()), Value::Null).await;
+    assert_eq!((r.status, r.body.as_str()), (StatusCode::FORBIDDEN, "ACL token not found"));
+    // `Authorization: Bearer` carries a token too.
+    let req =
+        Request::builder().uri("/v1/nodes").header("Authorization", format!("bearer {}", mgmt.secret_id)).body(Body::empty()).unwrap();
+    assert_eq!(ts.router().oneshot(req).await.unwrap().status(), StatusCode::OK);
+    // Anonymous gets what the `anonymous` policy grants, once an operator writes one.
+    assert_eq!(call(&ts, Method::GET, "/v1/nodes", None, Value::Null).await.status, StatusCode::FORBIDDEN);
+    policy(&ts, &mgmt.secret_id, "anonymous", r#"node { policy = "read" }"#).await;
+    assert_eq!(call(&ts, Method::GET, "/v1/nodes", None, Value::Null).await.status, StatusCode::OK);
+    let r = call(&ts, Method::GET, "/v1/acl/policy/anonymous", None, Value::Null).await;
+    assert_eq!(r.status, StatusCode::OK, "anyone may read the anonymous policy");
+}
+
+#[tokio::test]
+async fn all_namespaces_lists_keep_only_readable_objects() {
+    let ts = acl_server();
+    let mgmt = bootstrap(&ts).await;
+    let r = call(&ts, Method::PUT, "/v1/namespace/a", Some(&mgmt.secret_id), json!({"Name": "a"})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    for ns in ["default", "a"] {
+        let mut j = serde_json::to_value(job(&format!("job-{ns}"), 1)).unwrap();
+        j["Namespace"] = json!(ns);
+        let r = call(&ts, Method::PUT, "/v1/jobs", Some(&mgmt.secret_id), json!({"Job": j})).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    }
+    policy(&ts, &mgmt.secret_id, "write-a", WRITE_A_RULES).await;
+    let tok = client_token(&ts, &mgmt.secret_id, &["write-a"]).await;
+    let list = call(&ts, Method::GET, "/v1/jobs?namespace=*", Some(&tok), Value::Null).await;
+    assert_eq!(list.status, StatusCode::OK);
+    let ids: Vec<String> = list.json().as_array().unwrap().iter().map(|j| j["ID"].as_str().unwrap().to_string()).collect();
+    assert_eq!(ids, ["job-a"]);
+    let all = call(&ts, Method::GET, "/v1/jobs?namespace=*", Some(&mgmt.secret_id), Value::Null).await;
+    assert_eq!(all.json().as_array().unwrap().len(), 2);
+    let nss = call(&ts, Method::GET, "/v1/namespaces", Some(&tok), Value::Null).await;
+    let names: Vec<String> = nss.json().as_array().unwrap().iter().map(|n| n["Name"].as_str().unwrap().to_string()).collect();
+    assert_eq!(names, ["a"]);
+    // Writes in a namespace the token cannot write.
+    let mut j = serde_json::to_value(job("sneaky", 1)).unwrap();
+    j["Namespace"] = json!("default");
+    let r = call(&ts, Method::PUT, "/v1/jobs", Some(&tok), json!({"Job": j})).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn acls_off_change_nothing_and_acl_routes_say_so() {
+    let ts = TestServer::new();
+    assert_eq!(call(&ts, Method::GET, "/v1/jobs", None, Value::Null).await.status, StatusCode::OK);
+    let r = call(&ts, Method::GET, "/v1/acl/policies", None, Value::Null).await;
+    assert_eq!((r.status, r.body.as_str()), (StatusCode::BAD_REQUEST, "ACL support disabled"));
+    let r = call(&ts, Method::POST, "/v1/acl/bootstrap", None, Value::Null).await;
+    assert_eq!((r.status, r.body.as_str()), (StatusCode::BAD_REQUEST, "ACL support disabled"));
+}
+
+#[tokio::test]
+async fn bootstrap_once_then_reset_with_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let reset = dir.path().join("acl-bootstrap-reset");
+    let mut ts = TestServer::new();
+    ts.endpoints =
+        ts.endpoints.clone().with_acl(AclConfig { enabled: true, bootstrap_reset_file: Some(reset.clone()), ..AclConfig::default() });
+    let first = bootstrap(&ts).await;
+    assert_eq!((first.name.as_str(), first.token_type.as_str(), first.global), ("Bootstrap Token", "management", true));
+    let n = ts.store.snapshot().acl_bootstrap_index();
+    assert_eq!(first.create_index, n);
+    let again = call(&ts, Method::POST, "/v1/acl/bootstrap", None, Value::Null).await;
+    assert_eq!((again.status, again.body), (StatusCode::BAD_REQUEST, format!("ACL bootstrap already done (reset index: {n})")));
+    std::fs::write(&reset, format!("{}\n", n + 7)).unwrap();
+    let wrong = call(&ts, Method::POST, "/v1/acl/bootstrap", None, Value::Null).await;
+    assert_eq!(wrong.body, format!("Invalid bootstrap reset index (specified {}, reset index: {n})", n + 7));
+    std::fs::write(&reset, n.to_string()).unwrap();
+    let secret = uuid::Uuid::new_v4().to_string();
+    let r = call(&ts, Method::POST, "/v1/acl/bootstrap", None, json!({"BootstrapSecret": secret})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.json()["SecretID"], secret.as_str());
+    // The file is single-use: the index moved on.
+    let r = call(&ts, Method::POST, "/v1/acl/bootstrap", None, Value::Null).await;
+    assert!(r.body.starts_with("Invalid bootstrap reset index"), "{}", r.body);
+    let r = call(&ts, Method::POST, "/v1/acl/bootstrap", None, json!({"BootstrapSecret": "nope"})).await;
+    assert_eq!((r.status, r.body.as_str()), (StatusCode::BAD_REQUEST, "invalid acl token"));
+}
+
+#[tokio::test]
+async fn tokens_policies_and_roles_round_trip() {
+    let ts = acl_server();
+    let mgmt = bootstrap(&ts).await;
+    let m = Some(mgmt.secret_id.as_str());
+    // Policies: bad rules, name mismatch, read back.
+    let r = call(&ts, Method::PUT, "/v1/acl/policy/p", m, json!({"Name": "p", "Rules": "namespace { policy = \"read\" }"})).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert!(r.body.starts_with("Failed to parse ACL Policy: "), "{}", r.body);
+    let r = call(&ts, Method::PUT, "/v1/acl/policy/p", m, json!({"Name": "q", "Rules": READ_RULES})).await;
+    assert_eq!(r.body, "ACL policy name does not match request path");
+    policy(&ts, &mgmt.secret_id, "p", READ_RULES).await;
+    let p = call(&ts, Method::GET, "/v1/acl/policy/p", m, Value::Null).await.json();
+    assert_eq!(p["Rules"], READ_RULES);
+    assert!(!p["Hash"].as_str().unwrap().is_empty());
+    let r = call(&ts, Method::GET, "/v1/acl/policy/nope", m, Value::Null).await;
+    assert_eq!((r.status, r.body.as_str()), (StatusCode::NOT_FOUND, "ACL policy not found"));
+    // Tokens: validation, TTL bounds, expiry, self, update, delete.
+    let r = call(&ts, Method::POST, "/v1/acl/token", m, json!({"Type": "root"})).await;
+    assert_eq!(r.body, "token type must be client or management");
+    assert_eq!(token(&ts, &mgmt.secret_id, &["p"], Some("10s")).await.status, StatusCode::BAD_REQUEST);
+    assert_eq!(token(&ts, &mgmt.secret_id, &["p"], Some("48h")).await.status, StatusCode::BAD_REQUEST);
+    let t = token(&ts, &mgmt.secret_id, &["p"], Some("1h")).await.json();
+    assert!(t["ExpirationTime"].is_string());
+    assert_eq!(t["ExpirationTTL"], "1h0m0s");
+    let secret = t["SecretID"].as_str().unwrap();
+    let accessor = t["AccessorID"].as_str().unwrap();
+    let me = call(&ts, Method::GET, "/v1/acl/token/self", Some(secret), Value::Null).await;
+    assert_eq!(me.json()["AccessorID"], accessor);
+    assert_eq!(call(&ts, Method::GET, &format!("/v1/acl/token/{accessor}"), Some(secret), Value::Null).await.status, StatusCode::OK);
+    let listed = call(&ts, Method::GET, "/v1/acl/tokens", m, Value::Null).await.json();
+    assert!(listed.as_array().unwrap().iter().all(|t| t.get("SecretID").is_none()));
+    let mine = call(&ts, Method::GET, "/v1/acl/policies", Some(secret), Value::Null).await.json();
+    assert_eq!(mine.as_array().unwrap().len(), 1, "a client token lists its own policies");
+    // Roles: a role links policies; a token links the role by name.
+    let r = call(&ts, Method::POST, "/v1/acl/role", m, json!({"Name": "ops", "Policies": [{"Name": "missing"}]})).await;
+    assert_eq!(r.body, "cannot find policy missing");
+    let role = call(&ts, Method::POST, "/v1/acl/role", m, json!({"Name": "ops", "Policies": [{"Name": "p"}]})).await.json();
+    let role_id = role["ID"].as_str().unwrap();
+    assert_eq!(call(&ts, Method::GET, "/v1/acl/role/name/ops", m, Value::Null).await.json()["ID"], role_id);
+    let r = call(&ts, Method::POST, "/v1/acl/token", m, json!({"Type": "client", "Roles": [{"Name": "nope"}]})).await;
+    assert_eq!(r.body, "cannot find role nope");
+    let rt = call(&ts, Method::POST, "/v1/acl/token", m, json!({"Type": "client", "Roles": [{"Name": "ops"}]})).await.json();
+    assert_eq!(rt["Roles"][0]["ID"], role_id);
+    let rs = rt["SecretID"].as_str().unwrap();
+    assert_eq!(call(&ts, Method::GET, "/v1/nodes", Some(rs), Value::Null).await.status, StatusCode::OK, "role policies apply");
+    // Update keeps the secret; expiry is immutable.
+    let u = call(
+        &ts,
+        Method::POST,
+        &format!("/v1/acl/token/{accessor}"),
+        m,
+        json!({"Name": "renamed", "Type": "client", "Policies": ["p"], "ExpirationTTL": "2h"}),
+    )
+    .await;
+    assert_eq!(u.body, "cannot update expiration time");
+    let u =
+        call(&ts, Method::POST, &format!("/v1/acl/token/{accessor}"), m, json!({"Name": "renamed", "Type": "client", "Policies": ["p"]}))
+            .await;
+    assert_eq!(u.status, StatusCode::OK, "{}", u.body);
+    assert_eq!(u.json()["SecretID"], secret);
+    assert_eq!(call(&ts, Method::DELETE, &format!("/v1/acl/token/{accessor}"), m, Value::Null).await.status, StatusCode::OK);
+    let r = call(&ts, Method::GET, "/v1/nodes", Some(secret), Value::Null).await;
+    assert_eq!((r.status, r.body.as_str()), (StatusCode::FORBIDDEN, "ACL token not found"));
+    assert_eq!(call(&ts, Method::DELETE, &format!("/v1/acl/role/{role_id}"), m, Value::Null).await.status, StatusCode::OK);
+    assert_eq!(call(&ts, Method::GET, "/v1/nodes", Some(rs), Value::Null).await.status, StatusCode::FORBIDDEN, "role gone");
+}
+
+#[test]
+fn acl_tables_survive_a_snapshot() {
+    let store = crate::state::StateStore::new();
+    let mut p = crate::acl::AclPolicy { name: "p".into(), rules: READ_RULES.into(), ..Default::default() };
+    p.set_hash();
+    let t = AclToken {
+        accessor_id: "a".into(),
+        secret_id: "s".into(),
+        token_type: CLIENT.into(),
+        policies: vec!["p".into()],
+        ..Default::default()
+    };
+    let role = crate::acl::AclRole {
+        id: "r".into(),
+        name: "ops".into(),
+        policies: vec![crate::acl::PolicyLink { name: "p".into() }],
+        ..Default::default()
+    };
+    store
+        .write(3, |txn| {
+            txn.bootstrap_acl_token(
+                &AclToken { accessor_id: "b".into(), secret_id: "bs".into(), token_type: "management".into(), ..Default::default() },
+                0,
+            )
+        })
+        .unwrap();
+    store
+        .write(4, |txn| {
+            txn.upsert_acl_policies(std::slice::from_ref(&p));
+            txn.upsert_acl_tokens(std::slice::from_ref(&t));
+            txn.upsert_acl_roles(std::slice::from_ref(&role))
+        })
+        .unwrap();
+    let back = crate::state::State::from_bytes(&store.snapshot().to_bytes().unwrap()).unwrap();
+    assert_eq!(back.acl_bootstrap_index(), 3);
+    assert_eq!(back.acl_policy("p").unwrap().rules, READ_RULES);
+    assert_eq!(back.acl_token_by_secret("s").unwrap().accessor_id, "a");
+    assert_eq!(back.acl_role_by_name("ops").unwrap().id, "r");
+    assert_eq!(back.table_index(crate::state::Table::AclTokens), 4);
+}
