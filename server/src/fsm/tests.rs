@@ -100,3 +100,53 @@ fn events_are_published_once_per_committed_command() {
     // Index 6 was refused and emits nothing; every other command emits one batch.
     assert_eq!(broker.buffered_indexes(), vec![1, 2, 3, 4, 5, 7, 8]);
 }
+
+#[test]
+fn acl_commands_apply_replay_and_snapshot_without_events() {
+    use crate::acl::{AclPolicy, AclRole, AclToken, PolicyLink};
+    let token =
+        |a: &str| AclToken { accessor_id: a.into(), secret_id: format!("s-{a}"), token_type: "management".into(), ..AclToken::default() };
+    let cmds = vec![
+        Command::AclTokenBootstrap { token: token("boot"), reset_index: 0 },
+        Command::AclTokenBootstrap { token: token("again"), reset_index: 0 },
+        Command::AclTokenBootstrap { token: token("reset"), reset_index: 1 },
+        Command::AclPolicyUpsert {
+            policies: vec![AclPolicy { name: "p".into(), rules: "node { policy = \"read\" }".into(), ..AclPolicy::default() }],
+        },
+        Command::AclRoleUpsert {
+            roles: vec![AclRole {
+                id: "r1".into(),
+                name: "ops".into(),
+                policies: vec![PolicyLink { name: "p".into() }],
+                ..AclRole::default()
+            }],
+        },
+        Command::AclRoleUpsert { roles: vec![AclRole { id: "r2".into(), name: "ops".into(), ..AclRole::default() }] },
+        Command::AclTokenUpsert { tokens: vec![AclToken { token_type: "client".into(), policies: vec!["p".into()], ..token("c") }] },
+        Command::AclTokenDelete { accessor_ids: vec!["boot".into()] },
+        Command::AclPolicyDelete { names: vec!["missing".into()] },
+    ];
+    let (a, results) = replay(&cmds);
+    let (b, again) = replay(&cmds);
+    assert_eq!(results, again);
+    assert_eq!(results[1].as_deref(), Some("ACL bootstrap already done (reset index: 1)"));
+    assert!(results[2].is_none(), "the current bootstrap index resets");
+    assert!(results[5].as_deref().is_some_and(|e| e.contains("already exists")), "{results:?}");
+    assert!(results[8].as_deref().is_some_and(|e| e.contains("not found")), "{results:?}");
+    let s = a.snapshot();
+    assert_eq!(s.acl_bootstrap_index(), 3);
+    assert!(s.acl_token("boot").is_none() && s.acl_token_by_secret("s-reset").is_some());
+    let c = s.acl_token("c").unwrap();
+    assert_eq!((c.create_index, c.hash.is_empty()), (7, false));
+    assert_eq!(a.snapshot().to_bytes().unwrap(), b.snapshot().to_bytes().unwrap());
+    let restored = Arc::new(StateStore::new());
+    ServerFsm::new(restored.clone()).restore(&ServerFsm::new(a.clone()).snapshot().unwrap()).unwrap();
+    assert_eq!(restored.snapshot().to_bytes().unwrap(), a.snapshot().to_bytes().unwrap());
+
+    let broker = Arc::new(EventBroker::new(100));
+    let fsm = ServerFsm::with_events(Arc::new(StateStore::new()), broker.clone());
+    for (i, c) in cmds.iter().enumerate() {
+        fsm.apply(i as u64 + 1, c.clone());
+    }
+    assert!(broker.buffered_indexes().is_empty(), "ACL changes (secrets) are not published");
+}
