@@ -81,6 +81,8 @@ pub enum Need {
     NsAny,
     /// `node` read / write.
     Node(bool),
+    /// `node` read; the allocs listed keep only those of namespaces with `read-job`.
+    NodeAllocs,
     /// `agent` read / write.
     Agent(bool),
     /// `operator` read / write.
@@ -157,6 +159,7 @@ pub const ROWS: &[Row] = &[
     row(Get, "/v1/evaluation/*", Ns(&["read-job"], Resp)),
     // Nodes.
     row(Get, "/v1/nodes", Node(false)),
+    row(Get, "/v1/node/:id/allocations", NodeAllocs),
     row(Get, "/v1/node/*", Node(false)),
     row(Write, "/v1/node/*", Node(true)),
     // Namespaces.
@@ -277,6 +280,10 @@ pub async fn authorize(State(endpoints): State<Endpoints>, req: Request, next: N
         Public | Handler | AnyToken => true,
         Management => acl.is_management(),
         Node(w) => acl.allow_node(w),
+        NodeAllocs => {
+            after = After::Filter(&["read-job"]);
+            acl.allow_node(false)
+        }
         Agent(w) => acl.allow_agent(w),
         Operator(w) => acl.allow_operator(w),
         PluginList => acl.allow_plugin_list(),

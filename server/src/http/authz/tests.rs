@@ -132,6 +132,7 @@ fn expect_allowed(who: Who, need: Need, method: &Method, pattern: &str, ns: &str
         Who::Read => match need {
             Need::Public | Need::Handler | Need::AnyToken => true,
             Need::Node(w) | Need::Agent(w) => !w,
+            Need::NodeAllocs => true,
             Need::PluginList | Need::PluginRead => true,
             Need::NsAny => pattern == "/v1/namespaces",
             Need::Ns(caps, from) => {
@@ -305,6 +306,31 @@ async fn all_namespaces_lists_keep_only_readable_objects() {
     }
     policy(&ts, &mgmt.secret_id, "write-a", WRITE_A_RULES).await;
     let tok = client_token(&ts, &mgmt.secret_id, &["write-a"]).await;
+    // A node reader sees a node's allocs only in namespaces it may read jobs in.
+    let n = ts.register_node(node("n1")).await;
+    for (id, ns) in [("a1", "default"), ("a2", "a")] {
+        let alloc = nomad_proto::Allocation {
+            id: id.into(),
+            namespace: ns.into(),
+            node_id: n.id.clone(),
+            job_id: format!("job-{ns}"),
+            task_group: "web".into(),
+            ..Default::default()
+        };
+        ts.store
+            .write(ts.store.snapshot().index + 1, |txn| {
+                txn.upsert_allocs_from_plan(vec![alloc]);
+                Ok(())
+            })
+            .unwrap();
+    }
+    policy(&ts, &mgmt.secret_id, "node-a", "node { policy = \"read\" }\nnamespace \"a\" { policy = \"read\" }").await;
+    let node_reader = client_token(&ts, &mgmt.secret_id, &["node-a"]).await;
+    let allocs = call(&ts, Method::GET, "/v1/node/n1/allocations", Some(&node_reader), Value::Null).await;
+    assert_eq!(allocs.status, StatusCode::OK, "{}", allocs.body);
+    let ids: Vec<String> = allocs.json().as_array().unwrap().iter().map(|a| a["ID"].as_str().unwrap().to_string()).collect();
+    assert_eq!(ids, ["a2"]);
+
     let list = call(&ts, Method::GET, "/v1/jobs?namespace=*", Some(&tok), Value::Null).await;
     assert_eq!(list.status, StatusCode::OK);
     let ids: Vec<String> = list.json().as_array().unwrap().iter().map(|j| j["ID"].as_str().unwrap().to_string()).collect();
