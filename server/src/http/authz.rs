@@ -297,6 +297,8 @@ pub async fn authorize(State(endpoints): State<Endpoints>, req: Request, next: N
         }
         Ns(caps, from) => {
             let ns = match from {
+                // A write may not name "any namespace": it would pass if any one allowed it.
+                Query if !is_read(&method) && query_namespace(req.uri()) == "*" => return denied(),
                 Query => query_namespace(req.uri()),
                 Resp => "*".to_string(),
                 Alloc => {
@@ -313,9 +315,13 @@ pub async fn authorize(State(endpoints): State<Endpoints>, req: Request, next: N
                         Ok(b) => b,
                         Err(_) => return HttpError::bad_request("request body too large").into_response(),
                     };
-                    let ns = job_namespace(&bytes).unwrap_or_else(|| query_namespace(&parts.uri));
+                    let names = job_write_namespaces(&parts.uri, &bytes);
                     req = Request::from_parts(parts, Body::from(bytes));
-                    ns
+                    // The handler picks one of these by its own precedence: each must allow.
+                    if names.iter().any(|ns| ns == "*" || !caps.iter().any(|c| acl.allow_namespace_op(ns, c))) {
+                        return denied();
+                    }
+                    names.into_iter().next().unwrap_or_default()
                 }
             };
             if ns == "*" || matches!(from, Resp | Alloc) {
@@ -352,11 +358,29 @@ fn alloc_by_prefix(snap: &crate::state::State, prefix: &str) -> Option<String> {
     found.next().is_none().then(|| first.namespace.clone())
 }
 
-/// `Job.Namespace` of a registration body (`{"Job": {...}}`), if set.
-fn job_namespace(body: &[u8]) -> Option<String> {
-    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let job = v.get("Job").unwrap_or(&v);
-    job.get("Namespace").and_then(|n| n.as_str()).filter(|n| !n.is_empty()).map(str::to_string)
+fn is_read(m: &Method) -> bool {
+    *m == Method::GET || *m == Method::HEAD
+}
+
+/// Every namespace a job-carrying write names: `?namespace=`, the request's `Namespace` and
+/// the job's `Namespace` (the default one when none is named). The handler's precedence picks
+/// one of them, so checking them all leaves no way to be checked in one and written in another.
+fn job_write_namespaces(uri: &axum::http::Uri, body: &[u8]) -> Vec<String> {
+    let mut names = Vec::new();
+    let explicit = uri.query().is_some_and(|q| q.split('&').any(|kv| kv.strip_prefix("namespace=").is_some_and(|v| !v.is_empty())));
+    if explicit {
+        names.push(query_namespace(uri));
+    }
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) {
+        let named = |o: &serde_json::Value| o.get("Namespace").and_then(|n| n.as_str()).filter(|n| !n.is_empty()).map(str::to_string);
+        names.extend(named(&v));
+        names.extend(v.get("Job").and_then(named));
+    }
+    if names.is_empty() {
+        names.push(nomad_proto::job::DEFAULT_NAMESPACE.into());
+    }
+    names.dedup();
+    names
 }
 
 /// Drops list elements whose `key` the ACL does not allow; a single object not allowed is a

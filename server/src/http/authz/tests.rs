@@ -345,6 +345,25 @@ async fn all_namespaces_lists_keep_only_readable_objects() {
     j["Namespace"] = json!("default");
     let r = call(&ts, Method::PUT, "/v1/jobs", Some(&tok), json!({"Job": j})).await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
+    // Checked in one namespace, written in another: the query and the request's own
+    // `Namespace` take precedence over the job's in the handler, so each is checked.
+    j["Namespace"] = json!("a");
+    for (path, body) in [
+        ("/v1/jobs?namespace=default", json!({"Job": j})),
+        ("/v1/jobs", json!({"Job": j, "Namespace": "default"})),
+        ("/v1/job/sneaky?namespace=default", json!({"Job": j})),
+        ("/v1/job/sneaky/plan?namespace=default", json!({"Job": j})),
+        ("/v1/jobs?namespace=*", json!({"Job": j})),
+    ] {
+        let r = call(&ts, Method::PUT, path, Some(&tok), body.clone()).await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "{path} {body}: {}", r.body);
+    }
+    let r = call(&ts, Method::DELETE, "/v1/job/job-default?namespace=*", Some(&tok), Value::Null).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
+    assert!(ts.store.snapshot().job("default", "sneaky").is_none());
+    // Named consistently, the write in its own namespace passes.
+    let r = call(&ts, Method::PUT, "/v1/jobs?namespace=a", Some(&tok), json!({"Job": j, "Namespace": "a"})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
 }
 
 #[tokio::test]
