@@ -67,8 +67,23 @@ impl TopicFilter {
 
     /// The batch with only matching events, or `None` when nothing matches.
     pub fn apply(&self, b: &EventBatch) -> Option<EventBatch> {
-        let events: Vec<Event> = b.events.iter().filter(|e| self.matches(e)).cloned().collect();
+        self.apply_where(b, |_| true)
+    }
+
+    /// [`TopicFilter::apply`], keeping only the events `allow` also passes (what a token may read).
+    pub fn apply_where(&self, b: &EventBatch, allow: impl Fn(&Event) -> bool) -> Option<EventBatch> {
+        let events: Vec<Event> = b.events.iter().filter(|e| self.matches(e) && allow(e)).cloned().collect();
         (!events.is_empty()).then_some(EventBatch { index: b.index, events })
+    }
+
+    /// The topics asked for (`*` for all).
+    pub fn topics(&self) -> impl Iterator<Item = &str> {
+        self.topics.keys().map(String::as_str)
+    }
+
+    /// The namespace asked for (`*` for all).
+    pub fn namespace(&self) -> &str {
+        &self.namespace
     }
 }
 

@@ -12,8 +12,9 @@
 //! out: an object of a namespace the caller may not read is a 403, and a list keeps only the
 //! objects of namespaces it may read (by each element's `Namespace`).
 //!
-//! Not yet per namespace: the event stream (`/v1/event/stream`) and the client routes
-//! (`/v1/client/*`) are management-only until they filter per event and per alloc.
+//! The event stream checks its topics and then each event's namespace itself
+//! ([`Need::EventStream`]). Not yet per namespace: the client routes (`/v1/client/*`) are
+//! management-only until they check each alloc's namespace.
 
 use std::sync::Arc;
 
@@ -91,6 +92,9 @@ pub enum Need {
     PluginList,
     /// `plugin` read.
     PluginRead,
+    /// A token other than the anonymous one; the event stream's handler checks the topics
+    /// asked for and then each event's namespace (`http/events.rs`).
+    EventStream,
     /// A management token.
     Management,
 }
@@ -172,8 +176,8 @@ pub const ROWS: &[Row] = &[
     row(Get, "/v1/agent/members", Node(false)),
     row(Get, "/v1/operator/raft/configuration", Management),
     row(Delete, "/v1/operator/raft/peer", Management),
-    // The event stream: management-only until it checks each event's namespace.
-    row(Get, "/v1/event/stream", Management),
+    // The event stream: topics checked at subscription, each event by its own namespace.
+    row(Get, "/v1/event/stream", EventStream),
     // Services.
     row(Get, "/v1/services", Ns(&["read-job"], Query)),
     row(Get, "/v1/service/*", Ns(&["read-job"], Query)),
@@ -273,11 +277,14 @@ pub async fn authorize(State(endpoints): State<Endpoints>, req: Request, next: N
     };
     let Some(id) = identity else { return next.run(req).await };
     let acl = id.acl.clone();
+    let id_is_anonymous = id.token.accessor_id == crate::acl::ANONYMOUS_ACCESSOR;
     let mut req = req;
     req.extensions_mut().insert(Caller(id));
     let mut after = After::Nothing;
     let allowed = match row.need {
         Public | Handler | AnyToken => true,
+        // Nomad refuses the anonymous token here: its policy does not apply to the stream.
+        EventStream => !id_is_anonymous,
         Management => acl.is_management(),
         Node(w) => acl.allow_node(w),
         NodeAllocs => {

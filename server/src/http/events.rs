@@ -9,16 +9,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::State;
-use axum::http::{HeaderValue, Method, Uri};
+use axum::extract::{Extension, State};
+use axum::http::{HeaderValue, Method, StatusCode, Uri};
 use axum::response::Response;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::HttpState;
+use super::authz::Caller;
 use super::util::{HttpError, QueryOptions, require_method};
-use crate::events::TopicFilter;
+use crate::acl::{Acl, AuthError};
+use crate::events::{Event, TopicFilter, topic};
+use crate::state::{StateStore, Table};
 
 /// Time between heartbeat lines, as Nomad.
 pub const HEARTBEAT: Duration = Duration::from_secs(30);
@@ -69,8 +72,80 @@ impl Outbox {
     }
 }
 
+/// What a token may read of the stream (ACLs on).
+///
+/// The topics asked for are checked once, at subscription, in the namespace asked for; then
+/// every event is checked again in its own namespace, so `namespace=*` carries only the
+/// namespaces the token may read (Nomad 1.6 let it carry all of them: CVE-2025-0937). The
+/// subscription closes when the token expires, is deleted, or loses the access it subscribed
+/// with (a policy or role change).
+struct StreamAcl {
+    store: Arc<StateStore>,
+    secret: String,
+    acl: Arc<Acl>,
+    expires: Option<nomad_proto::Timestamp>,
+}
+
+/// The ACL tables whose changes may revoke a subscription.
+const ACL_TABLES: [Table; 3] = [Table::AclTokens, Table::AclPolicies, Table::AclRoles];
+
+/// Longest wait between two checks of a subscription's token when nothing in the ACL tables
+/// changes (a safety net: changes and expiry wake the check at once).
+const RECHECK: Duration = Duration::from_secs(60);
+
+/// Whether `acl` may read events of `topic` in namespace `ns` (`*`: in some namespace).
+fn may_read(acl: &Acl, topic: &str, ns: &str) -> bool {
+    match topic {
+        topic::JOB | topic::EVALUATION | topic::ALLOCATION | topic::DEPLOYMENT | topic::SERVICE => acl.allow_namespace_op(ns, "read-job"),
+        topic::CSI_VOLUME => acl.allow_namespace_op(ns, "csi-read-volume"),
+        topic::NODE => acl.allow_node(false),
+        topic::CSI_PLUGIN => acl.allow_plugin_read(),
+        // `*` and anything else (ACL objects, node pools): management only, as Nomad.
+        _ => acl.is_management(),
+    }
+}
+
+impl StreamAcl {
+    /// Whether every topic of `filter` may be read in its namespace.
+    fn allows(acl: &Acl, filter: &TopicFilter) -> bool {
+        filter.topics().all(|t| may_read(acl, t, filter.namespace()))
+    }
+
+    fn allows_event(&self, e: &Event) -> bool {
+        self.acl.is_management() || may_read(&self.acl, &e.topic, &e.namespace)
+    }
+
+    /// Resolves the token again (after an ACL change, at its expiry): the ACL tables' index it
+    /// was checked at, or the reason the subscription ends.
+    fn recheck(&mut self, filter: &TopicFilter) -> Result<u64, String> {
+        // One snapshot for both: a change after it wakes the next wait.
+        let snap = self.store.snapshot();
+        let id = crate::acl::resolve(&snap, &self.secret, nomad_proto::Timestamp::now()).map_err(|e| e.to_string())?;
+        if !Self::allows(&id.acl, filter) {
+            return Err(AuthError::Denied.to_string());
+        }
+        self.acl = id.acl;
+        self.expires = id.token.expiration_time.filter(|t| !t.is_zero());
+        Ok(snap.max_index(&ACL_TABLES))
+    }
+
+    /// Resolves when the token should be checked again: an ACL table changed after
+    /// `seen_index`, the token's expiry came, or [`RECHECK`] passed.
+    async fn until_recheck(&self, seen_index: u64) {
+        // Just past the expiry, so that the token reads as expired when checked.
+        let to_expiry = self
+            .expires
+            .map(|t| {
+                Duration::from_nanos(u64::try_from(t.unix_nanos() - nomad_proto::Timestamp::now().unix_nanos()).unwrap_or(0))
+                    + Duration::from_millis(1)
+            })
+            .unwrap_or(RECHECK);
+        self.store.wait_for_change(&ACL_TABLES, seen_index, to_expiry.min(RECHECK)).await;
+    }
+}
+
 /// `GET /v1/event/stream?index=&topic=Topic:Key&namespace=`.
-pub async fn stream(State(s): State<HttpState>, method: Method, uri: Uri, _body: Body) -> Response {
+pub async fn stream(State(s): State<HttpState>, caller: Option<Extension<Caller>>, method: Method, uri: Uri, _body: Body) -> Response {
     super::respond(async {
         require_method(&method, &[Method::GET])?;
         let q = QueryOptions::parse(&uri)?;
@@ -80,6 +155,22 @@ pub async fn stream(State(s): State<HttpState>, method: Method, uri: Uri, _body:
         };
         let topics: Vec<&str> = q.multi.get("topic").map(|v| v.iter().map(String::as_str).collect()).unwrap_or_default();
         let filter = TopicFilter::parse(topics, &q.namespace).map_err(|e| HttpError::bad_request(e.to_string()))?;
+        // The authorization layer put the caller here when ACLs are on.
+        let guard = match caller {
+            Some(Extension(Caller(id))) => {
+                if !StreamAcl::allows(&id.acl, &filter) {
+                    return Err(HttpError { code: StatusCode::FORBIDDEN, message: AuthError::Denied.to_string() });
+                }
+                let store = s.endpoints.store().clone();
+                let mut g = StreamAcl { store, secret: id.token.secret_id.clone(), acl: id.acl, expires: None };
+                // Checked again here, with the index the revocation watch starts from.
+                let index = g.recheck(&filter).map_err(|why| HttpError { code: StatusCode::FORBIDDEN, message: why })?;
+                Some((g, index))
+            }
+            None => None,
+        };
+        let mut acl_index = guard.as_ref().map_or(0, |(_, i)| *i);
+        let mut guard = guard.map(|(g, _)| g);
         let broker = s.endpoints.events().cloned().ok_or_else(|| HttpError::bad_request("Event stream is disabled on this agent"))?;
         let mut sub = broker.subscribe(index);
         let (tx, lines) = Outbox::new(SUBSCRIBER_BUFFER_BYTES);
@@ -89,10 +180,25 @@ pub async fn stream(State(s): State<HttpState>, method: Method, uri: Uri, _body:
             }
             let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + HEARTBEAT, HEARTBEAT);
             loop {
+                let recheck = async {
+                    match &guard {
+                        Some(g) => g.until_recheck(acl_index).await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     next = sub.next() => match next {
                         Ok(batch) => {
-                            if let Some(b) = filter.apply(&batch)
+                            let b = match &guard {
+                                // Expiry is checked before every batch, not only when the timer fires.
+                                Some(g) if g.expires.is_some_and(|t| t < nomad_proto::Timestamp::now()) => {
+                                    let _ = tx.send(json_line(&serde_json::json!({ "Error": AuthError::Expired.to_string() }))).await;
+                                    return;
+                                }
+                                Some(g) => filter.apply_where(&batch, |e| g.allows_event(e)),
+                                None => filter.apply(&batch),
+                            };
+                            if let Some(b) = b
                                 && !tx.send(json_line(&b)).await {
                                     return;
                                 }
@@ -105,6 +211,16 @@ pub async fn stream(State(s): State<HttpState>, method: Method, uri: Uri, _body:
                     _ = beat.tick() => {
                         if !tx.send(bytes::Bytes::from_static(b"{}\n")).await {
                             return;
+                        }
+                    }
+                    _ = recheck => {
+                        let Some(g) = guard.as_mut() else { continue };
+                        match g.recheck(&filter) {
+                            Ok(index) => acl_index = index,
+                            Err(why) => {
+                                let _ = tx.send(json_line(&serde_json::json!({ "Error": why }))).await;
+                                return;
+                            }
                         }
                     }
                     _ = tx.tx.closed() => return,

@@ -139,7 +139,8 @@ fn expect_allowed(who: Who, need: Need, method: &Method, pattern: &str, ns: &str
                 let ns = if matches!(from, NsFrom::Alloc | NsFrom::Response) { "default" } else { ns };
                 ns == "default" && caps.iter().any(|c| read_cap(c))
             }
-            Need::Operator(_) | Need::Management => false,
+            // The walk asks for every topic (`*`): management only.
+            Need::EventStream | Need::Operator(_) | Need::Management => false,
         },
         Who::WriteA => match need {
             Need::Public | Need::Handler | Need::AnyToken => true,
@@ -511,4 +512,136 @@ fn acl_tables_survive_a_snapshot() {
     assert_eq!(back.acl_token_by_secret("s").unwrap().accessor_id, "a");
     assert_eq!(back.acl_role_by_name("ops").unwrap().id, "r");
     assert_eq!(back.table_index(crate::state::Table::AclTokens), 4);
+}
+
+/// An open event stream: reads NDJSON lines as they come.
+struct Stream {
+    body: axum::body::BodyDataStream,
+    pending: String,
+}
+
+impl Stream {
+    async fn open(ts: &TestServer, uri: &str, token: &str) -> Result<Stream, Reply> {
+        let req = Request::builder().uri(uri).header("X-Nomad-Token", token).body(Body::empty()).unwrap();
+        let resp = ts.router().oneshot(req).await.unwrap();
+        if resp.status() != StatusCode::OK {
+            let status = resp.status();
+            let body = String::from_utf8_lossy(&axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap()).into_owned();
+            return Err(Reply { status, body });
+        }
+        Ok(Stream { body: resp.into_body().into_data_stream(), pending: String::new() })
+    }
+
+    /// The next non-heartbeat line, or `None` when the stream ends; a test that waits longer
+    /// than its guard fails instead of hanging.
+    async fn next_line(&mut self) -> Option<Value> {
+        use futures::StreamExt;
+        loop {
+            if let Some(i) = self.pending.find('\n') {
+                let line: String = self.pending.drain(..=i).collect();
+                if line.trim() == "{}" {
+                    continue;
+                }
+                return Some(serde_json::from_str(line.trim()).unwrap());
+            }
+            let chunk =
+                tokio::time::timeout(std::time::Duration::from_secs(20), self.body.next()).await.expect("a line or the end in time");
+            match chunk {
+                Some(Ok(b)) => self.pending.push_str(&String::from_utf8_lossy(&b)),
+                _ => return None,
+            }
+        }
+    }
+}
+
+async fn register_in(ts: &TestServer, mgmt: &str, id: &str, ns: &str) {
+    let mut j = serde_json::to_value(job(id, 1)).unwrap();
+    j["Namespace"] = json!(ns);
+    let r = call(ts, Method::PUT, "/v1/jobs", Some(mgmt), json!({"Job": j})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+}
+
+#[tokio::test]
+async fn the_event_stream_carries_only_the_namespaces_a_token_may_read() {
+    let ts = acl_server();
+    let mgmt = bootstrap(&ts).await;
+    for ns in ["a", "b"] {
+        let r = call(&ts, Method::PUT, &format!("/v1/namespace/{ns}"), Some(&mgmt.secret_id), json!({"Name": ns})).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    }
+    policy(&ts, &mgmt.secret_id, "read-a", r#"namespace "a" { policy = "read" }"#).await;
+    let tok = client_token(&ts, &mgmt.secret_id, &["read-a"]).await;
+
+    // Topics the token may not read are refused at subscription.
+    for uri in [
+        "/v1/event/stream",
+        "/v1/event/stream?topic=*&namespace=a",
+        "/v1/event/stream?topic=Node",
+        "/v1/event/stream?topic=Job&namespace=b",
+    ] {
+        let Err(r) = Stream::open(&ts, uri, &tok).await else { panic!("{uri} was served") };
+        assert_eq!((r.status, r.body.as_str()), (StatusCode::FORBIDDEN, "Permission denied"), "{uri}");
+    }
+    let Err(r) = Stream::open(&ts, "/v1/event/stream?topic=Job&namespace=a", "").await else { panic!("anonymous was served") };
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+
+    // `namespace=*` passes (namespace a is readable) and then carries only a's events.
+    let mut stream = Stream::open(&ts, "/v1/event/stream?topic=Job&namespace=*", &tok).await.unwrap_or_else(|r| panic!("{}", r.body));
+    let mut all =
+        Stream::open(&ts, "/v1/event/stream?topic=Job&namespace=*", &mgmt.secret_id).await.unwrap_or_else(|r| panic!("{}", r.body));
+    register_in(&ts, &mgmt.secret_id, "in-b", "b").await;
+    register_in(&ts, &mgmt.secret_id, "in-default", "default").await;
+    register_in(&ts, &mgmt.secret_id, "in-a", "a").await;
+    let batch = stream.next_line().await.expect("a batch");
+    let events = batch["Events"].as_array().unwrap();
+    assert!(events.iter().all(|e| e["Namespace"] == "a"), "another namespace leaked: {batch}");
+    assert_eq!(events[0]["Key"], "in-a");
+    // The management stream saw all three, in order.
+    let mut keys = Vec::new();
+    while keys.len() < 3 {
+        let b = all.next_line().await.expect("a batch");
+        keys.extend(b["Events"].as_array().unwrap().iter().map(|e| e["Key"].as_str().unwrap().to_string()));
+    }
+    assert_eq!(keys, ["in-b", "in-default", "in-a"]);
+}
+
+#[tokio::test]
+async fn a_stream_closes_when_its_token_is_deleted_expires_or_loses_its_policy() {
+    let ts = acl_server();
+    let mgmt = bootstrap(&ts).await;
+    policy(&ts, &mgmt.secret_id, "read", READ_RULES).await;
+
+    // Deleted.
+    let r = token(&ts, &mgmt.secret_id, &["read"], None).await;
+    let (secret, accessor) = (r.json()["SecretID"].as_str().unwrap().to_string(), r.json()["AccessorID"].as_str().unwrap().to_string());
+    let mut stream = Stream::open(&ts, "/v1/event/stream?topic=Job", &secret).await.unwrap_or_else(|r| panic!("{}", r.body));
+    let r = call(&ts, Method::DELETE, &format!("/v1/acl/token/{accessor}"), Some(&mgmt.secret_id), Value::Null).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(stream.next_line().await, Some(json!({"Error": "ACL token not found"})));
+    assert_eq!(stream.next_line().await, None, "the stream ended");
+
+    // Its policy no longer grants the topic.
+    let other = client_token(&ts, &mgmt.secret_id, &["read"]).await;
+    let mut stream = Stream::open(&ts, "/v1/event/stream?topic=Job", &other).await.unwrap_or_else(|r| panic!("{}", r.body));
+    policy(&ts, &mgmt.secret_id, "read", "node { policy = \"read\" }").await;
+    assert_eq!(stream.next_line().await, Some(json!({"Error": "Permission denied"})));
+    assert_eq!(stream.next_line().await, None);
+
+    // Expired while open, with no ACL change to wake it: the expiry itself closes it.
+    policy(&ts, &mgmt.secret_id, "read", READ_RULES).await;
+    let now = nomad_proto::Timestamp::now();
+    let t = AclToken {
+        accessor_id: uuid::Uuid::new_v4().to_string(),
+        secret_id: uuid::Uuid::new_v4().to_string(),
+        token_type: CLIENT.into(),
+        policies: vec!["read".into()],
+        create_time: now,
+        expiration_time: Some(now.add_nanos(1_500_000_000)),
+        ..AclToken::default()
+    };
+    ts.endpoints.consensus().apply(Command::AclTokenUpsert { tokens: vec![t.clone()] }).await.unwrap();
+    let mut stream = Stream::open(&ts, "/v1/event/stream?topic=Job", &t.secret_id).await.unwrap_or_else(|r| panic!("{}", r.body));
+    assert_eq!(stream.next_line().await, Some(json!({"Error": "ACL token expired"})));
+    assert!(nomad_proto::Timestamp::now().unix_nanos() > t.expiration_time.unwrap().unix_nanos(), "closed before it expired");
+    assert_eq!(stream.next_line().await, None);
 }
