@@ -77,6 +77,8 @@ pub struct FileConfig {
     pub telemetry: Option<Value>,
     /// Consul: `consul {}` (see [`super::consul`]).
     pub consul: Option<super::consul::ConsulBlock>,
+    /// TLS: `tls {}` (see [`crate::tls`]).
+    pub tls: Option<crate::tls::TlsBlock>,
     /// Accepted for compatibility.
     pub leave_on_interrupt: Option<bool>,
     /// Accepted for compatibility.
