@@ -142,3 +142,86 @@ fn an_https_agent_with_client_verification_serves_the_cli_refuses_others_and_rel
     assert_eq!(run(dir.path(), &["node", "status"], &cli_env).0, 0, "the CLI still works");
     assert!(agent.logs().contains("Caught signal: hangup"), "{}", agent.logs());
 }
+
+/// `tls {}` for an agent with `cert`'s files from `pki`, client certificates required.
+fn tls_block(pki: &Path, cert: &str) -> String {
+    let p = |name: &str| pki.join(name).display().to_string();
+    format!(
+        "tls {{\n  http = true\n  ca_file = {:?}\n  cert_file = {:?}\n  key_file = {:?}\n  verify_https_client = true\n}}\n",
+        p("nomad-agent-ca.pem"),
+        p(&format!("{cert}.pem")),
+        p(&format!("{cert}-key.pem")),
+    )
+}
+
+#[test]
+fn agents_forward_and_relay_exec_to_each_other_over_https() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().join("pki");
+    std::fs::create_dir(&pki).unwrap();
+    ok(&pki, &["tls", "ca", "create"]);
+    for role in ["-server", "-client", "-cli"] {
+        ok(&pki, &["tls", "cert", "create", role]);
+    }
+    let server = Agent::start(
+        "server1",
+        &dir.path().join("server1"),
+        AgentOptions {
+            args: vec!["-server".into(), "-bootstrap-expect".into(), "1".into()],
+            config: Some(tls_block(&pki, "global-server-nomad")),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let raw_exec = "plugin \"raw_exec\" {\n  config {\n    enabled = true\n  }\n}\n";
+    let client = |name: &str| {
+        let opts = AgentOptions {
+            args: vec!["-client".into(), "-servers".into(), server.rpc_addr.clone()],
+            config: Some(format!("{}{raw_exec}", tls_block(&pki, "global-client-nomad"))),
+            ..Default::default()
+        };
+        Agent::start(name, &dir.path().join(name), opts).unwrap()
+    };
+    let (first, second) = (client("client1"), client("client2"));
+    let p = |name: &str| pki.join(name).display().to_string();
+    let env_for = |agent: &Agent| {
+        vec![
+            ("NOMAD_ADDR", format!("https://{}", agent.http_addr)),
+            ("NOMAD_CACERT", p("nomad-agent-ca.pem")),
+            ("NOMAD_CLIENT_CERT", p("global-cli-nomad.pem")),
+            ("NOMAD_CLIENT_KEY", p("global-cli-nomad-key.pem")),
+        ]
+    };
+    // Through the first client-only agent, which forwards the API to its server over https.
+    let via_first = env_for(&first);
+    wait_for("both nodes ready, listed through a client agent", SETTLE, || {
+        let (code, out, _) = run(dir.path(), &["node", "status"], &via_first);
+        (code == 0 && out.matches("ready").count() == 2).then_some(())
+    })
+    .map_err(|e| format!("{e}\n{}\n{}", first.logs(), server.logs()))
+    .unwrap();
+    let job = dir.path().join("far.nomad.hcl");
+    std::fs::write(
+        &job,
+        "job \"far\" {\n  datacenters = [\"dc1\"]\n  constraint {\n    attribute = \"${node.unique.name}\"\n    value = \"client2\"\n  }\n  \
+         group \"g\" {\n    task \"t\" {\n      driver = \"raw_exec\"\n      config {\n        command = \"/bin/sleep\"\n        args = [\"300\"]\n      }\n    }\n  }\n}\n",
+    )
+    .unwrap();
+    let (code, out, err) = run(dir.path(), &["job", "run", job.to_str().unwrap()], &via_first);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let (code, out, err) = run(dir.path(), &["job", "status", "far"], &via_first);
+    assert_eq!(code, 0, "{out}\n{err}");
+    // The allocations table's first row: its ID prefix.
+    let rows: Vec<&str> = out.lines().skip_while(|l| !l.starts_with("Allocations")).skip(2).collect();
+    let alloc = rows.first().and_then(|r| r.split_whitespace().next()).unwrap_or_default().to_string();
+    assert!(rows.first().is_some_and(|r| r.contains("running")) && alloc.len() == 8, "{out}");
+    // `alloc exec` for the alloc on the second client: from the server (relayed to the node over
+    // wss) and from the first client (through the server, then the node).
+    for (via, agent) in [("the server", &server), ("the first client", &first)] {
+        let (code, out, err) =
+            run(dir.path(), &["alloc", "exec", "-i=false", "-t=false", &alloc, "/bin/echo", "over-tls"], &env_for(agent));
+        assert_eq!((code, out.as_str()), (0, "over-tls\n"), "via {via}: {err}\n{}\n{}", agent.logs(), second.logs());
+    }
+    let (code, _, err) = run(dir.path(), &["job", "stop", "-purge", "far"], &via_first);
+    assert_eq!(code, 0, "{err}");
+}
