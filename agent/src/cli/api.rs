@@ -198,6 +198,10 @@ impl fmt::Display for ApiError {
             ApiError::Address { address, reason } => {
                 write!(f, "invalid address {address:?}: {reason}; set NOMAD_ADDR or -address to http://<host>:<port>")
             }
+            ApiError::Connect { method, url, reason } if is_tls_failure(reason) => write!(
+                f,
+                "{method} {url:?}: {reason} — check the TLS settings: NOMAD_CACERT, NOMAD_CLIENT_CERT, NOMAD_CLIENT_KEY, NOMAD_TLS_SERVER_NAME"
+            ),
             ApiError::Connect { method, url, reason } => {
                 write!(f, "{method} {url:?}: {reason} — is `nomad-rs agent` running? Set NOMAD_ADDR or -address")
             }
@@ -530,6 +534,11 @@ fn status_error(status: StatusCode, body: &[u8]) -> ApiError {
     ApiError::Status { code: status.as_u16(), body: String::from_utf8_lossy(body).trim().to_string() }
 }
 
+/// A connection that reached the agent but failed in the TLS handshake (rustls' messages).
+fn is_tls_failure(reason: &str) -> bool {
+    reason.contains("peer certificate") || reason.contains("fatal alert") || reason.contains("peer is incompatible")
+}
+
 /// Turns a hyper client error into a message that names the real cause.
 fn classify(method: &'static str, url: &str, e: &hyper_util::client::legacy::Error) -> ApiError {
     let mut io_reason = None;
@@ -672,6 +681,15 @@ mod tests {
         assert_eq!(
             c.to_string(),
             "Get \"http://127.0.0.1:4646/v1/jobs\": connection refused — is `nomad-rs agent` running? Set NOMAD_ADDR or -address"
+        );
+        let tls = ApiError::Connect {
+            method: "Get",
+            url: "https://h:1/v1/jobs".into(),
+            reason: "invalid peer certificate: UnknownIssuer".into(),
+        };
+        assert!(
+            tls.to_string().ends_with("— check the TLS settings: NOMAD_CACERT, NOMAD_CLIENT_CERT, NOMAD_CLIENT_KEY, NOMAD_TLS_SERVER_NAME"),
+            "{tls}"
         );
     }
 
