@@ -13,8 +13,6 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use hyper_util::client::legacy::Client as HyperClient;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 
 /// Where to send what this agent does not serve.
 pub trait ServerAddress: Send + Sync + 'static {
@@ -25,7 +23,7 @@ pub trait ServerAddress: Send + Sync + 'static {
 #[derive(Clone)]
 struct Forward {
     target: Arc<dyn ServerAddress>,
-    http: HyperClient<HttpConnector, Body>,
+    http: HyperClient<crate::tls::AgentConnector, Body>,
 }
 
 /// Headers that describe one hop, not the request.
@@ -35,7 +33,7 @@ const HOP_BY_HOP: &[&str] = &["connection", "keep-alive", "proxy-connection", "t
 /// `agent_self` is what `/v1/agent/self` answers locally (this agent's own
 /// config and `stats.client.node_id`, which `node status -self` reads).
 pub fn router(target: Arc<dyn ServerAddress>, agent_self: serde_json::Value) -> axum::Router {
-    let http = HyperClient::builder(TokioExecutor::new()).build_http();
+    let http = crate::tls::agent_http_client_or_plain();
     let me = Arc::new(agent_self);
     axum::Router::new()
         .route("/v1/agent/self", axum::routing::get(move || async move { axum::Json((*me).clone()) }))
@@ -54,7 +52,7 @@ async fn forward(State(f): State<Forward>, req: Request) -> Response {
         );
     };
     let path_and_query = req.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_else(|| "/".into());
-    let uri: Uri = match format!("http://{addr}{path_and_query}").parse() {
+    let uri: Uri = match format!("{}://{addr}{path_and_query}", crate::tls::agent_scheme()).parse() {
         Ok(u) => u,
         Err(e) => return plain(StatusCode::INTERNAL_SERVER_ERROR, &format!("bad server address {addr:?}: {e}")),
     };

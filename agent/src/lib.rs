@@ -8,3 +8,4 @@ pub mod executor;
 pub mod fs_beneath;
 pub mod http_forward;
 pub mod logging;
+pub mod tls;

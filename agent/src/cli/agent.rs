@@ -150,6 +150,13 @@ pub async fn run(args: AgentArgs) -> Result<()> {
             "ACLs are disabled: anyone who can reach this agent's HTTP API can run and stop any job; set `acl {{ enabled = true }}` (or -acl-enabled) on every agent and bootstrap a token"
         );
     }
+    // HTTPS: the certificates are read now (a bad file stops the start) and again on SIGHUP.
+    let https = if cfg.tls.http { Some(crate::tls::ReloadableServer::new(cfg.tls.clone())?) } else { None };
+    if let Some(outgoing) = cfg.tls.agent_client()? {
+        crate::tls::set_agent_client(outgoing);
+    }
+    // SIGHUP never stops the agent (its default action would): it reloads what can be reloaded.
+    spawn_sighup(https.clone())?;
     println!("==> Starting nomad-rs agent...");
     std::fs::create_dir_all(&cfg.data_dir).with_context(|| format!("creating data dir {}", cfg.data_dir.display()))?;
 
@@ -245,7 +252,8 @@ pub async fn run(args: AgentArgs) -> Result<()> {
     };
     router = router.merge(client_routes);
     // The agent's `limits`: a request head within the handshake timeout, so many connections per client.
-    let http = tokio::spawn(nomad_server::http::listener::serve(http_listener, router, cfg.limits.http()));
+    let handshake = https.as_ref().map(crate::tls::ReloadableServer::handshake);
+    let http = tokio::spawn(nomad_server::http::listener::serve_with(http_listener, router, cfg.limits.http(), handshake));
 
     print_banner(&cfg, http_addr, server.as_ref().map(|s| s.rpc_addr()));
     if let Some(srv) = &server
@@ -390,10 +398,30 @@ fn print_banner(cfg: &AgentConfig, http: SocketAddr, rpc: Option<SocketAddr>) {
     println!("==> nomad-rs agent started! Log data will stream in below:");
     if cfg.dev {
         println!();
-        println!("    The HTTP API is at http://{http}/v1/ (NOMAD_ADDR=http://{http}).");
+        let scheme = if cfg.tls.http { "https" } else { "http" };
+        println!("    The HTTP API is at {scheme}://{http}/v1/ (NOMAD_ADDR={scheme}://{http}).");
         println!("    Try a first job:  nomad-rs job run examples/hello.nomad.hcl");
     }
     println!();
+}
+
+/// Handles SIGHUP for the agent's life: the TLS certificates and keys are read again (a bad
+/// file keeps the ones in use, with an error in the log).
+fn spawn_sighup(https: Option<Arc<crate::tls::ReloadableServer>>) -> Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hup = signal(SignalKind::hangup()).context("installing a SIGHUP handler")?;
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            println!("==> Caught signal: hangup");
+            if let Some(h) = &https {
+                match h.reload() {
+                    Ok(()) => tracing::info!("TLS certificates reloaded"),
+                    Err(e) => tracing::error!(error = %format!("{e:#}"), "reloading the TLS certificates failed; the ones in use stay"),
+                }
+            }
+        }
+    });
+    Ok(())
 }
 
 async fn wait_for_signal() {

@@ -50,6 +50,24 @@ pub struct ApiFlags {
     /// Disable colored output.
     #[arg(long = "no-color", global = true)]
     pub no_color: bool,
+    /// CA certificate file to verify the agent's certificate with [env: NOMAD_CACERT].
+    #[arg(long = "ca-cert", value_name = "FILE", global = true)]
+    pub ca_cert: Option<String>,
+    /// Directory of CA certificates [env: NOMAD_CAPATH].
+    #[arg(long = "ca-path", value_name = "DIR", global = true)]
+    pub ca_path: Option<String>,
+    /// Client certificate for TLS authentication [env: NOMAD_CLIENT_CERT].
+    #[arg(long = "client-cert", value_name = "FILE", global = true)]
+    pub client_cert: Option<String>,
+    /// Client key for TLS authentication [env: NOMAD_CLIENT_KEY].
+    #[arg(long = "client-key", value_name = "FILE", global = true)]
+    pub client_key: Option<String>,
+    /// Server name the agent's certificate is checked for [env: NOMAD_TLS_SERVER_NAME].
+    #[arg(long = "tls-server-name", value_name = "NAME", global = true)]
+    pub tls_server_name: Option<String>,
+    /// Do not verify the agent's certificate (not recommended) [env: NOMAD_SKIP_VERIFY].
+    #[arg(long = "tls-skip-verify", global = true)]
+    pub tls_skip_verify: bool,
 }
 
 /// Resolved client settings.
@@ -63,6 +81,8 @@ pub struct ApiConfig {
     pub namespace: Option<String>,
     /// Region, if set.
     pub region: Option<String>,
+    /// TLS settings for an `https://` address.
+    pub tls: crate::tls::ClientTls,
 }
 
 impl ApiConfig {
@@ -74,6 +94,16 @@ impl ApiConfig {
             token: pick(&flags.token, "NOMAD_TOKEN").map(|t| t.trim().to_string()),
             namespace: pick(&flags.namespace, "NOMAD_NAMESPACE"),
             region: pick(&flags.region, "NOMAD_REGION"),
+            tls: crate::tls::ClientTls {
+                ca_cert: pick(&flags.ca_cert, "NOMAD_CACERT").map(Into::into),
+                ca_path: pick(&flags.ca_path, "NOMAD_CAPATH").map(Into::into),
+                client_cert: pick(&flags.client_cert, "NOMAD_CLIENT_CERT").map(Into::into),
+                client_key: pick(&flags.client_key, "NOMAD_CLIENT_KEY").map(Into::into),
+                server_name: pick(&flags.tls_server_name, "NOMAD_TLS_SERVER_NAME"),
+                // An invalid NOMAD_SKIP_VERIFY is ignored, as Go's client does.
+                skip_verify: flags.tls_skip_verify || env("NOMAD_SKIP_VERIFY").and_then(|v| crate::tls::parse_go_bool(&v)).unwrap_or(false),
+                chain_only: false,
+            },
         }
     }
 
@@ -168,6 +198,10 @@ impl fmt::Display for ApiError {
             ApiError::Address { address, reason } => {
                 write!(f, "invalid address {address:?}: {reason}; set NOMAD_ADDR or -address to http://<host>:<port>")
             }
+            ApiError::Connect { method, url, reason } if is_tls_failure(reason) => write!(
+                f,
+                "{method} {url:?}: {reason} — check the TLS settings: NOMAD_CACERT, NOMAD_CLIENT_CERT, NOMAD_CLIENT_KEY, NOMAD_TLS_SERVER_NAME"
+            ),
             ApiError::Connect { method, url, reason } => {
                 write!(f, "{method} {url:?}: {reason} — is `nomad-rs agent` running? Set NOMAD_ADDR or -address")
             }
@@ -245,7 +279,7 @@ pub struct Answer<T> {
 pub struct Client {
     config: ApiConfig,
     base: String,
-    http: HyperClient<HttpConnector, Full<Bytes>>,
+    http: HyperClient<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
 }
 
 impl fmt::Debug for Client {
@@ -264,16 +298,18 @@ fn go_method(m: &Method) -> &'static str {
     }
 }
 
-/// Normalizes an address to `http://host:port[/prefix]` without a trailing slash.
+/// Normalizes an address to `http(s)://host:port[/prefix]` without a trailing slash.
 pub fn normalize_address(address: &str) -> Result<String, ApiError> {
     let bad = |reason: &str| ApiError::Address { address: address.to_string(), reason: reason.to_string() };
     let a = address.trim();
+    let mut scheme = "http";
     let rest = if let Some(r) = a.strip_prefix("http://") {
         r
-    } else if a.starts_with("https://") {
-        return Err(bad("https is not supported by this nomad-rs build; use http://"));
+    } else if let Some(r) = a.strip_prefix("https://") {
+        scheme = "https";
+        r
     } else if a.starts_with("unix://") {
-        return Err(bad("unix sockets are not supported; use http://"));
+        return Err(bad("unix sockets are not supported; use http:// or https://"));
     } else if a.contains("://") {
         return Err(bad("unknown scheme"));
     } else {
@@ -287,7 +323,7 @@ pub fn normalize_address(address: &str) -> Result<String, ApiError> {
     if host.parse::<http::uri::Authority>().is_err() {
         return Err(bad("not a host:port"));
     }
-    Ok(format!("http://{rest}"))
+    Ok(format!("{scheme}://{rest}"))
 }
 
 /// Percent-encodes a query component (everything but unreserved characters).
@@ -323,6 +359,10 @@ impl Client {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(10)));
+        let connector = config
+            .tls
+            .connector(connector, base.starts_with("https://"))
+            .map_err(|e| ApiError::Address { address: config.address.clone(), reason: format!("TLS: {e:#}") })?;
         let http = HyperClient::builder(TokioExecutor::new()).build(connector);
         Ok(Client { config, base, http })
     }
@@ -494,6 +534,11 @@ fn status_error(status: StatusCode, body: &[u8]) -> ApiError {
     ApiError::Status { code: status.as_u16(), body: String::from_utf8_lossy(body).trim().to_string() }
 }
 
+/// A connection that reached the agent but failed in the TLS handshake (rustls' messages).
+fn is_tls_failure(reason: &str) -> bool {
+    reason.contains("peer certificate") || reason.contains("fatal alert") || reason.contains("peer is incompatible")
+}
+
 /// Turns a hyper client error into a message that names the real cause.
 fn classify(method: &'static str, url: &str, e: &hyper_util::client::legacy::Error) -> ApiError {
     let mut io_reason = None;
@@ -563,14 +608,57 @@ mod tests {
     fn addresses_normalize_and_bad_ones_say_why() {
         assert_eq!(normalize_address("http://127.0.0.1:4646/").unwrap(), "http://127.0.0.1:4646");
         assert_eq!(normalize_address("localhost:4646").unwrap(), "http://localhost:4646");
-        let e = normalize_address("https://x:1").unwrap_err().to_string();
-        assert!(e.contains("https is not supported"), "{e}");
+        assert_eq!(normalize_address("https://x:1/").unwrap(), "https://x:1");
+        let e = normalize_address("unix:///run/nomad.sock").unwrap_err().to_string();
+        assert!(e.contains("unix sockets are not supported"), "{e}");
         assert!(normalize_address("http://").is_err());
     }
 
     #[test]
+    fn tls_settings_come_from_flags_then_nomads_variables() {
+        let env = env_of(&[
+            ("NOMAD_CACERT", "/env/ca.pem"),
+            ("NOMAD_CAPATH", "/env/cas"),
+            ("NOMAD_CLIENT_CERT", "/env/cli.pem"),
+            ("NOMAD_CLIENT_KEY", "/env/cli-key.pem"),
+            ("NOMAD_TLS_SERVER_NAME", "server.global.nomad"),
+            ("NOMAD_SKIP_VERIFY", "1"),
+        ]);
+        let from_env = ApiConfig::resolve(&ApiFlags::default(), &env).tls;
+        assert_eq!(from_env.ca_cert.as_deref(), Some(std::path::Path::new("/env/ca.pem")));
+        assert_eq!(from_env.ca_path.as_deref(), Some(std::path::Path::new("/env/cas")));
+        assert_eq!(from_env.client_cert.as_deref(), Some(std::path::Path::new("/env/cli.pem")));
+        assert_eq!(from_env.client_key.as_deref(), Some(std::path::Path::new("/env/cli-key.pem")));
+        assert_eq!(from_env.server_name.as_deref(), Some("server.global.nomad"));
+        assert!(from_env.skip_verify && !from_env.chain_only);
+        let flags = ApiFlags { ca_cert: Some("/flag/ca.pem".into()), tls_server_name: Some("other".into()), ..ApiFlags::default() };
+        let both = ApiConfig::resolve(&flags, &env).tls;
+        assert_eq!(both.ca_cert.as_deref(), Some(std::path::Path::new("/flag/ca.pem")));
+        assert_eq!(both.server_name.as_deref(), Some("other"));
+        // An invalid NOMAD_SKIP_VERIFY is ignored, as Go's client does.
+        let invalid = ApiConfig::resolve(&ApiFlags::default(), env_of(&[("NOMAD_SKIP_VERIFY", "sure")])).tls;
+        assert!(!invalid.skip_verify);
+        // A client certificate without its key is a clear error when the client is made.
+        let half = ApiConfig {
+            address: "https://h:1".into(),
+            token: None,
+            namespace: None,
+            region: None,
+            tls: crate::tls::ClientTls { client_cert: Some("/nowhere/cli.pem".into()), ..Default::default() },
+        };
+        let e = Client::new(half).unwrap_err().to_string();
+        assert!(e.contains("TLS"), "{e}");
+    }
+
+    #[test]
     fn urls_carry_namespace_region_and_blocking_options() {
-        let cfg = ApiConfig { address: "http://h:1".into(), token: None, namespace: Some("prod".into()), region: Some("eu".into()) };
+        let cfg = ApiConfig {
+            address: "http://h:1".into(),
+            token: None,
+            namespace: Some("prod".into()),
+            region: Some("eu".into()),
+            tls: Default::default(),
+        };
         let c = Client::new(cfg).unwrap();
         assert_eq!(c.url("/v1/jobs", &Query::new().prefix("we b")), "http://h:1/v1/jobs?prefix=we%20b&namespace=prod&region=eu");
         let q = Query::new().param("namespace", "*").blocking(42, Duration::from_secs(5));
@@ -593,6 +681,15 @@ mod tests {
         assert_eq!(
             c.to_string(),
             "Get \"http://127.0.0.1:4646/v1/jobs\": connection refused — is `nomad-rs agent` running? Set NOMAD_ADDR or -address"
+        );
+        let tls = ApiError::Connect {
+            method: "Get",
+            url: "https://h:1/v1/jobs".into(),
+            reason: "invalid peer certificate: UnknownIssuer".into(),
+        };
+        assert!(
+            tls.to_string().ends_with("— check the TLS settings: NOMAD_CACERT, NOMAD_CLIENT_CERT, NOMAD_CLIENT_KEY, NOMAD_TLS_SERVER_NAME"),
+            "{tls}"
         );
     }
 
@@ -627,7 +724,14 @@ mod tests {
     async fn a_refused_connection_is_a_connect_error() {
         // Bind then drop a listener to get a port nothing listens on.
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let c = Client::new(ApiConfig { address: format!("http://127.0.0.1:{port}"), token: None, namespace: None, region: None }).unwrap();
+        let c = Client::new(ApiConfig {
+            address: format!("http://127.0.0.1:{port}"),
+            token: None,
+            namespace: None,
+            region: None,
+            tls: Default::default(),
+        })
+        .unwrap();
         let e = c.get_json("/v1/jobs", &Query::new()).await.unwrap_err();
         assert!(e.is_connect(), "{e:?}");
         assert!(e.to_string().contains("connection refused"), "{e}");

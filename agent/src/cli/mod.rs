@@ -28,6 +28,7 @@ pub mod server;
 pub mod service;
 pub mod status;
 pub mod tables;
+pub mod tls;
 pub mod volume;
 
 use std::ffi::OsString;
@@ -74,6 +75,8 @@ pub enum Command {
     Plugin(plugin::PluginArgs),
     /// Show the status of jobs, or of any object by ID prefix.
     Status(status::StatusArgs),
+    /// Create a CA and agent certificates for TLS.
+    Tls(tls::TlsArgs),
     /// Print the version.
     Version,
 }
@@ -165,6 +168,7 @@ pub async fn run(command: Command) -> u8 {
         Command::Volume(a) => volume::run(a).await,
         Command::Plugin(a) => plugin::run(a).await,
         Command::Status(a) => status::run(a).await,
+        Command::Tls(a) => tls::run(a),
         Command::Agent(_) | Command::Version => Err(Failure::new("agent and version are not API commands")),
     };
     match result {

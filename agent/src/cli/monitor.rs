@@ -494,9 +494,14 @@ mod tests {
 
     #[test]
     fn the_live_view_redraws_over_itself() {
-        let client =
-            Client::new(super::super::api::ApiConfig { address: "http://127.0.0.1:1".into(), token: None, namespace: None, region: None })
-                .unwrap();
+        let client = Client::new(super::super::api::ApiConfig {
+            address: "http://127.0.0.1:1".into(),
+            token: None,
+            namespace: None,
+            region: None,
+            tls: Default::default(),
+        })
+        .unwrap();
         let buf = Buf::default();
         let mut m = Monitor::new(&client, MonitorOptions { id_len: 8, wait_for_allocs: true, live: true }, Box::new(buf.clone()));
         let mut a = stub("cccccccc-2222", ClientStatus::Pending);

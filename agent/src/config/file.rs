@@ -79,6 +79,8 @@ pub struct FileConfig {
     pub consul: Option<super::consul::ConsulBlock>,
     /// ACLs: `acl {}` (see [`super::acl`]).
     pub acl: Option<super::acl::AclBlock>,
+    /// TLS: `tls {}` (see [`crate::tls`]).
+    pub tls: Option<crate::tls::TlsBlock>,
     /// Accepted for compatibility.
     pub leave_on_interrupt: Option<bool>,
     /// Accepted for compatibility.

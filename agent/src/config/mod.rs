@@ -282,6 +282,8 @@ pub struct AgentConfig {
     pub consul: consul::ConsulSettings,
     /// ACLs (`acl {}`, `-acl-enabled`).
     pub acl: acl::AclSettings,
+    /// TLS (`tls {}`).
+    pub tls: crate::tls::TlsSettings,
     /// Keys the files set that nomad-rs accepts for compatibility but does not act on, each with
     /// why; the agent logs them at start so no setting is dropped without a word.
     pub unused: Vec<String>,
@@ -548,6 +550,11 @@ impl AgentConfig {
         let limits = Limits::resolve(f.limits)?;
         let consul = consul::ConsulSettings::resolve(f.consul, |k| std::env::var(k).ok())?;
         let acl = acl::AclSettings::resolve(f.acl, flags.acl_enabled)?;
+        let tls = crate::tls::TlsSettings::resolve(f.tls).map_err(|(key, message)| ConfigError::Invalid {
+            path: "agent configuration".into(),
+            key,
+            message,
+        })?;
         let mut plugins: BTreeMap<String, BTreeMap<String, Value>> =
             f.plugin.unwrap_or_default().into_iter().map(|(k, v)| (k, v.config.unwrap_or_default())).collect();
         if dev {
@@ -574,6 +581,7 @@ impl AgentConfig {
             limits,
             consul,
             acl,
+            tls,
             unused,
             sources: flags.config.clone(),
         })

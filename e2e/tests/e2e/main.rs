@@ -23,6 +23,7 @@ mod python_nomad;
 mod server_restart;
 mod servers;
 mod services;
+mod tls;
 
 use std::time::Duration;
 

@@ -150,9 +150,23 @@ fn release_freed_memory() {
     });
 }
 
+/// A connection HTTP is served on: the accepted TCP stream, or TLS over it.
+pub trait Conn: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static> Conn for T {}
+
+/// What turns an accepted TCP connection into the one HTTP is served on (the agent's TLS
+/// handshake); `None` closes the connection. It runs under the request head timeout.
+pub type Handshake =
+    Arc<dyn Fn(TcpStream, SocketAddr) -> std::pin::Pin<Box<dyn Future<Output = Option<Box<dyn Conn>>> + Send>> + Send + Sync>;
+
 /// Serves `router` on `listener` until the task is dropped. Accept errors (out of file
 /// descriptors, a connection reset before it was accepted) are logged and the loop goes on.
 pub async fn serve(listener: TcpListener, router: Router, limits: HttpLimits) {
+    serve_with(listener, router, limits, None).await
+}
+
+/// [`serve`], with each connection first passed through `handshake` (HTTPS) when there is one.
+pub async fn serve_with(listener: TcpListener, router: Router, limits: HttpLimits, handshake: Option<Handshake>) {
     let counter = ConnCounter::default();
     loop {
         let (tcp, peer) = match listener.accept().await {
@@ -169,14 +183,29 @@ pub async fn serve(listener: TcpListener, router: Router, limits: HttpLimits) {
             continue;
         };
         let service = TowerToHyperService::new(router.clone());
+        let handshake = handshake.clone();
         tokio::spawn(async move {
             let _slot = slot;
             // TCP_NODELAY, as on the RPC listener: no reply waits for a delayed ACK.
             let _ = tcp.set_nodelay(true);
+            let io: Box<dyn Conn> = match handshake {
+                None => Box::new(tcp),
+                Some(h) => {
+                    let shake = h(tcp, peer);
+                    let done = match limits.header_read_timeout {
+                        Some(t) => tokio::time::timeout(t, shake).await.ok().flatten(),
+                        None => shake.await,
+                    };
+                    match done {
+                        Some(io) => io,
+                        None => return,
+                    }
+                }
+            };
             let mut http = hyper::server::conn::http1::Builder::new();
             http.timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
             // Upgrades on: `alloc exec` is a websocket.
-            if let Err(e) = http.serve_connection(TokioIo::new(tcp), service).with_upgrades().await {
+            if let Err(e) = http.serve_connection(TokioIo::new(io), service).with_upgrades().await {
                 tracing::debug!(%peer, error = %e, "http connection ended");
             }
         });

@@ -38,7 +38,8 @@ pub struct ExecArgs {
 
 /// The websocket URL for a session.
 pub fn exec_url(address: &str, alloc_id: &str, task: &str, command: &[String], tty: bool) -> String {
-    let ws = address.replacen("http://", "ws://", 1);
+    let ws =
+        if let Some(rest) = address.strip_prefix("https://") { format!("wss://{rest}") } else { address.replacen("http://", "ws://", 1) };
     let cmd = serde_json::to_string(command).unwrap_or_default();
     format!("{ws}/v1/client/allocation/{}/exec?task={}&tty={tty}&command={}", encode_path(alloc_id), encode_query(task), encode_query(&cmd))
 }
@@ -96,7 +97,13 @@ pub async fn run(api: &ApiFlags, args: ExecArgs) -> CmdResult {
     }
     let authority = request.uri().authority().map(|a| a.to_string()).unwrap_or_default();
     let tcp = tokio::net::TcpStream::connect(&authority).await.map_err(|e| failed(&format!("connect to {authority}: {e}")))?;
-    let (socket, _) = tokio_tungstenite::client_async(request, tcp).await.map_err(|e| failed(&e))?;
+    let stream: Box<dyn nomad_server::http::listener::Conn> = if url.starts_with("wss://") {
+        let host = request.uri().host().unwrap_or_default().to_string();
+        Box::new(config.tls.connect(&host, tcp).await.map_err(|e| failed(&format!("TLS to {authority}: {e:#}")))?)
+    } else {
+        Box::new(tcp)
+    };
+    let (socket, _) = tokio_tungstenite::client_async(request, stream).await.map_err(|e| failed(&e))?;
     let (mut tx, mut rx) = socket.split();
 
     let _raw = tty.then(RawMode::enter);

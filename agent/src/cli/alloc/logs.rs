@@ -189,6 +189,7 @@ mod tests {
             token: None,
             namespace: None,
             region: None,
+            tls: Default::default(),
         })
         .unwrap();
         let a = parse(&["-stderr", "-f", "-tail", "-n", "5", "abcd", "web"]);

@@ -169,7 +169,7 @@ mod relay {
     /// How long the next hop has to accept the connection and the upgrade.
     const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-    pub(super) type Next = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+    pub(super) type Next = tokio_tungstenite::WebSocketStream<Box<dyn nomad_server::http::listener::Conn>>;
 
     /// The request's path and query for the next hop: towards the node, without `ws_handshake`
     /// (the handshake is read here).
@@ -191,7 +191,8 @@ mod relay {
     pub(super) async fn connect(addr: &str, hop: Hop, parts: &Parts) -> Result<Next, Response> {
         let failed =
             |e: &dyn std::fmt::Display| (StatusCode::BAD_GATEWAY, format!("forwarding to the agent at {addr}: {e}")).into_response();
-        let mut request = format!("ws://{addr}{}", next_path(parts, hop)).into_client_request().map_err(|e| failed(&e))?;
+        let mut request =
+            format!("{}://{addr}{}", crate::tls::agent_ws_scheme(), next_path(parts, hop)).into_client_request().map_err(|e| failed(&e))?;
         let mut headers = HeaderMap::new();
         for name in forward::CREDENTIALS {
             if let Some(v) = parts.headers.get(*name) {
@@ -202,8 +203,8 @@ mod relay {
         request.headers_mut().extend(headers);
         let config = WebSocketConfig::default().max_message_size(Some(MAX_MESSAGE_BYTES));
         let connected = tokio::time::timeout(CONNECT_TIMEOUT, async {
-            let tcp = tokio::net::TcpStream::connect(addr).await.map_err(WsError::Io)?;
-            tokio_tungstenite::client_async_with_config(request, tcp, Some(config)).await
+            let stream = crate::tls::agent_connect(addr).await.map_err(WsError::Io)?;
+            tokio_tungstenite::client_async_with_config(request, stream, Some(config)).await
         })
         .await;
         match connected {

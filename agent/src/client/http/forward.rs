@@ -5,7 +5,6 @@ use axum::http::{HeaderValue, Request, StatusCode};
 use axum::response::Response;
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use nomad_server::http::util::HttpError;
 
 /// Marks a request forwarded to the alloc's node, so it is never forwarded again.
@@ -73,10 +72,11 @@ pub(super) fn mark(headers: &mut axum::http::HeaderMap, hop: Hop) {
 pub(super) async fn forward(addr: &str, req: Request<Body>, hop: Hop) -> Result<Response, HttpError> {
     let (mut parts, body) = req.into_parts();
     let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-    parts.uri =
-        format!("http://{addr}{path}").parse().map_err(|e| HttpError::bad_request(format!("node address {addr:?} is not usable: {e}")))?;
+    parts.uri = format!("{}://{addr}{path}", crate::tls::agent_scheme())
+        .parse()
+        .map_err(|e| HttpError::bad_request(format!("node address {addr:?} is not usable: {e}")))?;
     mark(&mut parts.headers, hop);
-    let client: Client<_, Body> = Client::builder(TokioExecutor::new()).build_http();
+    let client: Client<_, Body> = crate::tls::agent_http_client_or_plain();
     let resp = client
         .request(Request::from_parts(parts, body))
         .await
