@@ -60,10 +60,10 @@ async fn usage_errors_exit_1_and_help_exits_0() {
     nomad(&["job", "run"]).await.expect_code(1).stderr_has("<FILE>");
     nomad(&["job", "status", "-bogus"]).await.expect_code(1).stderr_has("unexpected argument '-bogus'");
     nomad(&["job", "-h"]).await.expect_code(0).stdout_has("Usage: nomad-rs job");
-    nomad(&["job", "run", "-address", "https://x:1", &example("hello.nomad.hcl")])
+    nomad(&["job", "run", "-address", "unix:///tmp/nomad.sock", &example("hello.nomad.hcl")])
         .await
         .expect_code(1)
-        .stderr_has("https is not supported");
+        .stderr_has("unix sockets are not supported");
 }
 
 #[test]

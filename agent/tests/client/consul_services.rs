@@ -175,6 +175,10 @@ async fn a_consul_that_lost_its_state_gets_everything_back_and_tasks_are_untouch
     consul.forget_services();
     let sync = client.consul_services().expect("consul is configured");
     let mut passes = sync.passes();
+    // A pass under way when Consul stopped may still succeed: passes run one after another, so
+    // every pass after the next one to end started with Consul gone.
+    let stopped_at = *passes.borrow_and_update();
+    passes.wait_for(|n| *n > stopped_at).await.unwrap();
     let down_from = *passes.borrow_and_update();
     let synced_before = *sync.synced().borrow();
     // Two passes fail while Consul is away; nothing else happens to the alloc.

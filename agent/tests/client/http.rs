@@ -46,6 +46,8 @@ async fn the_logs_api_returns_plain_framed_and_followed_output() {
     let script = "echo first-line; echo oops >&2; i=0; while [ $i -lt 300 ]; do if [ -e more ]; then rm more; echo more-$i; fi; i=$((i+1)); sleep 0.1; done";
     let id = server.place(&job("logs", JobType::Service, vec![sh_task("t", script)], restart_policy(0, 0)), client.node_id()).await;
     wait_until("the task wrote its first line", || log_file(root.path(), &id, "t", "stdout").contains("first-line")).await;
+    // stderr is copied by its own pump: written second, it may land after stdout's line.
+    wait_until("the task wrote to stderr", || log_file(root.path(), &id, "t", "stderr").contains("oops")).await;
 
     let (code, body) = request("GET", &format!("http://{addr}/v1/client/fs/logs/{id}?task=t&type=stdout&plain=true"), "").await;
     assert_eq!((code, body.as_str()), (200, "first-line\n"));

@@ -1,10 +1,11 @@
 //! Resolving a caller's secret to its token and compiled [`Acl`].
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use nomad_proto::Timestamp;
 
-use super::{Acl, AclToken, Policy};
+use super::{Acl, AclPolicy, AclToken, Policy};
 use crate::state::State;
 
 /// Why a secret was refused; the texts are Nomad's.
@@ -46,8 +47,8 @@ pub fn resolve(state: &State, secret: &str, now: Timestamp) -> Result<Identity, 
     if token.expired(now) {
         return Err(AuthError::Expired);
     }
-    let acl = if token.is_management() { Acl::management() } else { compile_for(state, &token) };
-    Ok(Identity { token, acl: Arc::new(acl) })
+    let acl = if token.is_management() { Arc::new(Acl::management()) } else { compile_for(state, &token) };
+    Ok(Identity { token, acl })
 }
 
 /// The names of the policies a token carries, directly or through its roles (deduplicated).
@@ -63,9 +64,38 @@ pub fn policy_names(state: &State, token: &AclToken) -> Vec<String> {
     names
 }
 
-fn compile_for(state: &State, token: &AclToken) -> Acl {
+/// Compiled ACLs by the policy objects they came from: parsing a policy's HCL on every request
+/// would cost more than the request. A stored policy is never changed in place (an update is a
+/// new `Arc`), so the objects' addresses name their contents; the cache holds the `Arc`s, so an
+/// address cannot be reused for other rules while its entry lives.
+struct CompiledCache {
+    entries: HashMap<Vec<usize>, CompiledEntry>,
+}
+
+/// The policies an ACL was compiled from (held, so their addresses stay theirs) and the ACL.
+type CompiledEntry = (Vec<Arc<AclPolicy>>, Arc<Acl>);
+
+/// Most policy sets kept compiled (Nomad keeps 512 too); when full the cache starts over.
+const COMPILED_CACHE_ENTRIES: usize = 512;
+
+fn compiled_cache() -> &'static Mutex<CompiledCache> {
+    static CACHE: OnceLock<Mutex<CompiledCache>> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(CompiledCache { entries: HashMap::new() }))
+}
+
+fn compile_for(state: &State, token: &AclToken) -> Arc<Acl> {
     // Missing policies grant nothing; stored ones were validated on write.
-    let parsed: Vec<Policy> =
-        policy_names(state, token).iter().filter_map(|n| state.acl_policy(n)).filter_map(|p| Policy::parse(&p.rules).ok()).collect();
-    Acl::compile(&parsed)
+    let policies: Vec<Arc<AclPolicy>> = policy_names(state, token).iter().filter_map(|n| state.acl_policy(n)).cloned().collect();
+    let key: Vec<usize> = policies.iter().map(|p| Arc::as_ptr(p) as usize).collect();
+    if let Some((_, acl)) = compiled_cache().lock().unwrap_or_else(|e| e.into_inner()).entries.get(&key) {
+        return acl.clone();
+    }
+    let parsed: Vec<Policy> = policies.iter().filter_map(|p| Policy::parse(&p.rules).ok()).collect();
+    let acl = Arc::new(Acl::compile(&parsed));
+    let mut cache = compiled_cache().lock().unwrap_or_else(|e| e.into_inner());
+    if cache.entries.len() >= COMPILED_CACHE_ENTRIES {
+        cache.entries.clear();
+    }
+    cache.entries.insert(key, (policies, acl.clone()));
+    acl
 }

@@ -1,5 +1,7 @@
 use proptest::prelude::*;
 
+use std::sync::Arc;
+
 use super::*;
 
 fn acl(rules: &[&str]) -> Acl {
@@ -232,4 +234,38 @@ proptest! {
         let none = Acl::compile(&[Policy::parse(&rules(&[(format!("{prefix}x*"), "write")])).unwrap()]);
         prop_assert!(!none.allow_namespace_op(&ns, "read-job"));
     }
+}
+
+#[test]
+fn compiled_acls_are_reused_until_a_policy_changes() {
+    use crate::state::StateStore;
+    let store = StateStore::new();
+    let policy = |rules: &str| AclPolicy { name: "p".into(), rules: rules.into(), ..AclPolicy::default() };
+    let token = AclToken {
+        accessor_id: "a".into(),
+        secret_id: "s".into(),
+        token_type: CLIENT.into(),
+        policies: vec!["p".into()],
+        ..AclToken::default()
+    };
+    store
+        .write(1, |txn| {
+            txn.upsert_acl_policies(&[policy(r#"namespace "default" { policy = "read" }"#)]);
+            txn.upsert_acl_tokens(std::slice::from_ref(&token));
+            Ok(())
+        })
+        .unwrap();
+    let now = nomad_proto::Timestamp::now();
+    let first = super::resolve(&store.snapshot(), "s", now).unwrap().acl;
+    let again = super::resolve(&store.snapshot(), "s", now).unwrap().acl;
+    assert!(Arc::ptr_eq(&first, &again), "the same policies were compiled twice");
+    assert!(first.allow_namespace_op("default", "read-job"));
+    store
+        .write(2, |txn| {
+            txn.upsert_acl_policies(&[policy(r#"namespace "default" { policy = "deny" }"#)]);
+            Ok(())
+        })
+        .unwrap();
+    let changed = super::resolve(&store.snapshot(), "s", now).unwrap().acl;
+    assert!(!changed.allow_namespace_op("default", "read-job"), "a changed policy was served from the cache");
 }
