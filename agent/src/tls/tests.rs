@@ -189,7 +189,7 @@ fn block(src: &str) -> Result<TlsSettings, (String, String)> {
 }
 
 #[test]
-fn the_tls_block_is_checked_and_rpc_tls_is_refused_by_name() {
+fn the_tls_block_is_checked_and_rpc_upgrade_mode_is_refused_by_name() {
     let ok = block(
         "http = true\nca_file = \"ca.pem\"\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\nverify_https_client = true\n\
          tls_min_version = \"tls13\"\ntls_cipher_suites = \"TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305\"\n\
@@ -201,12 +201,16 @@ fn the_tls_block_is_checked_and_rpc_tls_is_refused_by_name() {
     assert_eq!(ok.cert_file, Some(PathBuf::from("c.pem")));
     assert_eq!(ok.cipher_suites.as_ref().unwrap().len(), 2);
     assert_eq!(block("").unwrap(), TlsSettings::default());
-    for key in ["rpc", "verify_server_hostname", "rpc_upgrade_mode"] {
-        let (k, m) = block(&format!("{key} = true\n")).unwrap_err();
-        assert_eq!(k, format!("tls.{key}"));
-        assert!(m.contains(key) && m.contains("RPC TLS is not built yet"), "{m}");
-    }
-    assert!(block("rpc = false\n").is_ok(), "false is what nomad-rs does");
+    let (k, m) = block("rpc_upgrade_mode = true\n").unwrap_err();
+    assert_eq!(k, "tls.rpc_upgrade_mode");
+    assert!(m.contains("rpc_upgrade_mode") && m.contains("not built yet"), "{m}");
+    assert!(block("rpc_upgrade_mode = false\n").is_ok());
+    let rpc =
+        block("rpc = true\nverify_server_hostname = true\nca_file = \"ca.pem\"\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n").unwrap();
+    assert!(rpc.rpc && rpc.verify_server_hostname && !rpc.http);
+    let (k, m) = block("rpc = true\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n").unwrap_err();
+    assert_eq!(k, "tls.rpc");
+    assert!(m.contains("needs ca_file, cert_file and key_file"), "{m}");
     for (src, key, says) in [
         ("tls_min_version = \"tls11\"", "tls.tls_min_version", "tls11 is not supported"),
         ("tls_min_version = \"ssl3\"", "tls.tls_min_version", "unknown TLS version"),
