@@ -18,6 +18,7 @@ pub mod raft;
 pub mod rpc;
 pub mod rpc_auth;
 pub mod rpc_listener;
+pub mod rpc_tls;
 pub mod scheduler;
 pub mod server;
 pub mod sim;

@@ -59,10 +59,11 @@ impl Peers {
         if let Some(c) = map.get(addr) {
             return Ok(c.clone());
         }
-        let ch = Channel::from_shared(format!("http://{addr}"))
-            .map_err(|e| Status::internal(format!("bad server address {addr:?}: {e}")))?
-            .connect_timeout(std::time::Duration::from_secs(5))
-            .connect_lazy();
+        let ch = crate::rpc_tls::connect_lazy(
+            Channel::from_shared(format!("http://{addr}"))
+                .map_err(|e| Status::internal(format!("bad server address {addr:?}: {e}")))?
+                .connect_timeout(std::time::Duration::from_secs(5)),
+        );
         map.insert(addr.to_string(), ch.clone());
         Ok(ch)
     }

@@ -12,6 +12,12 @@
 //! plaintext, so an observer of the network could read and replay the proof (as it could read the
 //! replicated log itself); TLS is the answer to an on-path attacker, the key keeps out everyone
 //! who merely reaches the port.
+//!
+//! With RPC TLS and `verify_server_hostname` ([`crate::rpc_tls`]) the peer's certificate is
+//! checked here too, before the proof ([`check_role`]): a server-only method needs a certificate
+//! for `server.<region>.nomad`, a node method one for `client.<region>.nomad` or
+//! `server.<region>.nomad`. A client's certificate is CA-signed, so without the name check a
+//! compromised client could pose as a server; with it, it cannot join Raft or take servers' calls.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,6 +29,9 @@ use hmac::{KeyInit, Mac};
 use http::HeaderMap;
 use tonic::Status;
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
+
+use crate::rpc_listener::RpcConnInfo;
+use crate::rpc_tls::{PeerCert, Roles};
 
 /// The metadata key carrying a server's proof.
 pub const SERVER_PROOF_HEADER: &str = "x-nomad-rs-server-proof";
@@ -248,16 +257,44 @@ impl tonic::service::Interceptor for Stamp {
     }
 }
 
+/// The certificate check of `verify_server_hostname`: whether `peer` (the certificate of the
+/// call's connection, `None` on a plaintext one) may call `path`, which requires `required`.
+pub fn check_role(roles: &Roles, peer: Option<&PeerCert>, path: &str, required: Requires) -> Result<(), Status> {
+    let names = peer.map(|p| p.names.join(", ")).unwrap_or_default();
+    let allowed = match required {
+        Requires::Server => peer.is_some_and(|p| p.has(&roles.server)),
+        Requires::Node => peer.is_some_and(|p| p.has(&roles.server) || p.has(&roles.client)),
+    };
+    if allowed {
+        return Ok(());
+    }
+    let wanted = match required {
+        Requires::Server => format!("{:?}", roles.server),
+        Requires::Node => format!("{:?} or {:?}", roles.client, roles.server),
+    };
+    Err(Status::permission_denied(match peer {
+        None => format!("Permission denied: rpc {path} requires a TLS certificate for {wanted}"),
+        Some(_) => format!("Permission denied: rpc {path} requires a certificate for {wanted}; the caller's certificate is for [{names}]"),
+    }))
+}
+
 /// Enforces [`RPC_TABLE`] in front of the RPC services (see the module docs).
 #[derive(Clone, Debug)]
 pub struct RpcAuthLayer {
     auth: Arc<ClusterAuth>,
+    roles: Option<Arc<Roles>>,
 }
 
 impl RpcAuthLayer {
     /// A layer checking proofs with `auth`.
     pub fn new(auth: Arc<ClusterAuth>) -> RpcAuthLayer {
-        RpcAuthLayer { auth }
+        RpcAuthLayer { auth, roles: None }
+    }
+
+    /// Also checks the caller's certificate names ([`check_role`]) when `roles` is given.
+    pub fn with_roles(mut self, roles: Option<Roles>) -> RpcAuthLayer {
+        self.roles = roles.map(Arc::new);
+        self
     }
 }
 
@@ -265,7 +302,7 @@ impl<S> tower::Layer<S> for RpcAuthLayer {
     type Service = RpcAuth<S>;
 
     fn layer(&self, inner: S) -> RpcAuth<S> {
-        RpcAuth { inner, auth: self.auth.clone() }
+        RpcAuth { inner, auth: self.auth.clone(), roles: self.roles.clone() }
     }
 }
 
@@ -274,6 +311,7 @@ impl<S> tower::Layer<S> for RpcAuthLayer {
 pub struct RpcAuth<S> {
     inner: S,
     auth: Arc<ClusterAuth>,
+    roles: Option<Arc<Roles>>,
 }
 
 /// The decision for one incoming call: pass it on (marked if a server proved itself), or refuse.
@@ -311,7 +349,19 @@ where
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         let path = request.uri().path().to_string();
-        match admit(&self.auth, &path, request.headers_mut()) {
+        // The listener's connection info: tonic's own type for the services, the certificate here.
+        let peer = match request.extensions().get::<RpcConnInfo>().cloned() {
+            Some(info) => {
+                request.extensions_mut().insert(info.tcp);
+                info.peer
+            }
+            None => None,
+        };
+        let checked = match (&self.roles, requirement(&path)) {
+            (Some(roles), Some(required)) => check_role(roles, peer.as_deref(), &path, required),
+            _ => Ok(()),
+        };
+        match checked.and_then(|()| admit(&self.auth, &path, request.headers_mut())) {
             Ok(is_server) => {
                 if is_server {
                     request.extensions_mut().insert(AuthenticatedServer);
@@ -403,6 +453,36 @@ mod tests {
         vouched.insert(NODE_PEER_HEADER, "10.9.9.9".parse().unwrap());
         admit(&ours, "/nomad.Node/Register", &mut vouched).unwrap();
         assert!(vouched.get(NODE_PEER_HEADER).is_some());
+    }
+
+    #[test]
+    fn verify_server_hostname_gives_server_methods_to_server_certificates_only() {
+        let roles = Roles::of("global");
+        let cert = |names: &[&str]| PeerCert { names: names.iter().map(|n| n.to_string()).collect() };
+        let server = cert(&["server.global.nomad", "localhost"]);
+        let client = cert(&["client.global.nomad", "localhost"]);
+        let cli = cert(&["cli.global.nomad", "localhost"]);
+        let other_region = cert(&["server.europe.nomad"]);
+        for (path, required) in RPC_TABLE {
+            assert!(check_role(&roles, Some(&server), path, *required).is_ok(), "{path}: a server certificate may call anything");
+            let by_client = check_role(&roles, Some(&client), path, *required);
+            match required {
+                Requires::Server => {
+                    let refused = by_client.unwrap_err();
+                    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{path}");
+                    assert!(refused.message().contains("\"server.global.nomad\""), "{}", refused.message());
+                    assert!(refused.message().contains("client.global.nomad"), "{}", refused.message());
+                }
+                Requires::Node => assert!(by_client.is_ok(), "{path}: a client certificate may call node methods"),
+            }
+            for nobody in [Some(&cli), Some(&other_region), Some(&PeerCert::default()), None] {
+                let refused = check_role(&roles, nobody, path, *required).unwrap_err();
+                assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{path} by {nobody:?}");
+            }
+        }
+        // Names match exactly, not as suffixes or patterns.
+        let lookalike = cert(&["xserver.global.nomad", "server.global.nomad.evil", "*.global.nomad"]);
+        assert!(check_role(&roles, Some(&lookalike), "/nomad.raft.Raft/Vote", Requires::Server).is_err());
     }
 
     #[test]

@@ -3,10 +3,15 @@
 //! nothing within `handshake_timeout` of being accepted is closed (Nomad's
 //! `rpc_handshake_timeout`). Once a connection has sent its first bytes (the HTTP/2 preface)
 //! it may stay idle for as long as it likes: clients hold one for their blocking calls.
+//!
+//! With RPC TLS ([`crate::rpc_tls`]) every connection must open with a TLS handshake (first byte
+//! 0x16) presenting a CA-signed client certificate, done within the handshake timeout; anything
+//! else is closed. Handshakes run beside the accept loop, so a slow one holds up no other.
 
 use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -17,6 +22,7 @@ use tokio::time::Sleep;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use crate::http::listener::{ConnCounter, ConnSlot};
+use crate::rpc_tls::{PeerCert, RpcTls};
 
 /// What the RPC listener enforces. Zero (or `None`) turns a limit off, as in Nomad.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,12 +40,63 @@ impl Default for RpcLimits {
     }
 }
 
+/// What the services learn of an RPC connection (a request extension): its addresses and,
+/// over TLS, the names of the peer's certificate. [`crate::rpc_auth`] turns it into tonic's
+/// `TcpConnectInfo` (so `Request::remote_addr` works) before any service sees the call.
+#[derive(Debug, Clone)]
+pub struct RpcConnInfo {
+    /// Local and peer addresses.
+    pub tcp: TcpConnectInfo,
+    /// The peer's certificate, on a TLS connection.
+    pub peer: Option<Arc<PeerCert>>,
+}
+
+/// The bytes of a connection: plaintext or TLS.
+enum RpcIo {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
 /// An accepted RPC connection holding its per-client slot.
 pub struct RpcConn {
-    tcp: TcpStream,
+    tcp: RpcIo,
+    info: RpcConnInfo,
     _slot: ConnSlot,
     /// Until the first byte arrives.
     handshake: Option<Pin<Box<Sleep>>>,
+}
+
+macro_rules! io {
+    ($io:expr, $s:ident => $e:expr) => {
+        match $io {
+            RpcIo::Plain($s) => $e,
+            RpcIo::Tls($s) => $e,
+        }
+    };
+}
+
+impl AsyncRead for RpcIo {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        io!(self.get_mut(), s => Pin::new(s).poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for RpcIo {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        io!(self.get_mut(), s => Pin::new(s).poll_write(cx, buf))
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        io!(self.get_mut(), s => Pin::new(s).poll_flush(cx))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        io!(self.get_mut(), s => Pin::new(s).poll_shutdown(cx))
+    }
+    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+        io!(self.get_mut(), s => Pin::new(s).poll_write_vectored(cx, bufs))
+    }
+    fn is_write_vectored(&self) -> bool {
+        io!(self, s => s.is_write_vectored())
+    }
 }
 
 impl AsyncRead for RpcConn {
@@ -80,10 +137,56 @@ impl AsyncWrite for RpcConn {
 }
 
 impl Connected for RpcConn {
-    type ConnectInfo = TcpConnectInfo;
-    fn connect_info(&self) -> TcpConnectInfo {
-        self.tcp.connect_info()
+    type ConnectInfo = RpcConnInfo;
+    fn connect_info(&self) -> RpcConnInfo {
+        self.info.clone()
     }
+}
+
+/// The accepted connections of `listener` under `limits`, over TLS when `tls` is given (see
+/// the module docs), else as [`incoming`].
+pub fn incoming_with(
+    listener: TcpListener,
+    limits: RpcLimits,
+    tls: Option<Arc<RpcTls>>,
+) -> Pin<Box<dyn Stream<Item = Result<RpcConn, io::Error>> + Send + 'static>> {
+    let Some(tls) = tls else { return Box::pin(incoming(listener, limits)) };
+    let (tx, rx) = tokio::sync::mpsc::channel::<RpcConn>(64);
+    let mut plain = Box::pin(incoming(listener, RpcLimits { handshake_timeout: None, ..limits }));
+    tokio::spawn(async move {
+        use futures::StreamExt as _;
+        while let Some(Ok(conn)) = plain.next().await {
+            let (tls, tx) = (tls.clone(), tx.clone());
+            let deadline = limits.handshake_timeout.unwrap_or(Duration::from_secs(60));
+            tokio::spawn(async move {
+                let peer = conn.info.tcp.remote_addr;
+                match tokio::time::timeout(deadline, accept_tls(conn, &tls)).await {
+                    Ok(Ok(conn)) => {
+                        let _ = tx.send(conn).await;
+                    }
+                    Ok(Err(e)) => tracing::debug!(?peer, error = %e, "refused an RPC connection"),
+                    Err(_) => tracing::debug!(?peer, "no RPC TLS handshake within the timeout"),
+                }
+            });
+        }
+    });
+    Box::pin(futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (Ok(c), rx)) }))
+}
+
+/// The TLS handshake of an accepted plaintext connection; a first byte that is not a TLS
+/// handshake record closes it (Nomad closes a plaintext RPC connection when TLS is required).
+async fn accept_tls(conn: RpcConn, tls: &RpcTls) -> io::Result<RpcConn> {
+    let RpcConn { tcp: RpcIo::Plain(tcp), mut info, _slot, .. } = conn else {
+        return Err(io::Error::other("already TLS"));
+    };
+    let mut first = [0u8; 1];
+    if tcp.peek(&mut first).await? != 1 || first[0] != 0x16 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "plaintext on the RPC port, which requires TLS"));
+    }
+    let stream = tls.acceptor().accept(tcp).await?;
+    let cert = stream.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(|c| PeerCert::from_der(c));
+    info.peer = Some(Arc::new(cert.unwrap_or_default()));
+    Ok(RpcConn { tcp: RpcIo::Tls(Box::new(stream)), info, _slot, handshake: None })
 }
 
 /// The accepted connections of `listener` under `limits`, TCP_NODELAY set. Accept errors are
@@ -109,7 +212,8 @@ pub fn incoming(listener: TcpListener, limits: RpcLimits) -> impl Stream<Item = 
             // No reply waits for the peer's delayed ACK (gRPC writes a reply as several frames).
             let _ = tcp.set_nodelay(true);
             let handshake = limits.handshake_timeout.map(|t| Box::pin(tokio::time::sleep(t)));
-            let conn = RpcConn { tcp, _slot: slot, handshake };
+            let info = RpcConnInfo { tcp: tcp.connect_info(), peer: None };
+            let conn = RpcConn { tcp: RpcIo::Plain(tcp), info, _slot: slot, handshake };
             return Some((Ok(conn), (listener, counter)));
         }
     })
@@ -140,7 +244,7 @@ mod tests {
         let mut over = TcpStream::connect(addr).await.unwrap();
         let mut a = conns.recv().await.unwrap();
         let mut b = conns.recv().await.unwrap();
-        assert_eq!(a.connect_info().remote_addr, Some(talker.local_addr().unwrap()), "the peer address reaches the services");
+        assert_eq!(a.connect_info().tcp.remote_addr, Some(talker.local_addr().unwrap()), "the peer address reaches the services");
 
         // The third from the same address is closed without being handed out.
         let mut buf = [0u8; 8];

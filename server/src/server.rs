@@ -170,6 +170,7 @@ impl Server {
         let forward_service = ForwardService::new();
         let forward_svc = forward_service.server();
         let rpc_limits = cfg.rpc_limits;
+        let rpc_tls = crate::rpc_tls::current();
         let rpc = tokio::spawn(async move {
             let served = tonic::transport::Server::builder()
                 // Pings find a client gone without a word (a partition), so its request
@@ -177,7 +178,7 @@ impl Server {
                 .http2_keepalive_interval(Some(Duration::from_secs(20)))
                 .http2_keepalive_timeout(Some(Duration::from_secs(20)))
                 // Who may call what: one table (`rpc_auth::RPC_TABLE`) in front of every service.
-                .layer(RpcAuthLayer::new(auth))
+                .layer(RpcAuthLayer::new(auth).with_roles(rpc_tls.as_ref().and_then(|t| t.role_check())))
                 .add_service(raft.service())
                 .add_service(forward_svc)
                 .add_service(client_conn_svc)
@@ -188,7 +189,8 @@ impl Server {
                 // TCP_NODELAY on every accepted connection (a gRPC reply is written as several
                 // frames, and with Nagle's algorithm the last one would wait for the peer's
                 // delayed ACK, about 40 ms per call on Linux), and the `limits`.
-                .serve_with_incoming(crate::rpc_listener::incoming(rpc_listener, rpc_limits))
+                // Over TLS when `tls { rpc = true }` (`rpc_tls`).
+                .serve_with_incoming(crate::rpc_listener::incoming_with(rpc_listener, rpc_limits, rpc_tls))
                 .await;
             if let Err(e) = served {
                 tracing::error!(error = %e, "rpc listener stopped");

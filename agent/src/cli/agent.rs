@@ -155,8 +155,14 @@ pub async fn run(args: AgentArgs) -> Result<()> {
     if let Some(outgoing) = cfg.tls.agent_client()? {
         crate::tls::set_agent_client(outgoing);
     }
+    // Mutual TLS on RPC: set before the server and client start, so every channel and the
+    // listener use it; the certificates are read now and again on SIGHUP.
+    let rpc_tls = cfg.tls.rpc_tls(&cfg.region)?;
+    if let Some(tls) = &rpc_tls {
+        nomad_server::rpc_tls::install(tls.clone());
+    }
     // SIGHUP never stops the agent (its default action would): it reloads what can be reloaded.
-    spawn_sighup(https.clone())?;
+    spawn_sighup(https.clone(), rpc_tls)?;
     println!("==> Starting nomad-rs agent...");
     std::fs::create_dir_all(&cfg.data_dir).with_context(|| format!("creating data dir {}", cfg.data_dir.display()))?;
 
@@ -407,7 +413,7 @@ fn print_banner(cfg: &AgentConfig, http: SocketAddr, rpc: Option<SocketAddr>) {
 
 /// Handles SIGHUP for the agent's life: the TLS certificates and keys are read again (a bad
 /// file keeps the ones in use, with an error in the log).
-fn spawn_sighup(https: Option<Arc<crate::tls::ReloadableServer>>) -> Result<()> {
+fn spawn_sighup(https: Option<Arc<crate::tls::ReloadableServer>>, rpc: Option<Arc<nomad_server::rpc_tls::RpcTls>>) -> Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut hup = signal(SignalKind::hangup()).context("installing a SIGHUP handler")?;
     tokio::spawn(async move {
@@ -417,6 +423,12 @@ fn spawn_sighup(https: Option<Arc<crate::tls::ReloadableServer>>) -> Result<()> 
                 match h.reload() {
                     Ok(()) => tracing::info!("TLS certificates reloaded"),
                     Err(e) => tracing::error!(error = %format!("{e:#}"), "reloading the TLS certificates failed; the ones in use stay"),
+                }
+            }
+            if let Some(r) = &rpc {
+                match r.reload() {
+                    Ok(()) => tracing::info!("RPC TLS certificates reloaded"),
+                    Err(e) => tracing::error!(error = %e, "reloading the RPC TLS certificates failed; the ones in use stay"),
                 }
             }
         }

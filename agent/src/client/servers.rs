@@ -170,13 +170,14 @@ impl Servers {
             return Ok(c.clone());
         }
         let bad = |reason: String| RpcError::BadAddress { addr: addr.to_string(), reason };
-        let ch = Channel::from_shared(format!("http://{addr}"))
-            .map_err(|e| bad(e.to_string()))?
-            .connect_timeout(Duration::from_secs(5))
-            .http2_keep_alive_interval(Duration::from_secs(10))
-            .keep_alive_timeout(Duration::from_secs(10))
-            .keep_alive_while_idle(true)
-            .connect_lazy();
+        let ch = nomad_server::rpc_tls::connect_lazy(
+            Channel::from_shared(format!("http://{addr}"))
+                .map_err(|e| bad(e.to_string()))?
+                .connect_timeout(Duration::from_secs(5))
+                .http2_keep_alive_interval(Duration::from_secs(10))
+                .keep_alive_timeout(Duration::from_secs(10))
+                .keep_alive_while_idle(true),
+        );
         map.insert(addr.to_string(), ch.clone());
         Ok(ch)
     }

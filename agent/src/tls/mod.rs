@@ -1,5 +1,7 @@
-//! TLS for the HTTP API: the agent's `tls {}` block, the HTTPS listener's rustls config (reloaded
-//! on SIGHUP), and the client side shared by the CLI and agent-to-agent calls.
+//! TLS for the HTTP API and RPC: the agent's `tls {}` block, the HTTPS listener's rustls config
+//! (reloaded on SIGHUP), the client side shared by the CLI and agent-to-agent calls, and the
+//! configs of mutual TLS on RPC ([`TlsSettings::rpc_tls`], served and dialled by
+//! `nomad_server::rpc_tls`).
 //!
 //! [`generate`] makes the CA and certificates of `nomad-rs tls ca|cert create`.
 //!
@@ -30,7 +32,7 @@ pub const PLAIN_HTTP_TO_HTTPS: &str = "Client sent an HTTP request to an HTTPS s
 pub struct TlsBlock {
     /// HTTPS only on the HTTP listener.
     pub http: Option<bool>,
-    /// TLS on RPC (not built yet: refused when true).
+    /// Mutual TLS on RPC.
     pub rpc: Option<bool>,
     /// CA bundle (PEM) client certificates and peers are checked against.
     pub ca_file: Option<String>,
@@ -38,7 +40,7 @@ pub struct TlsBlock {
     pub cert_file: Option<String>,
     /// The agent's private key (PEM).
     pub key_file: Option<String>,
-    /// RPC name checks (not built yet: refused when true).
+    /// RPC name checks: `server.<region>.nomad` dialled, roles checked on the RPC port.
     pub verify_server_hostname: Option<bool>,
     /// HTTPS asks for a client certificate signed by `ca_file`.
     pub verify_https_client: Option<bool>,
@@ -67,6 +69,10 @@ pub enum MinVersion {
 pub struct TlsSettings {
     /// HTTPS on the HTTP listener.
     pub http: bool,
+    /// Mutual TLS on the RPC port and every outgoing RPC.
+    pub rpc: bool,
+    /// With `rpc`: outgoing RPC checks `server.<region>.nomad`, incoming calls the role names.
+    pub verify_server_hostname: bool,
     /// CA bundle.
     pub ca_file: Option<PathBuf>,
     /// Certificate.
@@ -128,16 +134,14 @@ fn ring_suite(rustls_name: &str) -> Option<SupportedCipherSuite> {
 }
 
 impl TlsSettings {
-    /// Checks a `tls {}` block. Errors are `(key, message)`; RPC TLS is refused by name.
+    /// Checks a `tls {}` block. Errors are `(key, message)`; `rpc_upgrade_mode` is refused by name.
     pub fn resolve(b: Option<TlsBlock>) -> Result<TlsSettings, (String, String)> {
         let Some(b) = b else { return Ok(TlsSettings::default()) };
-        for (key, set) in [("rpc", b.rpc), ("verify_server_hostname", b.verify_server_hostname), ("rpc_upgrade_mode", b.rpc_upgrade_mode)] {
-            if set == Some(true) {
-                return Err((
-                    format!("tls.{key}"),
-                    format!("{key} = true is not supported yet: nomad-rs has TLS for HTTP only (RPC TLS is not built yet)"),
-                ));
-            }
+        if b.rpc_upgrade_mode == Some(true) {
+            return Err((
+                "tls.rpc_upgrade_mode".into(),
+                "rpc_upgrade_mode = true is not supported yet: nomad-rs serves RPC either plaintext or TLS only (RPC upgrade mode is not built yet)".into(),
+            ));
         }
         let path = |s: Option<String>| s.filter(|s| !s.is_empty()).map(PathBuf::from);
         let min_version = match b.tls_min_version.as_deref().map(str::trim) {
@@ -174,6 +178,8 @@ impl TlsSettings {
         };
         let s = TlsSettings {
             http: b.http.unwrap_or(false),
+            rpc: b.rpc.unwrap_or(false),
+            verify_server_hostname: b.verify_server_hostname.unwrap_or(false),
             ca_file: path(b.ca_file),
             cert_file: path(b.cert_file),
             key_file: path(b.key_file),
@@ -184,6 +190,12 @@ impl TlsSettings {
         };
         if s.http && (s.cert_file.is_none() || s.key_file.is_none()) {
             return Err(("tls.http".into(), "http = true needs cert_file and key_file".into()));
+        }
+        if s.rpc && (s.ca_file.is_none() || s.cert_file.is_none() || s.key_file.is_none()) {
+            return Err((
+                "tls.rpc".into(),
+                "rpc = true needs ca_file, cert_file and key_file (every RPC peer must present a CA-signed certificate)".into(),
+            ));
         }
         if s.verify_https_client && s.ca_file.is_none() {
             return Err(("tls.verify_https_client".into(), "verify_https_client = true needs ca_file".into()));
@@ -243,6 +255,44 @@ impl TlsSettings {
         config.ignore_client_order = self.prefer_server_cipher_suites;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(config)
+    }
+
+    /// The RPC listener's config: the agent's certificate, and a CA-signed client certificate
+    /// required of every peer (Nomad's `RequireAndVerifyClientCert` on RPC).
+    pub fn rpc_server_config(&self) -> anyhow::Result<ServerConfig> {
+        let strict = TlsSettings { verify_https_client: true, ..self.clone() };
+        strict.server_config()
+    }
+
+    /// The config of outgoing RPC: the agent's certificate as the client certificate, the
+    /// peer's chain checked against `ca_file`, and its name (`server.<region>.nomad`, set by the
+    /// dialler) only with `verify_server_hostname`.
+    pub fn rpc_client_config(&self) -> anyhow::Result<ClientConfig> {
+        let tls = ClientTls {
+            ca_cert: self.ca_file.clone(),
+            client_cert: self.cert_file.clone(),
+            client_key: self.key_file.clone(),
+            chain_only: !self.verify_server_hostname,
+            ..Default::default()
+        };
+        tls.config()
+    }
+
+    /// RPC TLS for `region` when `rpc` is on: the files are read now (an error stops the start)
+    /// and again on each [`nomad_server::rpc_tls::RpcTls::reload`].
+    pub fn rpc_tls(&self, region: &str) -> anyhow::Result<Option<Arc<nomad_server::rpc_tls::RpcTls>>> {
+        if !self.rpc {
+            return Ok(None);
+        }
+        let me = self.clone();
+        let load: nomad_server::rpc_tls::Loader = Box::new(move || {
+            let server = me.rpc_server_config().map_err(|e| format!("{e:#}"))?;
+            let client = me.rpc_client_config().map_err(|e| format!("{e:#}"))?;
+            Ok((server, client))
+        });
+        nomad_server::rpc_tls::RpcTls::new(region, self.verify_server_hostname, load)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("tls (rpc): {e}"))
     }
 
     /// The client side for calls to other agents: the agent's CA, its own certificate as the

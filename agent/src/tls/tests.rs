@@ -189,7 +189,7 @@ fn block(src: &str) -> Result<TlsSettings, (String, String)> {
 }
 
 #[test]
-fn the_tls_block_is_checked_and_rpc_tls_is_refused_by_name() {
+fn the_tls_block_is_checked_and_rpc_upgrade_mode_is_refused_by_name() {
     let ok = block(
         "http = true\nca_file = \"ca.pem\"\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\nverify_https_client = true\n\
          tls_min_version = \"tls13\"\ntls_cipher_suites = \"TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305\"\n\
@@ -201,12 +201,16 @@ fn the_tls_block_is_checked_and_rpc_tls_is_refused_by_name() {
     assert_eq!(ok.cert_file, Some(PathBuf::from("c.pem")));
     assert_eq!(ok.cipher_suites.as_ref().unwrap().len(), 2);
     assert_eq!(block("").unwrap(), TlsSettings::default());
-    for key in ["rpc", "verify_server_hostname", "rpc_upgrade_mode"] {
-        let (k, m) = block(&format!("{key} = true\n")).unwrap_err();
-        assert_eq!(k, format!("tls.{key}"));
-        assert!(m.contains(key) && m.contains("RPC TLS is not built yet"), "{m}");
-    }
-    assert!(block("rpc = false\n").is_ok(), "false is what nomad-rs does");
+    let (k, m) = block("rpc_upgrade_mode = true\n").unwrap_err();
+    assert_eq!(k, "tls.rpc_upgrade_mode");
+    assert!(m.contains("rpc_upgrade_mode") && m.contains("not built yet"), "{m}");
+    assert!(block("rpc_upgrade_mode = false\n").is_ok());
+    let rpc =
+        block("rpc = true\nverify_server_hostname = true\nca_file = \"ca.pem\"\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n").unwrap();
+    assert!(rpc.rpc && rpc.verify_server_hostname && !rpc.http);
+    let (k, m) = block("rpc = true\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n").unwrap_err();
+    assert_eq!(k, "tls.rpc");
+    assert!(m.contains("needs ca_file, cert_file and key_file"), "{m}");
     for (src, key, says) in [
         ("tls_min_version = \"tls11\"", "tls.tls_min_version", "tls11 is not supported"),
         ("tls_min_version = \"ssl3\"", "tls.tls_min_version", "unknown TLS version"),
@@ -385,4 +389,62 @@ fn a_cipher_suite_list_limits_tls12_and_keeps_tls13() {
     for (_, rustls_name) in SUITES {
         assert!(ring_suite(rustls_name).is_some(), "{rustls_name} is a ring suite");
     }
+}
+
+#[tokio::test]
+async fn rpc_tls_requires_client_certificates_reads_the_peer_names_and_checks_the_server_name() {
+    use futures::StreamExt as _;
+    use nomad_server::rpc_listener::{RpcLimits, incoming_with};
+    use tonic::transport::server::Connected as _;
+
+    let pki = Pki::new();
+    pki.issue(Role::Client, "client");
+    let rpc = |stem: &str| {
+        let s = TlsSettings {
+            rpc: true,
+            verify_server_hostname: true,
+            ca_file: Some(pki.path("ca.pem")),
+            cert_file: Some(pki.path(&format!("{stem}.pem"))),
+            key_file: Some(pki.path(&format!("{stem}-key.pem"))),
+            ..Default::default()
+        };
+        s.rpc_tls("global").unwrap().expect("rpc is on")
+    };
+    let serve = |tls: Arc<nomad_server::rpc_tls::RpcTls>| async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut conns = incoming_with(listener, RpcLimits::default(), Some(tls));
+            while let Some(Ok(c)) = conns.next().await {
+                let _ = tx.send(c);
+            }
+        });
+        (addr, rx)
+    };
+    let (server_tls, client_tls) = (rpc("server"), rpc("client"));
+    assert!(TlsSettings::default().rpc_tls("global").unwrap().is_none());
+
+    // A client dials a server: TLS, and the server reads the client's certificate names.
+    let (addr, mut accepted) = serve(server_tls.clone()).await;
+    let uri: http::Uri = format!("http://{addr}").parse().unwrap();
+    let mut dialled = client_tls.connect(&uri).await.expect("a client reaches a server");
+    dialled.write_all(b"x").await.unwrap();
+    let conn = tokio::time::timeout(Duration::from_secs(10), accepted.recv()).await.unwrap().unwrap();
+    let peer = conn.connect_info().peer.expect("a TLS peer");
+    assert!(peer.has("client.global.nomad") && !peer.has("server.global.nomad"), "{peer:?}");
+    assert_eq!(dialled.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+
+    // Plaintext on the TLS port is closed and never handed to the services.
+    let mut plain = tokio::net::TcpStream::connect(addr).await.unwrap();
+    plain.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap();
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(10), plain.read(&mut buf)).await.unwrap();
+    assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+    assert!(accepted.try_recv().is_err());
+
+    // A listener holding a client's certificate is not a server to verify_server_hostname.
+    let (rogue, _rogue_accepted) = serve(client_tls.clone()).await;
+    let err = server_tls.connect(&format!("http://{rogue}").parse().unwrap()).await.unwrap_err();
+    assert!(err.to_string().to_lowercase().contains("name"), "{err}");
 }

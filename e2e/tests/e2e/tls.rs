@@ -6,6 +6,7 @@
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use nomad_e2e::{Agent, AgentOptions, wait_for};
 
@@ -223,5 +224,128 @@ fn agents_forward_and_relay_exec_to_each_other_over_https() {
         assert_eq!((code, out.as_str()), (0, "over-tls\n"), "via {via}: {err}\n{}\n{}", agent.logs(), second.logs());
     }
     let (code, _, err) = run(dir.path(), &["job", "stop", "-purge", "far"], &via_first);
+    assert_eq!(code, 0, "{err}");
+}
+
+/// `tls {}` with mutual TLS on RPC and the role names checked; HTTP stays plaintext.
+fn rpc_tls_block(pki: &Path, cert: &str) -> String {
+    let p = |name: &str| pki.join(name).display().to_string();
+    format!(
+        "tls {{\n  rpc = true\n  verify_server_hostname = true\n  ca_file = {:?}\n  cert_file = {:?}\n  key_file = {:?}\n}}\n",
+        p("nomad-agent-ca.pem"),
+        p(&format!("{cert}.pem")),
+        p(&format!("{cert}-key.pem")),
+    )
+}
+
+#[test]
+fn rpc_mutual_tls_with_verify_server_hostname_runs_a_cluster_and_keeps_clients_and_plaintext_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().join("pki");
+    std::fs::create_dir(&pki).unwrap();
+    ok(&pki, &["tls", "ca", "create"]);
+    for role in ["-server", "-client"] {
+        ok(&pki, &["tls", "cert", "create", role]);
+    }
+    let key = nomad_e2e::cluster::cluster_key().unwrap();
+    let ports = nomad_e2e::cluster::reserve_ports(6).unwrap();
+    let rpc: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", ports[2 * i + 1])).collect();
+    let server_config = |cert: &str, not: Option<usize>| {
+        let join: Vec<String> = rpc.iter().enumerate().filter(|(j, _)| Some(*j) != not).map(|(_, a)| format!("{a:?}")).collect();
+        format!(
+            "server {{\n  enabled = true\n  encrypt = {key:?}\n  bootstrap_expect = 3\n  server_join {{\n    retry_join = [{}]\n  }}\n}}\n{}",
+            join.join(", "),
+            rpc_tls_block(&pki, cert)
+        )
+    };
+    let servers: Vec<Agent> = (0..3)
+        .map(|i| {
+            let name = format!("server{}", i + 1);
+            let opts = AgentOptions {
+                config: Some(server_config("global-server-nomad", Some(i))),
+                ports: Some((ports[2 * i], ports[2 * i + 1])),
+                ..Default::default()
+            };
+            Agent::start(&name, &dir.path().join(&name), opts).unwrap()
+        })
+        .collect();
+    let all_logs = |extra: &[&Agent]| servers.iter().chain(extra.iter().copied()).map(Agent::logs).collect::<Vec<_>>().join("\n");
+
+    // Raft over mutual TLS, names checked: one leader.
+    wait_for("the three TLS servers to agree on a leader", Duration::from_secs(60), || {
+        let leaders: Vec<String> = servers
+            .iter()
+            .map(|s| s.http().get_json("/v1/status/leader").ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default())
+            .collect();
+        (!leaders[0].is_empty() && leaders.iter().all(|l| *l == leaders[0])).then_some(())
+    })
+    .map_err(|e| format!("{e}\n{}", all_logs(&[])))
+    .unwrap();
+
+    // A client with a client certificate registers and runs a job (node RPCs allow `client.`).
+    let quoted: Vec<String> = rpc.iter().map(|a| format!("{a:?}")).collect();
+    let client_config = format!(
+        "client {{\n  enabled = true\n  servers = [{}]\n}}\nplugin \"raw_exec\" {{\n  config {{\n    enabled = true\n  }}\n}}\n{}",
+        quoted.join(", "),
+        rpc_tls_block(&pki, "global-client-nomad")
+    );
+    let client =
+        Agent::start("client1", &dir.path().join("client1"), AgentOptions { config: Some(client_config), ..Default::default() }).unwrap();
+    let api = vec![("NOMAD_ADDR", format!("http://{}", servers[0].http_addr))];
+    wait_for("the client node ready", SETTLE, || {
+        let (code, out, _) = run(dir.path(), &["node", "status"], &api);
+        (code == 0 && out.contains("ready")).then_some(())
+    })
+    .map_err(|e| format!("{e}\n{}", all_logs(&[&client])))
+    .unwrap();
+    let job = dir.path().join("over-rpc-tls.nomad.hcl");
+    std::fs::write(
+        &job,
+        "job \"rpctls\" {\n  datacenters = [\"dc1\"]\n  group \"g\" {\n    task \"t\" {\n      driver = \"raw_exec\"\n      config {\n        \
+         command = \"/bin/sleep\"\n        args = [\"300\"]\n      }\n    }\n  }\n}\n",
+    )
+    .unwrap();
+    let (code, out, err) = run(dir.path(), &["job", "run", "-detach", job.to_str().unwrap()], &api);
+    assert_eq!(code, 0, "{out}\n{err}");
+    wait_for("the job's alloc running on the TLS client", SETTLE, || {
+        let allocs = servers[1].http().get_json("/v1/job/rpctls/allocations").ok()?;
+        allocs.as_array()?.iter().any(|a| a["ClientStatus"] == "running").then_some(())
+    })
+    .map_err(|e| format!("{e}\n{}", all_logs(&[&client])))
+    .unwrap();
+
+    // An agent holding the cluster key and a CA-signed *client* certificate, configured as a
+    // server: its Raft calls are refused for the certificate, and it never becomes a member.
+    let rogue = Agent::start(
+        "rogue",
+        &dir.path().join("rogue"),
+        AgentOptions { config: Some(server_config("global-client-nomad", None)), ..Default::default() },
+    )
+    .unwrap();
+    wait_for("the servers to refuse the rogue's Raft calls", SETTLE, || {
+        servers
+            .iter()
+            .any(|s| {
+                s.logs()
+                    .lines()
+                    .any(|l| l.contains("refused an rpc call") && l.contains("nomad.raft.Raft/") && l.contains("PermissionDenied"))
+            })
+            .then_some(())
+    })
+    .map_err(|e| format!("{e}\n{}", all_logs(&[&rogue])))
+    .unwrap();
+    let members = servers[0].http().get_json("/v1/operator/raft/configuration").unwrap();
+    assert_eq!(members["Servers"].as_array().map(Vec::len), Some(3), "{members}");
+    assert!(!rogue.logs().contains("joined the raft cluster"), "{}", rogue.logs());
+
+    // Plaintext gRPC (the HTTP/2 preface) on the RPC port: closed without an answer.
+    let mut tcp = std::net::TcpStream::connect(&rpc[0]).unwrap();
+    tcp.set_read_timeout(Some(SETTLE)).unwrap();
+    tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0").unwrap();
+    let mut answer = Vec::new();
+    let read = tcp.read_to_end(&mut answer);
+    assert!(answer.is_empty(), "plaintext got an answer: {answer:?} ({read:?})");
+
+    let (code, _, err) = run(dir.path(), &["job", "stop", "-detach", "-purge", "rpctls"], &api);
     assert_eq!(code, 0, "{err}");
 }

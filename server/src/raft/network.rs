@@ -45,7 +45,8 @@ impl PeerPool {
         let channel = match channels.get(addr) {
             Some(channel) => channel.clone(),
             None => {
-                let channel = Endpoint::from_shared(format!("http://{addr}"))?.connect_timeout(CONNECT_TIMEOUT).connect_lazy();
+                let channel =
+                    crate::rpc_tls::connect_lazy(Endpoint::from_shared(format!("http://{addr}"))?.connect_timeout(CONNECT_TIMEOUT));
                 channels.insert(addr.to_string(), channel.clone());
                 channel
             }
