@@ -60,17 +60,17 @@ fn a_client_agent_authorizes_its_routes_with_the_callers_token() {
     let client = c.clients[0].http().with_token(&logs_token);
     let logs = |ns: &str| format!("/v1/client/fs/logs/{}?task=t&type=stdout&plain=true", alloc_in[ns]);
     wait_for("the task's stdout through the client agent", SETTLE, || {
-        let r = client.get(&logs("a")).ok()?;
+        let r = client.request("GET", &logs("a"), None).ok()?;
         assert_ne!(r.status, 403, "{}", r.text());
         (r.status == 200 && r.text().contains("hello-from-a")).then_some(())
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", c.clients[0].logs()));
     // ... and nothing in `default`, nor anything but logs.
-    let r = client.get(&logs("default")).unwrap();
+    let r = client.request("GET", &logs("default"), None).unwrap();
     assert_eq!((r.status, r.text()), (403, "Permission denied".to_string()));
-    let r = client.get(&format!("/v1/client/fs/cat/{}?path=marker", alloc_in["a"])).unwrap();
+    let r = client.request("GET", &format!("/v1/client/fs/cat/{}?path=marker", alloc_in["a"]), None).unwrap();
     assert_eq!(r.status, 403, "{}", r.text());
-    let r = c.clients[0].http().with_token("00000000-0000-0000-0000-000000000000").get(&logs("a")).unwrap();
+    let r = c.clients[0].http().with_token("00000000-0000-0000-0000-000000000000").request("GET", &logs("a"), None).unwrap();
     assert_eq!((r.status, r.text()), (403, "ACL token not found".to_string()));
     let client_addr = &c.clients[0].http_addr;
     let (code, out, err) = exec_as(client_addr, &logs_token, &alloc_in["a"]);
