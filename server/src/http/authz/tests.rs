@@ -781,3 +781,31 @@ fn decide_applies_the_client_rows_with_the_agents_own_alloc_facts() {
     // Unknown here: passes if any namespace allows (the server the request goes on to checks again).
     assert!(check(Method::GET, "/v1/client/fs/logs/elsewhere"));
 }
+
+#[tokio::test]
+async fn node_resolve_token_answers_a_nodes_question_with_the_policy_rules() {
+    use nomad_proto::rpc::NodeResolveTokenRequest;
+    let ts = acl_server();
+    let mgmt = bootstrap(&ts).await;
+    policy(&ts, &mgmt.secret_id, "write-a", WRITE_A_RULES).await;
+    let tok = client_token(&ts, &mgmt.secret_id, &["write-a"]).await;
+    let expired = expired_token(&ts).await;
+    let n = ts.register_node(node("n1")).await;
+    let ask = |secret: &str, auth: &str| {
+        ts.endpoints.node_resolve_token(NodeResolveTokenRequest {
+            node_id: n.id.clone(),
+            secret_id: secret.into(),
+            auth_token: auth.into(),
+            region: String::new(),
+        })
+    };
+    let r = ask(&n.secret_id, &tok).unwrap();
+    assert_eq!((r.token_type.as_str(), r.error.as_str()), ("client", ""));
+    assert_eq!(r.policies.iter().map(|p| (p.name.as_str(), p.rules.as_str())).collect::<Vec<_>>(), [("write-a", WRITE_A_RULES)]);
+    assert_eq!(ask(&n.secret_id, &mgmt.secret_id).unwrap().token_type, "management");
+    assert_eq!(ask(&n.secret_id, &expired).unwrap().error, "ACL token expired");
+    assert_eq!(ask(&n.secret_id, "00000000-0000-0000-0000-000000000000").unwrap().error, "ACL token not found");
+    // A node's own secret is no caller; and only a node that proves itself may ask.
+    assert_eq!(ask(&n.secret_id, &n.secret_id).unwrap().error, "Permission denied");
+    assert!(ask("not-the-secret", &tok).is_err());
+}
