@@ -1,6 +1,7 @@
 //! ACLs on the client routes of a client-only agent: it resolves the caller's token through its
 //! server (`Node.ResolveToken`) and applies the servers' table with its own allocs' namespaces;
-//! what it sends on to its server carries the caller's token, and is checked there again.
+//! what it sends on to its server carries the caller's token, and is checked there and on the
+//! alloc's node again.
 
 use std::process::Command;
 
@@ -23,7 +24,7 @@ fn exec_as(addr: &str, token: &str, alloc_id: &str) -> (i32, String, String) {
 fn a_client_agent_authorizes_its_routes_with_the_callers_token() {
     let c = Cluster::start(ClusterOptions {
         servers: 1,
-        clients: 1,
+        clients: 2,
         agent_config: "acl {\n  enabled = true\n}\n".into(),
         ..Default::default()
     })
@@ -56,27 +57,31 @@ fn a_client_agent_authorizes_its_routes_with_the_callers_token() {
         alloc_in.insert(ns, id);
     }
 
-    // Through the client-only agent: read-logs in `a` reads the logs of the alloc in `a`...
-    let client = c.clients[0].http().with_token(&logs_token);
-    let logs = |ns: &str| format!("/v1/client/fs/logs/{}?task=t&type=stdout&plain=true", alloc_in[ns]);
-    wait_for("the task's stdout through the client agent", SETTLE, || {
-        let r = client.request("GET", &logs("a"), None).ok()?;
-        assert_ne!(r.status, 403, "{}", r.text());
-        (r.status == 200 && r.text().contains("hello-from-a")).then_some(())
-    })
-    .unwrap_or_else(|e| panic!("{e}\n{}", c.clients[0].logs()));
-    // ... and nothing in `default`, nor anything but logs.
-    let r = client.request("GET", &logs("default"), None).unwrap();
-    assert_eq!((r.status, r.text()), (403, "Permission denied".to_string()));
-    let r = client.request("GET", &format!("/v1/client/fs/cat/{}?path=marker", alloc_in["a"]), None).unwrap();
-    assert_eq!(r.status, 403, "{}", r.text());
-    let r = c.clients[0].http().with_token("00000000-0000-0000-0000-000000000000").request("GET", &logs("a"), None).unwrap();
-    assert_eq!((r.status, r.text()), (403, "ACL token not found".to_string()));
-    let client_addr = &c.clients[0].http_addr;
-    let (code, out, err) = exec_as(client_addr, &logs_token, &alloc_in["a"]);
-    assert_ne!(code, 0, "{out}{err}");
-    assert!(err.contains("403") || err.contains("Permission denied"), "{err}");
-    // A management token may exec (raw_exec: alloc-node-exec too), through the client agent.
-    let (code, out, err) = exec_as(client_addr, &mgmt, &alloc_in["a"]);
-    assert_eq!((code, out.trim()), (0, "in-a"), "{err}");
+    // Through each client-only agent: one runs the alloc, the other sends the request on
+    // through the server to it, with the caller's token, and every hop authorizes it.
+    for agent in &c.clients {
+        // Through the client-only agent: read-logs in `a` reads the logs of the alloc in `a`...
+        let client = agent.http().with_token(&logs_token);
+        let logs = |ns: &str| format!("/v1/client/fs/logs/{}?task=t&type=stdout&plain=true", alloc_in[ns]);
+        wait_for("the task's stdout through the client agent", SETTLE, || {
+            let r = client.request("GET", &logs("a"), None).ok()?;
+            assert_ne!(r.status, 403, "{}", r.text());
+            (r.status == 200 && r.text().contains("hello-from-a")).then_some(())
+        })
+        .unwrap_or_else(|e| panic!("{e}\n{}", agent.logs()));
+        // ... and nothing in `default`, nor anything but logs.
+        let r = client.request("GET", &logs("default"), None).unwrap();
+        assert_eq!((r.status, r.text()), (403, "Permission denied".to_string()));
+        let r = client.request("GET", &format!("/v1/client/fs/cat/{}?path=marker", alloc_in["a"]), None).unwrap();
+        assert_eq!(r.status, 403, "{}", r.text());
+        let r = agent.http().with_token("00000000-0000-0000-0000-000000000000").request("GET", &logs("a"), None).unwrap();
+        assert_eq!((r.status, r.text()), (403, "ACL token not found".to_string()));
+        let client_addr = &agent.http_addr;
+        let (code, out, err) = exec_as(client_addr, &logs_token, &alloc_in["a"]);
+        assert_ne!(code, 0, "{out}{err}");
+        assert!(err.contains("403") || err.contains("Permission denied"), "{err}");
+        // A management token may exec (raw_exec: alloc-node-exec too), through the client agent.
+        let (code, out, err) = exec_as(client_addr, &mgmt, &alloc_in["a"]);
+        assert_eq!((code, out.trim()), (0, "in-a"), "{err}");
+    }
 }
