@@ -40,6 +40,9 @@ fn main() {
         .method(server_streaming("server_requests", "ServerRequests", "NodeServerRequestsRequest", "ServerRequest"))
         .method(unary("server_request_reply", "ServerRequestReply", "ServerRequestReply", "GenericResponse"))
         .method(unary("derive_si_token", "DeriveSIToken", "DeriveSiTokenRequest", "DeriveSiTokenResponse"))
+        // A caller's ACL token, for a client agent authorizing its own HTTP routes (Nomad's
+        // client calls `ACL.ResolveToken`/`WhoAmI`).
+        .method(unary("resolve_token", "ResolveToken", "NodeResolveTokenRequest", "NodeResolveTokenResponse"))
         .build();
     let alloc = Service::builder()
         .name("Alloc")

@@ -23,6 +23,8 @@ pub struct ClusterOptions {
     pub server_config: String,
     /// Extra `client {}` settings.
     pub client_config: String,
+    /// Extra top-level settings for every agent (e.g. `acl { enabled = true }`).
+    pub agent_config: String,
 }
 
 /// A running cluster.
@@ -66,10 +68,11 @@ impl Cluster {
         for i in 0..opts.servers {
             let join: Vec<String> = rpc.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, a)| format!("{a:?}")).collect();
             let config = format!(
-                "server {{\n  enabled = true\n  encrypt = {key:?}\n  bootstrap_expect = {}\n  server_join {{\n    retry_join = [{}]\n  }}\n{}\n}}\n",
+                "server {{\n  enabled = true\n  encrypt = {key:?}\n  bootstrap_expect = {}\n  server_join {{\n    retry_join = [{}]\n  }}\n{}\n}}\n{}\n",
                 opts.servers,
                 join.join(", "),
-                opts.server_config
+                opts.server_config,
+                opts.agent_config
             );
             let a = Agent::start(
                 &format!("server{}", i + 1),
@@ -95,9 +98,10 @@ impl Cluster {
         };
         let quoted: Vec<String> = addrs.iter().map(|a| format!("{a:?}")).collect();
         let config = format!(
-            "client {{\n  enabled = true\n  servers = [{}]\n{}\n}}\nplugin \"raw_exec\" {{\n  config {{\n    enabled = true\n  }}\n}}\n",
+            "client {{\n  enabled = true\n  servers = [{}]\n{}\n}}\nplugin \"raw_exec\" {{\n  config {{\n    enabled = true\n  }}\n}}\n{}\n",
             quoted.join(", "),
-            opts.client_config
+            opts.client_config,
+            opts.agent_config
         );
         let name = format!("client{}", i + 1);
         let dir = self._dir.path().join(&name);

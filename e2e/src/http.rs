@@ -45,12 +45,18 @@ impl Reply {
 #[derive(Debug, Clone)]
 pub struct HttpClient {
     addr: String,
+    token: Option<String>,
 }
 
 impl HttpClient {
     /// A client for `host:port`.
     pub fn new(addr: &str) -> HttpClient {
-        HttpClient { addr: addr.to_string() }
+        HttpClient { addr: addr.to_string(), token: None }
+    }
+
+    /// The same agent, every request carrying `X-Nomad-Token: token`.
+    pub fn with_token(&self, token: &str) -> HttpClient {
+        HttpClient { addr: self.addr.clone(), token: Some(token.to_string()) }
     }
 
     /// Sends a request and reads the whole reply.
@@ -61,6 +67,9 @@ impl HttpClient {
         write!(s, "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: {}\r\n", self.addr, body.len())?;
         if !body.is_empty() {
             write!(s, "Content-Type: application/json\r\n")?;
+        }
+        if let Some(t) = &self.token {
+            write!(s, "X-Nomad-Token: {t}\r\n")?;
         }
         write!(s, "\r\n")?;
         s.write_all(body)?;

@@ -15,10 +15,10 @@ use nomad_proto::rpc::codec::MAX_MESSAGE_BYTES;
 use nomad_proto::rpc::{
     AllocClient, AllocRpc, AllocServer, AllocUpdateRequest, AllocsGetRequest, AllocsGetResponse, CsiVolumeClaimRequest,
     CsiVolumeClaimResponse, CsiVolumeClient, CsiVolumeRpc, CsiVolumeServer, CsiVolumeUnpublishRequest, DeriveSiTokenRequest,
-    DeriveSiTokenResponse, GenericResponse, NodeClient, NodeClientAllocsResponse, NodeRegisterRequest, NodeRpc, NodeServer,
-    NodeServerRequestsRequest, NodeSpecificRequest, NodeUpdateResponse, NodeUpdateStatusRequest, ServerRequestReply,
-    ServiceRegistrationClient, ServiceRegistrationDeleteByIdRequest, ServiceRegistrationDeleteRequest, ServiceRegistrationRpc,
-    ServiceRegistrationServer, ServiceRegistrationUpsertRequest,
+    DeriveSiTokenResponse, GenericResponse, NodeClient, NodeClientAllocsResponse, NodeRegisterRequest, NodeResolveTokenRequest,
+    NodeResolveTokenResponse, NodeRpc, NodeServer, NodeServerRequestsRequest, NodeSpecificRequest, NodeUpdateResponse,
+    NodeUpdateStatusRequest, ServerRequestReply, ServiceRegistrationClient, ServiceRegistrationDeleteByIdRequest,
+    ServiceRegistrationDeleteRequest, ServiceRegistrationRpc, ServiceRegistrationServer, ServiceRegistrationUpsertRequest,
 };
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
@@ -213,6 +213,11 @@ impl NodeRpc for ClientRpc {
             return node_client(ch).derive_si_token(self.forwarded(req)).await;
         }
         Ok(Response::new(self.endpoints.node_derive_si_token(req.into_inner()).await?))
+    }
+
+    /// Never forwarded: any server's state answers (Nomad resolves tokens with stale reads).
+    async fn resolve_token(&self, req: Request<NodeResolveTokenRequest>) -> Result<Response<NodeResolveTokenResponse>, Status> {
+        Ok(Response::new(self.endpoints.node_resolve_token(req.into_inner())?))
     }
 }
 

@@ -252,8 +252,15 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         Some(srv) => {
             client_routes.route_layer(axum::middleware::from_fn_with_state(srv.endpoints().clone(), nomad_server::http::authz::authorize))
         }
-        // A client-only agent cannot resolve tokens yet: with ACLs on, its client routes refuse all.
-        None if cfg.acl.enabled => client_routes.route_layer(axum::middleware::from_fn(nomad_server::http::authz::refuse)),
+        // A client-only agent resolves tokens through its servers and applies the same rows.
+        None if cfg.acl.enabled => match &client {
+            Some(c) => {
+                let ttl = cfg.acl.token_ttl.min(cfg.acl.policy_ttl);
+                let acls = Arc::new(crate::client::acl::ClientAcl::new(c.clone(), ttl));
+                client_routes.route_layer(axum::middleware::from_fn_with_state(acls, crate::client::acl::authorize))
+            }
+            None => client_routes.route_layer(axum::middleware::from_fn(nomad_server::http::authz::refuse)),
+        },
         None => client_routes,
     };
     router = router.merge(client_routes);

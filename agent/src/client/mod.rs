@@ -16,6 +16,7 @@
 //! The client keeps running its tasks while it cannot reach any server; it catches up (and the
 //! servers' reconnect protocol sorts out the order) when a server answers again.
 
+pub mod acl;
 pub mod allocrunner;
 pub mod base64;
 pub mod connect;

@@ -1,8 +1,9 @@
 //! The agent's `acl {}` block and `-acl-enabled` (Nomad's `ACLConfig`, v1.6.1 defaults).
 //!
 //! `token_ttl`, `policy_ttl` and `role_ttl` are the client agents' cache lifetimes in Nomad;
-//! servers ignore them, and so does nomad-rs (its clients do not cache ACLs yet): they are
-//! accepted and kept. `replication_token` is accepted for one region (nothing to replicate).
+//! servers ignore them. A nomad-rs client-only agent caches a resolved token (its policies and
+//! roles expanded by the servers) for `min(token_ttl, policy_ttl)` (`crate::client::acl`);
+//! `role_ttl` is accepted and kept. `replication_token` is accepted for one region (nothing to replicate).
 
 use std::time::Duration;
 

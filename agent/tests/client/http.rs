@@ -272,5 +272,6 @@ async fn a_node_that_names_another_host_as_its_http_address_never_gets_a_request
     let heads = node_itself.lock().unwrap().clone();
     assert_eq!(heads.len(), 1, "the node itself got the request: {heads:?}");
     assert!(heads[0].starts_with(&format!("GET /v1/client/fs/logs/{id}")), "{}", heads[0]);
-    assert!(!heads[0].to_ascii_lowercase().contains("x-nomad-token"), "the caller's token is not given to a node: {}", heads[0]);
+    // The caller's token goes along: the node's agent authorizes the same caller.
+    assert!(heads[0].to_ascii_lowercase().contains("x-nomad-token: operator-secret-token"), "the caller's token travels: {}", heads[0]);
 }

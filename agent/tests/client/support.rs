@@ -94,6 +94,12 @@ impl NodeRpc for GatedRpc {
     ) -> Result<Response<nomad_proto::rpc::DeriveSiTokenResponse>, Status> {
         Ok(Response::new(self.endpoints.node_derive_si_token(req.into_inner()).await?))
     }
+    async fn resolve_token(
+        &self,
+        req: Request<nomad_proto::rpc::NodeResolveTokenRequest>,
+    ) -> Result<Response<nomad_proto::rpc::NodeResolveTokenResponse>, Status> {
+        Ok(Response::new(self.endpoints.node_resolve_token(req.into_inner())?))
+    }
 }
 
 #[tonic::async_trait]

@@ -85,6 +85,7 @@ impl Setup {
                     proxied_clients: cut == Cut::Proxy,
                     server_config: SERVER_CONFIG.into(),
                     client_config: String::new(),
+                    agent_config: String::new(),
                 })
                 .expect("start cluster");
                 let server = c.servers[0].http();

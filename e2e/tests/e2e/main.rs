@@ -2,6 +2,7 @@
 
 mod bridge;
 mod cli;
+mod client_acl;
 mod client_agent;
 mod client_restore;
 mod connect_mesh;

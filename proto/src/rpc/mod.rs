@@ -41,6 +41,7 @@ decode_limits!(
 );
 
 decode_limits!(requests: DeriveSiTokenRequest; replies: DeriveSiTokenResponse);
+decode_limits!(requests: NodeResolveTokenRequest; replies: NodeResolveTokenResponse);
 
 pub use generated::alloc_client::AllocClient;
 pub use generated::alloc_server::{Alloc as AllocRpc, AllocServer};
@@ -404,6 +405,51 @@ pub struct DeriveSiTokenRequest {
     pub tasks: Vec<String>,
     /// Region.
     pub region: String,
+}
+
+/// `Node.ResolveToken`: a client agent asks its servers who a caller of its HTTP API is.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct NodeResolveTokenRequest {
+    /// The calling node.
+    #[serde(rename = "NodeID")]
+    pub node_id: String,
+    /// The node's secret.
+    #[serde(rename = "SecretID")]
+    pub secret_id: String,
+    /// The caller's secret (empty: the anonymous token).
+    pub auth_token: String,
+    /// Region.
+    pub region: String,
+}
+
+/// A policy's name and its rules, as the servers store them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct AclPolicyRules {
+    /// Name.
+    pub name: String,
+    /// The rules (HCL).
+    pub rules: String,
+}
+
+/// Reply to `Node.ResolveToken`: the token and the policies it carries (through its roles
+/// too), or why it was refused (`ACL token not found`, `ACL token expired`, `Permission denied`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct NodeResolveTokenResponse {
+    /// The token's accessor.
+    #[serde(rename = "AccessorID")]
+    pub accessor_id: String,
+    /// `client` or `management`.
+    #[serde(rename = "Type")]
+    pub token_type: String,
+    /// When the token expires, if it does.
+    pub expiration_time: Option<crate::Timestamp>,
+    /// The policies' documents (those that exist).
+    pub policies: Vec<AclPolicyRules>,
+    /// Why the secret was refused; empty when it resolved.
+    pub error: String,
 }
 
 /// Nomad's `structs.RecoverableError`: an error and whether trying again may help.

@@ -15,8 +15,9 @@ use std::time::Duration;
 use nomad_proto::eval::trigger;
 use nomad_proto::node::event_subsystem;
 use nomad_proto::rpc::{
-    AllocUpdateRequest, AllocsGetRequest, AllocsGetResponse, GenericResponse, NodeClientAllocsResponse, NodeRegisterRequest,
-    NodeServerInfo, NodeSpecificRequest, NodeUpdateResponse, NodeUpdateStatusRequest,
+    AclPolicyRules, AllocUpdateRequest, AllocsGetRequest, AllocsGetResponse, GenericResponse, NodeClientAllocsResponse,
+    NodeRegisterRequest, NodeResolveTokenRequest, NodeResolveTokenResponse, NodeServerInfo, NodeSpecificRequest, NodeUpdateResponse,
+    NodeUpdateStatusRequest,
 };
 use nomad_proto::{ClientStatus, DesiredStatus, EvalStatus, Evaluation, NamespacedId, Node, NodeEvent, NodeStatus, Timestamp};
 
@@ -394,6 +395,36 @@ impl HeartbeatExpiry for Endpoints {
                 Ok(status) => tracing::warn!(node_id, %status, "node missed its heartbeat"),
                 Err(e) => tracing::error!(node_id, error = %e, "updating node after a missed heartbeat failed"),
             }
+        })
+    }
+}
+
+impl Endpoints {
+    /// `Node.ResolveToken`: who the caller of a client agent's HTTP API is. The node must
+    /// authenticate; the answer is the token's accessor, type and expiry and the rules of its
+    /// policies (directly and through roles), or Nomad's refusal text, for the client to
+    /// compile and cache. Answered from this server's state (as Nomad's stale reads).
+    pub fn node_resolve_token(&self, req: NodeResolveTokenRequest) -> Result<NodeResolveTokenResponse, EndpointError> {
+        self.authenticate_node_rpc(&req.node_id, &req.secret_id)?;
+        if !self.acl_config().enabled {
+            return Ok(NodeResolveTokenResponse { error: "ACL support disabled".into(), ..NodeResolveTokenResponse::default() });
+        }
+        let snap = self.store.snapshot();
+        let id = match crate::acl::resolve(&snap, &req.auth_token, Timestamp::now()) {
+            Ok(id) => id,
+            Err(e) => return Ok(NodeResolveTokenResponse { error: e.to_string(), ..NodeResolveTokenResponse::default() }),
+        };
+        let policies = crate::acl::policy_names(&snap, &id.token)
+            .iter()
+            .filter_map(|n| snap.acl_policy(n))
+            .map(|p| AclPolicyRules { name: p.name.clone(), rules: p.rules.clone() })
+            .collect();
+        Ok(NodeResolveTokenResponse {
+            accessor_id: id.token.accessor_id.clone(),
+            token_type: id.token.token_type.clone(),
+            expiration_time: id.token.expiration_time,
+            policies,
+            error: String::new(),
         })
     }
 }

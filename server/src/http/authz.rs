@@ -13,8 +13,11 @@
 //! objects of namespaces it may read (by each element's `Namespace`).
 //!
 //! The event stream checks its topics and then each event's namespace itself
-//! ([`Need::EventStream`]). Not yet per namespace: the client routes (`/v1/client/*`) are
-//! management-only until they check each alloc's namespace.
+//! ([`Need::EventStream`]). The client routes (`/v1/client/*`) check the capability Nomad's
+//! client endpoints do in the namespace of the alloc their path names ([`NsFrom::Alloc`]);
+//! `alloc exec` also needs `alloc-node-exec` when the task runs without filesystem isolation
+//! (raw_exec, [`Need::AllocExec`]). A client-only agent applies the same rows with
+//! [`decide`], knowing allocs from its own state.
 
 use std::sync::Arc;
 
@@ -59,8 +62,10 @@ pub enum NsFrom {
     Query,
     /// The job in the body (`Job.Namespace`, else `?namespace=`): registration, plan, validate.
     JobBody,
-    /// The alloc whose ID (or ID prefix) is path segment 3 (`/v1/allocation/<id>/...`).
-    Alloc,
+    /// The alloc whose ID (or ID prefix) is path segment `n`, counted from `v1` = 0
+    /// (`/v1/allocation/<id>` is 2, `/v1/client/fs/ls/<id>` is 4). An alloc the agent does not
+    /// know passes if any namespace allows (the handler answers 404).
+    Alloc(usize),
     /// The object returned: the check passes if any namespace allows, then the response's
     /// `Namespace` decides (403 if not allowed).
     Response,
@@ -80,6 +85,10 @@ pub enum Need {
     /// Any capability in the namespace named by the last path segment (namespace reads); lists
     /// keep the namespaces with any capability (by `Name`).
     NsAny,
+    /// `alloc-exec` in the namespace of the alloc at path segment 3
+    /// (`/v1/client/allocation/<id>/exec`), plus `alloc-node-exec` when the task asked for
+    /// (`?task=`; any task of the group when none) uses a driver without filesystem isolation.
+    AllocExec,
     /// `node` read / write.
     Node(bool),
     /// `node` read; the allocs listed keep only those of namespaces with `read-job`.
@@ -117,6 +126,13 @@ const fn row(method: M, pattern: &'static str, need: Need) -> Row {
 use M::{Any, Delete, Get, Write};
 use Need::*;
 use NsFrom::{Alloc, JobBody, Query, Response as Resp};
+
+/// `/v1/allocation/<id>`.
+const ALLOC: NsFrom = Alloc(2);
+/// `/v1/client/allocation/<id>/...`.
+const CLIENT_ALLOC: NsFrom = Alloc(3);
+/// `/v1/client/fs/<op>/<id>`.
+const FS_ALLOC: NsFrom = Alloc(4);
 
 /// The authorization table. The first row that matches decides; no row: refused.
 pub const ROWS: &[Row] = &[
@@ -157,8 +173,8 @@ pub const ROWS: &[Row] = &[
     row(Delete, "/v1/job/*", Ns(&["submit-job"], Query)),
     // Allocations and evaluations.
     row(Get, "/v1/allocations", Ns(&["read-job"], Query)),
-    row(Write, "/v1/allocation/:id/stop", Ns(&["alloc-lifecycle"], Alloc)),
-    row(Get, "/v1/allocation/*", Ns(&["read-job"], Alloc)),
+    row(Write, "/v1/allocation/:id/stop", Ns(&["alloc-lifecycle"], ALLOC)),
+    row(Get, "/v1/allocation/*", Ns(&["read-job"], ALLOC)),
     row(Get, "/v1/evaluations", Ns(&["read-job"], Query)),
     row(Get, "/v1/evaluation/*", Ns(&["read-job"], Resp)),
     // Nodes.
@@ -190,8 +206,16 @@ pub const ROWS: &[Row] = &[
     row(Get, "/v1/plugins", PluginList),
     row(Get, "/v1/plugin/csi/:id", PluginRead),
     row(Delete, "/v1/plugin/csi/:id", Management),
-    // Client routes: management-only until each checks its alloc's namespace.
-    row(Any, "/v1/client/*", Management),
+    // Client routes, in the alloc's namespace (Nomad's `client/*_endpoint.go`).
+    row(Get, "/v1/client/fs/logs/:id", Ns(&["read-logs", "read-fs"], FS_ALLOC)),
+    row(Get, "/v1/client/fs/:op/:id", Ns(&["read-fs"], FS_ALLOC)),
+    row(Get, "/v1/client/allocation/:id/exec", AllocExec),
+    row(Write, "/v1/client/allocation/:id/restart", Ns(&["alloc-lifecycle"], CLIENT_ALLOC)),
+    row(Write, "/v1/client/allocation/:id/signal", Ns(&["alloc-lifecycle"], CLIENT_ALLOC)),
+    row(Get, "/v1/client/allocation/:id/stats", Ns(&["read-job"], CLIENT_ALLOC)),
+    row(Any, "/v1/client/allocation/:id/gc", Ns(&["submit-job"], CLIENT_ALLOC)),
+    row(Get, "/v1/client/stats", Node(false)),
+    row(Any, "/v1/client/gc", Node(true)),
 ];
 
 /// Whether `path` matches `pattern` (see [`Row::pattern`]).
@@ -286,6 +310,7 @@ pub async fn authorize(State(endpoints): State<Endpoints>, req: Request, next: N
         // Nomad refuses the anonymous token here: its policy does not apply to the stream.
         EventStream => !id_is_anonymous,
         Management => acl.is_management(),
+        AllocExec => allow_exec(&acl, state_alloc_facts(&snap, &path, 3, req.uri()).as_ref()),
         Node(w) => acl.allow_node(w),
         NodeAllocs => {
             after = After::Filter(&["read-job"]);
@@ -308,14 +333,8 @@ pub async fn authorize(State(endpoints): State<Endpoints>, req: Request, next: N
                 Query if !is_read(&method) && query_namespace(req.uri()) == "*" => return denied(),
                 Query => query_namespace(req.uri()),
                 Resp => "*".to_string(),
-                Alloc => {
-                    let id = path.split('/').nth(3).unwrap_or_default();
-                    match snap.alloc(id).map(|a| a.namespace.clone()).or_else(|| alloc_by_prefix(&snap, id)) {
-                        Some(ns) => ns,
-                        // Unknown alloc: the handler answers 404 to anyone allowed somewhere.
-                        None => "*".to_string(),
-                    }
-                }
+                // Unknown alloc: the handler answers 404 to anyone allowed somewhere.
+                Alloc(n) => state_alloc_facts(&snap, &path, n, req.uri()).map_or_else(|| "*".to_string(), |f| f.namespace),
                 JobBody => {
                     let (parts, body) = req.into_parts();
                     let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
@@ -331,7 +350,8 @@ pub async fn authorize(State(endpoints): State<Endpoints>, req: Request, next: N
                     names.into_iter().next().unwrap_or_default()
                 }
             };
-            if ns == "*" || matches!(from, Resp | Alloc) {
+            // A known alloc's namespace is exact; otherwise the answer's `Namespace` decides.
+            if ns == "*" || from == Resp {
                 after = After::Filter(caps);
             }
             caps.iter().any(|c| acl.allow_namespace_op(&ns, c))
@@ -356,13 +376,84 @@ pub async fn refuse(_req: Request, _next: Next) -> Response {
     denied()
 }
 
-fn alloc_by_prefix(snap: &crate::state::State, prefix: &str) -> Option<String> {
-    if prefix.is_empty() {
+/// What an agent knows of the alloc a path names: enough to check a client row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocFacts {
+    /// The alloc's namespace.
+    pub namespace: String,
+    /// The task asked for (`?task=`; any task of the group when none) runs with a driver that
+    /// shares the host's filesystem (Nomad's `FSIsolation` none), so exec needs `alloc-node-exec`.
+    pub node_exec: bool,
+}
+
+/// Drivers without filesystem isolation.
+pub const NO_FS_ISOLATION: &[&str] = &["raw_exec"];
+
+impl AllocFacts {
+    /// The facts of `alloc` for a request asking for `task` (`None`: any task).
+    pub fn of(alloc: &nomad_proto::Allocation, task: Option<&str>) -> AllocFacts {
+        let group = alloc.job.as_ref().and_then(|j| j.task_groups.iter().find(|g| g.name == alloc.task_group));
+        let node_exec = group.is_some_and(|g| {
+            g.tasks.iter().filter(|t| task.is_none_or(|name| t.name == name)).any(|t| NO_FS_ISOLATION.contains(&t.driver.as_str()))
+        });
+        AllocFacts { namespace: alloc.namespace.clone(), node_exec }
+    }
+}
+
+/// Path segment `n`, counted from `v1` = 0.
+pub fn path_segment(path: &str, n: usize) -> &str {
+    path.trim_start_matches('/').split('/').nth(n).unwrap_or_default()
+}
+
+/// `?task=`, when named.
+pub fn query_task(uri: &axum::http::Uri) -> Option<String> {
+    super::util::QueryOptions::parse(uri).ok().and_then(|mut q| q.params.remove("task")).filter(|t| !t.is_empty())
+}
+
+/// The facts of the alloc at path segment `n` (an ID or a unique ID prefix) in the server's state.
+fn state_alloc_facts(snap: &crate::state::State, path: &str, n: usize, uri: &axum::http::Uri) -> Option<AllocFacts> {
+    let id = path_segment(path, n);
+    if id.is_empty() {
         return None;
     }
-    let mut found = snap.allocs().filter(|a| a.id.starts_with(prefix));
+    let task = query_task(uri);
+    if let Some(a) = snap.alloc(id) {
+        return Some(AllocFacts::of(a, task.as_deref()));
+    }
+    let mut found = snap.allocs().filter(|a| a.id.starts_with(id));
     let first = found.next()?;
-    found.next().is_none().then(|| first.namespace.clone())
+    found.next().is_none().then(|| AllocFacts::of(first, task.as_deref()))
+}
+
+/// `alloc exec`: `alloc-exec` in the alloc's namespace, and `alloc-node-exec` too without
+/// filesystem isolation. An unknown alloc passes if any namespace allows exec (the handler
+/// answers 404 or forwards to where it is checked again).
+fn allow_exec(acl: &Acl, facts: Option<&AllocFacts>) -> bool {
+    match facts {
+        Some(f) => {
+            acl.allow_namespace_op(&f.namespace, "alloc-exec") && (!f.node_exec || acl.allow_namespace_op(&f.namespace, "alloc-node-exec"))
+        }
+        None => acl.allow_namespace_op("*", "alloc-exec"),
+    }
+}
+
+/// The decision of a row that needs neither a body nor the server's state, with the facts an
+/// agent has of the alloc the path names (`facts` gets the path segment): what a client-only
+/// agent checks. Rows it cannot decide (job bodies, answers filtered by namespace) are refused.
+pub fn decide(need: Need, acl: &Acl, path: &str, facts: impl Fn(&str) -> Option<AllocFacts>) -> bool {
+    match need {
+        Public => true,
+        Management => acl.is_management(),
+        Node(w) => acl.allow_node(w),
+        Agent(w) => acl.allow_agent(w),
+        Operator(w) => acl.allow_operator(w),
+        AllocExec => allow_exec(acl, facts(path_segment(path, 3)).as_ref()),
+        Ns(caps, Alloc(n)) => {
+            let ns = facts(path_segment(path, n)).map_or_else(|| "*".to_string(), |f| f.namespace);
+            caps.iter().any(|c| acl.allow_namespace_op(&ns, c))
+        }
+        _ => false,
+    }
 }
 
 fn is_read(m: &Method) -> bool {

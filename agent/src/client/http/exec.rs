@@ -17,7 +17,8 @@
 //! For an alloc another agent serves (see the module docs of `http`), this agent opens the
 //! exec websocket one hop on first (an HTTP refusal there is answered as it is), then upgrades
 //! the caller and relays messages both ways, close frames included. Towards the alloc's node a
-//! handshake is read here and not passed on, like the caller's other credentials.
+//! handshake is read here and not passed on; the caller's `X-Nomad-Token`/`Authorization`
+//! headers are, so the node authorizes the same caller.
 
 use axum::body::Body;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};

@@ -16,13 +16,15 @@ const FROM_CLIENT_AGENT: &str = "x-nomad-rs-from-client-agent";
 /// Where a request goes next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Hop {
-    /// To the node that runs the alloc: marked forwarded, without the caller's credentials.
+    /// To the node that runs the alloc, marked forwarded. The caller's credentials go along:
+    /// the node's agent authorizes the same caller (as Nomad's servers pass the token on to
+    /// the client's endpoints).
     Node,
-    /// From a client-only agent to its server, credentials kept (they are the servers').
+    /// From a client-only agent to its server, credentials kept.
     Server,
 }
 
-/// The caller's credentials, meant for the servers: a client node is not given them.
+/// The caller's credentials, carried to the next hop, which authorizes the caller again.
 pub(super) const CREDENTIALS: &[&str] = &["x-nomad-token", "authorization"];
 
 /// Finds where an alloc runs.
@@ -58,9 +60,6 @@ pub(super) fn mark(headers: &mut axum::http::HeaderMap, hop: Hop) {
     match hop {
         Hop::Node => {
             headers.insert(FORWARDED, HeaderValue::from_static("1"));
-            for header in CREDENTIALS {
-                headers.remove(*header);
-            }
         }
         Hop::Server => {
             headers.insert(FROM_CLIENT_AGENT, HeaderValue::from_static("1"));

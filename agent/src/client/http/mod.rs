@@ -12,7 +12,8 @@
 //! An agent serves these for its own allocs. For an alloc another client runs, an agent that
 //! can look the alloc up (it runs the server role) forwards the request once to that node: to the
 //! IP its RPC connection came from with the port of its `HTTPAddr` (never to a host the node
-//! names), without the caller's credentials. A client-only agent sends it to the server it
+//! names), with the caller's credentials, so that agent authorizes the same caller (with ACLs
+//! on, every agent checks `nomad_server::http::authz::ROWS`). A client-only agent sends it to the server it
 //! talks to, which does that (as Nomad's client agents go through their servers); an agent that
 //! can do neither answers 400 and says where to send it. `alloc exec`'s websocket is relayed
 //! message by message along the same hops.

@@ -1,11 +1,13 @@
 //! The authorization table against the real router, with every kind of caller.
 
+use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
+use axum::routing::any;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-use super::{Need, NsFrom, ROWS, row_for};
+use super::{AllocFacts, Need, NsFrom, ROWS, decide, path_matches, row_for};
 use crate::acl::{AclConfig, AclToken, CLIENT};
 use crate::fsm::Command;
 use crate::testing::{TestServer, job, node};
@@ -21,6 +23,61 @@ impl Reply {
     }
 }
 
+/// The agent's client routes (`agent/src/client/http/mod.rs`) as axum spells them, but for its
+/// catch-all (404 to anyone). Here each answers 200 behind the same middleware, so a walk sees
+/// exactly what the table decides.
+const CLIENT_ROUTE_PATHS: &[&str] = &[
+    "/v1/client/fs/logs/{alloc_id}",
+    "/v1/client/allocation/{alloc_id}/restart",
+    "/v1/client/allocation/{alloc_id}/stats",
+    "/v1/client/allocation/{alloc_id}/signal",
+    "/v1/client/allocation/{alloc_id}/exec",
+    "/v1/client/allocation/{alloc_id}/gc",
+    "/v1/client/gc",
+    "/v1/client/stats",
+    "/v1/client/fs/ls/{alloc_id}",
+    "/v1/client/fs/stat/{alloc_id}",
+    "/v1/client/fs/cat/{alloc_id}",
+    "/v1/client/fs/readat/{alloc_id}",
+    "/v1/client/fs/stream/{alloc_id}",
+];
+
+fn client_router(ts: &TestServer) -> Router {
+    let mut r = Router::new();
+    for p in CLIENT_ROUTE_PATHS {
+        r = r.route(p, any(|| async { "ok" }));
+    }
+    r.route_layer(axum::middleware::from_fn_with_state(ts.endpoints.clone(), super::authorize))
+}
+
+fn client_served(path: &str) -> bool {
+    CLIENT_ROUTE_PATHS.iter().any(|p| path_matches(&p.replace("{alloc_id}", ":id"), path))
+}
+
+/// Allocs in namespaces `default` and `a` (an isolated driver: exec needs `alloc-exec` only),
+/// and one of `a` running raw_exec (exec needs `alloc-node-exec` too).
+fn seed_allocs(ts: &TestServer) {
+    let mut isolated = job("x", 1);
+    isolated.task_groups[0].tasks[0].driver = "docker".into();
+    for (id, ns, j) in [("alloc-default", "default", &isolated), ("alloc-a", "a", &isolated), ("alloc-raw-a", "a", &job("x", 1))] {
+        let alloc = nomad_proto::Allocation {
+            id: id.into(),
+            namespace: ns.into(),
+            node_id: "n1".into(),
+            job_id: "x".into(),
+            job: Some(std::sync::Arc::new(j.clone())),
+            task_group: "web".into(),
+            ..Default::default()
+        };
+        ts.store
+            .write(ts.store.snapshot().index + 1, |txn| {
+                txn.upsert_allocs_from_plan(vec![alloc]);
+                Ok(())
+            })
+            .unwrap();
+    }
+}
+
 /// Sends a request; the body is read only when `read_body` (a stream never ends).
 async fn send(ts: &TestServer, method: Method, path: &str, token: Option<&str>, body: String, read_body: bool) -> Reply {
     let mut b = Request::builder().method(method).uri(path);
@@ -28,7 +85,8 @@ async fn send(ts: &TestServer, method: Method, path: &str, token: Option<&str>, 
         b = b.header("X-Nomad-Token", t);
     }
     // A guard, not a synchronisation: a handler that never answers fails the test instead of hanging it.
-    let resp = tokio::time::timeout(std::time::Duration::from_secs(30), ts.router().oneshot(b.body(Body::from(body)).unwrap()))
+    let router = if path.starts_with("/v1/client/") { client_router(ts) } else { ts.router() };
+    let resp = tokio::time::timeout(std::time::Duration::from_secs(30), router.oneshot(b.body(Body::from(body)).unwrap()))
         .await
         .expect("the router answers")
         .unwrap();
@@ -120,7 +178,9 @@ enum Who {
 }
 
 /// What the reference says each caller may do, written out per caller (not derived from `Acl`).
-fn expect_allowed(who: Who, need: Need, method: &Method, pattern: &str, ns: &str) -> bool {
+/// `exact`: the path names a known alloc of namespace `ns` (else an unknown alloc, which passes
+/// if any namespace allows).
+fn expect_allowed(who: Who, need: Need, method: &Method, pattern: &str, ns: &str, exact: bool) -> bool {
     let open = matches!(need, Need::Public | Need::Handler);
     match who {
         Who::Management => true,
@@ -136,9 +196,10 @@ fn expect_allowed(who: Who, need: Need, method: &Method, pattern: &str, ns: &str
             Need::PluginList | Need::PluginRead => true,
             Need::NsAny => pattern == "/v1/namespaces",
             Need::Ns(caps, from) => {
-                let ns = if matches!(from, NsFrom::Alloc | NsFrom::Response) { "default" } else { ns };
+                let ns = if matches!(from, NsFrom::Alloc(_) | NsFrom::Response) && !exact { "default" } else { ns };
                 ns == "default" && caps.iter().any(|c| read_cap(c))
             }
+            Need::AllocExec => ns == "default" && read_cap("alloc-exec"),
             // The walk asks for every topic (`*`): management only.
             Need::EventStream | Need::Operator(_) | Need::Management => false,
         },
@@ -146,9 +207,11 @@ fn expect_allowed(who: Who, need: Need, method: &Method, pattern: &str, ns: &str
             Need::Public | Need::Handler | Need::AnyToken => true,
             Need::NsAny => pattern == "/v1/namespaces",
             Need::Ns(caps, from) => {
-                let ns = if matches!(from, NsFrom::Alloc | NsFrom::Response) { "a" } else { ns };
+                let ns = if matches!(from, NsFrom::Alloc(_) | NsFrom::Response) && !exact { "a" } else { ns };
                 ns == "a" && caps.iter().any(|c| write_cap(c))
             }
+            // The walk's allocs use an isolated driver: `alloc-node-exec` is not needed.
+            Need::AllocExec => ns == "a" && write_cap("alloc-exec"),
             _ => false,
         },
     }
@@ -159,6 +222,7 @@ fn sample_path(pattern: &str, mgmt_accessor: &str, method: &Method) -> String {
         .split('/')
         .map(|seg| match seg {
             ":name" => "anonymous".to_string(),
+            ":op" => "ls".to_string(),
             ":accessor" if *method == Method::GET => mgmt_accessor.to_string(),
             s if s.starts_with(':') || s == "*" => "x".to_string(),
             s => s.to_string(),
@@ -213,13 +277,21 @@ fn every_router_route_has_a_row() {
         (Method::DELETE, "/v1/acl/policy/p"),
         (Method::GET, "/v1/client/fs/logs/abc"),
         (Method::PUT, "/v1/client/allocation/abc/restart"),
+        (Method::GET, "/v1/client/fs/cat/abc"),
+        (Method::GET, "/v1/client/allocation/abc/exec"),
     ] {
         assert!(row_for(&m, path).is_some(), "{m} {path} has no row");
     }
-    // Every row's pattern is served by some route (or is a client/agent route).
+    // Every client route the agent serves has a row, with the method its handler takes.
+    for p in CLIENT_ROUTE_PATHS {
+        let sample = p.replace("{alloc_id}", "abc");
+        let covered = [Method::GET, Method::PUT, Method::POST, Method::DELETE].iter().any(|m| row_for(m, &sample).is_some());
+        assert!(covered, "client route {p} has no row in authz::ROWS");
+    }
+    // Every row's pattern is served by some route (or is the agent's health route).
     for r in ROWS {
-        let sample = r.pattern.replace(":name", "x").replace(":accessor", "x").replace(":id", "x").replace('*', "x");
-        assert!(served(&sample) || sample.starts_with("/v1/client/") || sample == "/v1/agent/health", "row {} serves nothing", r.pattern);
+        let sample = r.pattern.replace(":name", "x").replace(":accessor", "x").replace(":id", "x").replace(":op", "ls").replace('*', "x");
+        assert!(served(&sample) || client_served(&sample) || sample == "/v1/agent/health", "row {} serves nothing", r.pattern);
     }
     // Default deny: a method no row lists.
     assert!(row_for(&Method::PATCH, "/v1/jobs").is_none());
@@ -234,6 +306,7 @@ async fn table_walk_with_every_kind_of_caller() {
     let read = client_token(&ts, &mgmt.secret_id, &["read"]).await;
     let write_a = client_token(&ts, &mgmt.secret_id, &["write-a"]).await;
     let expired = expired_token(&ts).await;
+    seed_allocs(&ts);
     let callers: [(Who, Option<&str>); 5] = [
         (Who::Anonymous, None),
         (Who::Read, Some(&read)),
@@ -245,10 +318,14 @@ async fn table_walk_with_every_kind_of_caller() {
     for row in ROWS {
         for method in methods_of(row.method) {
             let path = sample_path(row.pattern, &mgmt.accessor_id, &method);
-            if !served(&path) {
+            let client = client_served(&path);
+            if !served(&path) && !client {
                 continue;
             }
             for ns in ["default", "a"] {
+                // A client route names the alloc of this namespace (the only `x` left in it).
+                let exact = client && row.pattern.contains(":id");
+                let path = if exact { path.replacen("/x", &format!("/alloc-{ns}"), 1) } else { path.clone() };
                 let mut j = serde_json::to_value(job("x", 1)).unwrap();
                 j["Namespace"] = json!(ns);
                 let body = if method == Method::GET || method == Method::DELETE { String::new() } else { json!({"Job": j}).to_string() };
@@ -256,7 +333,7 @@ async fn table_walk_with_every_kind_of_caller() {
                 let uri = format!("{path}{sep}namespace={ns}");
                 for (who, tok) in callers {
                     let r = send(&ts, method.clone(), &uri, tok, body.clone(), false).await;
-                    let want = expect_allowed(who, row.need, &method, row.pattern, ns);
+                    let want = expect_allowed(who, row.need, &method, row.pattern, ns, exact);
                     if want {
                         assert_ne!(r.status, StatusCode::FORBIDDEN, "{who:?} {method} {uri}: {}", r.body);
                     } else {
@@ -644,4 +721,91 @@ async fn a_stream_closes_when_its_token_is_deleted_expires_or_loses_its_policy()
     assert_eq!(stream.next_line().await, Some(json!({"Error": "ACL token expired"})));
     assert!(nomad_proto::Timestamp::now().unix_nanos() > t.expiration_time.unwrap().unix_nanos(), "closed before it expired");
     assert_eq!(stream.next_line().await, None);
+}
+
+#[tokio::test]
+async fn client_routes_check_the_allocs_namespace_and_raw_exec() {
+    let ts = acl_server();
+    let mgmt = bootstrap(&ts).await;
+    seed_allocs(&ts);
+    let logs_rules = r#"namespace "a" { capabilities = ["read-logs"] }"#;
+    policy(&ts, &mgmt.secret_id, "logs-a", logs_rules).await;
+    policy(&ts, &mgmt.secret_id, "write-a", WRITE_A_RULES).await;
+    policy(&ts, &mgmt.secret_id, "node-exec-a", "namespace \"a\" {\n policy = \"write\"\n capabilities = [\"alloc-node-exec\"]\n}").await;
+    let logs = client_token(&ts, &mgmt.secret_id, &["logs-a"]).await;
+    let write = client_token(&ts, &mgmt.secret_id, &["write-a"]).await;
+    let node_exec = client_token(&ts, &mgmt.secret_id, &["node-exec-a"]).await;
+    let status = |path: &'static str, tok: String| {
+        let ts = &ts;
+        async move { call(ts, Method::GET, path, Some(&tok), Value::Null).await.status }
+    };
+    // read-logs reads logs, nothing else, and only in its namespace.
+    assert_eq!(status("/v1/client/fs/logs/alloc-a?task=server&type=stdout", logs.clone()).await, StatusCode::OK);
+    assert_eq!(status("/v1/client/fs/logs/alloc-default?task=server", logs.clone()).await, StatusCode::FORBIDDEN);
+    assert_eq!(status("/v1/client/fs/cat/alloc-a?path=alloc/logs", logs.clone()).await, StatusCode::FORBIDDEN);
+    assert_eq!(status("/v1/client/allocation/alloc-a/exec?task=server", logs.clone()).await, StatusCode::FORBIDDEN);
+    assert_eq!(status("/v1/client/allocation/alloc-a/stats", logs.clone()).await, StatusCode::FORBIDDEN);
+    // An ID prefix names the alloc too.
+    assert_eq!(status("/v1/client/fs/logs/alloc-d?task=server", logs.clone()).await, StatusCode::FORBIDDEN);
+    // raw_exec shares the host's filesystem: exec needs alloc-node-exec as well.
+    assert_eq!(status("/v1/client/allocation/alloc-a/exec?task=server", write.clone()).await, StatusCode::OK);
+    assert_eq!(status("/v1/client/allocation/alloc-raw-a/exec?task=server", write.clone()).await, StatusCode::FORBIDDEN);
+    assert_eq!(status("/v1/client/allocation/alloc-raw-a/exec", write.clone()).await, StatusCode::FORBIDDEN);
+    assert_eq!(status("/v1/client/allocation/alloc-raw-a/exec?task=server", node_exec.clone()).await, StatusCode::OK);
+    assert_eq!(status("/v1/client/allocation/alloc-raw-a/exec?task=server", mgmt.secret_id.clone()).await, StatusCode::OK);
+    // Alloc GC is submit-job; node GC is node write.
+    let r = call(&ts, Method::PUT, "/v1/client/allocation/alloc-a/gc", Some(&write), Value::Null).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let r = call(&ts, Method::PUT, "/v1/client/gc", Some(&write), Value::Null).await;
+    assert_eq!((r.status, r.body.as_str()), (StatusCode::FORBIDDEN, "Permission denied"));
+}
+
+#[test]
+fn decide_applies_the_client_rows_with_the_agents_own_alloc_facts() {
+    let acl =
+        crate::acl::Acl::compile(&[crate::acl::Policy::parse(r#"namespace "a" { capabilities = ["read-logs", "alloc-exec"] }"#).unwrap()]);
+    let facts = |id: &str| match id {
+        "in-a" => Some(AllocFacts { namespace: "a".into(), node_exec: false }),
+        "raw-a" => Some(AllocFacts { namespace: "a".into(), node_exec: true }),
+        "in-default" => Some(AllocFacts { namespace: "default".into(), node_exec: false }),
+        _ => None,
+    };
+    let check = |m: Method, path: &str| decide(row_for(&m, path).expect("a row").need, &acl, path, facts);
+    assert!(check(Method::GET, "/v1/client/fs/logs/in-a"));
+    assert!(!check(Method::GET, "/v1/client/fs/logs/in-default"));
+    assert!(!check(Method::GET, "/v1/client/fs/ls/in-a"));
+    assert!(check(Method::GET, "/v1/client/allocation/in-a/exec"));
+    assert!(!check(Method::GET, "/v1/client/allocation/raw-a/exec"));
+    assert!(!check(Method::PUT, "/v1/client/allocation/in-a/restart"));
+    assert!(!check(Method::GET, "/v1/client/stats"));
+    // Unknown here: passes if any namespace allows (the server the request goes on to checks again).
+    assert!(check(Method::GET, "/v1/client/fs/logs/elsewhere"));
+}
+
+#[tokio::test]
+async fn node_resolve_token_answers_a_nodes_question_with_the_policy_rules() {
+    use nomad_proto::rpc::NodeResolveTokenRequest;
+    let ts = acl_server();
+    let mgmt = bootstrap(&ts).await;
+    policy(&ts, &mgmt.secret_id, "write-a", WRITE_A_RULES).await;
+    let tok = client_token(&ts, &mgmt.secret_id, &["write-a"]).await;
+    let expired = expired_token(&ts).await;
+    let n = ts.register_node(node("n1")).await;
+    let ask = |secret: &str, auth: &str| {
+        ts.endpoints.node_resolve_token(NodeResolveTokenRequest {
+            node_id: n.id.clone(),
+            secret_id: secret.into(),
+            auth_token: auth.into(),
+            region: String::new(),
+        })
+    };
+    let r = ask(&n.secret_id, &tok).unwrap();
+    assert_eq!((r.token_type.as_str(), r.error.as_str()), ("client", ""));
+    assert_eq!(r.policies.iter().map(|p| (p.name.as_str(), p.rules.as_str())).collect::<Vec<_>>(), [("write-a", WRITE_A_RULES)]);
+    assert_eq!(ask(&n.secret_id, &mgmt.secret_id).unwrap().token_type, "management");
+    assert_eq!(ask(&n.secret_id, &expired).unwrap().error, "ACL token expired");
+    assert_eq!(ask(&n.secret_id, "00000000-0000-0000-0000-000000000000").unwrap().error, "ACL token not found");
+    // A node's own secret is no caller; and only a node that proves itself may ask.
+    assert_eq!(ask(&n.secret_id, &n.secret_id).unwrap().error, "Permission denied");
+    assert!(ask("not-the-secret", &tok).is_err());
 }
