@@ -60,8 +60,9 @@ impl M {
 pub enum NsFrom {
     /// `?namespace=` (default `default`; `*` = any namespace, lists filtered per object).
     Query,
-    /// The job in the body (`Job.Namespace`, else `?namespace=`): registration, plan, validate.
-    JobBody,
+    /// Every namespace the write names: `?namespace=`, and in the body the request's, the
+    /// job's and each volume's (job registration, plan, validate; CSI volume writes).
+    WriteBody,
     /// The alloc whose ID (or ID prefix) is path segment `n`, counted from `v1` = 0
     /// (`/v1/allocation/<id>` is 2, `/v1/client/fs/ls/<id>` is 4). An alloc the agent does not
     /// know passes if any namespace allows (the handler answers 404).
@@ -125,7 +126,7 @@ const fn row(method: M, pattern: &'static str, need: Need) -> Row {
 
 use M::{Any, Delete, Get, Write};
 use Need::*;
-use NsFrom::{Alloc, JobBody, Query, Response as Resp};
+use NsFrom::{Alloc, Query, Response as Resp, WriteBody};
 
 /// `/v1/allocation/<id>`.
 const ALLOC: NsFrom = Alloc(2);
@@ -161,15 +162,15 @@ pub const ROWS: &[Row] = &[
     row(Delete, "/v1/acl/role/:id", Management),
     // Jobs.
     row(Get, "/v1/jobs", Ns(&["list-jobs"], Query)),
-    row(Write, "/v1/jobs", Ns(&["submit-job"], JobBody)),
+    row(Write, "/v1/jobs", Ns(&["submit-job"], WriteBody)),
     row(Write, "/v1/jobs/parse", Ns(&["parse-job", "submit-job"], Query)),
-    row(Write, "/v1/validate/job", Ns(&["read-job"], JobBody)),
+    row(Write, "/v1/validate/job", Ns(&["read-job"], WriteBody)),
     row(Get, "/v1/job/*/allocations", Ns(&["read-job"], Query)),
     row(Get, "/v1/job/*/evaluations", Ns(&["read-job"], Query)),
     row(Get, "/v1/job/*/summary", Ns(&["read-job"], Query)),
-    row(Write, "/v1/job/*/plan", Ns(&["submit-job"], JobBody)),
+    row(Write, "/v1/job/*/plan", Ns(&["submit-job"], WriteBody)),
     row(Get, "/v1/job/*", Ns(&["read-job"], Query)),
-    row(Write, "/v1/job/*", Ns(&["submit-job"], JobBody)),
+    row(Write, "/v1/job/*", Ns(&["submit-job"], WriteBody)),
     row(Delete, "/v1/job/*", Ns(&["submit-job"], Query)),
     // Allocations and evaluations.
     row(Get, "/v1/allocations", Ns(&["read-job"], Query)),
@@ -201,7 +202,7 @@ pub const ROWS: &[Row] = &[
     // CSI volumes and plugins.
     row(Get, "/v1/volumes", Ns(&["csi-list-volume", "csi-read-volume", "csi-mount-volume", "list-jobs"], Query)),
     row(Get, "/v1/volume/csi/*", Ns(&["csi-read-volume", "csi-mount-volume", "read-job"], Query)),
-    row(Write, "/v1/volume/csi/*", Ns(&["csi-write-volume"], Query)),
+    row(Write, "/v1/volume/csi/*", Ns(&["csi-write-volume"], WriteBody)),
     row(Delete, "/v1/volume/csi/*", Ns(&["csi-write-volume"], Query)),
     row(Get, "/v1/plugins", PluginList),
     row(Get, "/v1/plugin/csi/:id", PluginRead),
@@ -335,13 +336,13 @@ pub async fn authorize(State(endpoints): State<Endpoints>, req: Request, next: N
                 Resp => "*".to_string(),
                 // Unknown alloc: the handler answers 404 to anyone allowed somewhere.
                 Alloc(n) => state_alloc_facts(&snap, &path, n, req.uri()).map_or_else(|| "*".to_string(), |f| f.namespace),
-                JobBody => {
+                WriteBody => {
                     let (parts, body) = req.into_parts();
                     let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
                         Ok(b) => b,
                         Err(_) => return HttpError::bad_request("request body too large").into_response(),
                     };
-                    let names = job_write_namespaces(&parts.uri, &bytes);
+                    let names = write_namespaces(&parts.uri, &bytes);
                     req = Request::from_parts(parts, Body::from(bytes));
                     // The handler picks one of these by its own precedence: each must allow.
                     if names.iter().any(|ns| ns == "*" || !caps.iter().any(|c| acl.allow_namespace_op(ns, c))) {
@@ -460,23 +461,30 @@ fn is_read(m: &Method) -> bool {
     *m == Method::GET || *m == Method::HEAD
 }
 
-/// Every namespace a job-carrying write names: `?namespace=`, the request's `Namespace` and
-/// the job's `Namespace` (the default one when none is named). The handler's precedence picks
-/// one of them, so checking them all leaves no way to be checked in one and written in another.
-fn job_write_namespaces(uri: &axum::http::Uri, body: &[u8]) -> Vec<String> {
-    let mut names = Vec::new();
+/// Every namespace a write names: `?namespace=`, the request's `Namespace`, the job's and each
+/// volume's (the default one when none is named). The handler's precedence picks among them, so
+/// checking them all leaves no way to be checked in one namespace and written in another.
+fn write_namespaces(uri: &axum::http::Uri, body: &[u8]) -> Vec<String> {
+    let query_ns = query_namespace(uri);
     let explicit = uri.query().is_some_and(|q| q.split('&').any(|kv| kv.strip_prefix("namespace=").is_some_and(|v| !v.is_empty())));
+    let mut names: Vec<String> = Vec::new();
     if explicit {
-        names.push(query_namespace(uri));
+        names.push(query_ns.clone());
     }
     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) {
         let named = |o: &serde_json::Value| o.get("Namespace").and_then(|n| n.as_str()).filter(|n| !n.is_empty()).map(str::to_string);
         names.extend(named(&v));
         names.extend(v.get("Job").and_then(named));
+        // Each volume is written in its own namespace, or the request's when it names none
+        // (checking only the request's was CVE-2024-10975).
+        for vol in v.get("Volumes").and_then(|vs| vs.as_array()).into_iter().flatten() {
+            names.push(named(vol).unwrap_or_else(|| query_ns.clone()));
+        }
     }
     if names.is_empty() {
         names.push(nomad_proto::job::DEFAULT_NAMESPACE.into());
     }
+    names.sort();
     names.dedup();
     names
 }

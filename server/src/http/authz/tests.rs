@@ -432,6 +432,9 @@ async fn all_namespaces_lists_keep_only_readable_objects() {
         ("/v1/job/sneaky?namespace=default", json!({"Job": j})),
         ("/v1/job/sneaky/plan?namespace=default", json!({"Job": j})),
         ("/v1/jobs?namespace=*", json!({"Job": j})),
+        // CVE-2024-10975: a volume is written in its own namespace, not the request's.
+        ("/v1/volume/csi/v?namespace=a", json!({"Volumes": [{"ID": "v", "Namespace": "default"}]})),
+        ("/v1/volume/csi/v/create?namespace=a", json!({"Volumes": [{"ID": "v", "Namespace": "a"}, {"ID": "w", "Namespace": "default"}]})),
     ] {
         let r = call(&ts, Method::PUT, path, Some(&tok), body.clone()).await;
         assert_eq!(r.status, StatusCode::FORBIDDEN, "{path} {body}: {}", r.body);
@@ -439,6 +442,12 @@ async fn all_namespaces_lists_keep_only_readable_objects() {
     let r = call(&ts, Method::DELETE, "/v1/job/job-default?namespace=*", Some(&tok), Value::Null).await;
     assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
     assert!(ts.store.snapshot().job("default", "sneaky").is_none());
+    // A volume naming no namespace is written in the request's: allowed in `a` (the handler then
+    // refuses it for want of a plugin, which is not the authorization's business).
+    let r = call(&ts, Method::PUT, "/v1/volume/csi/v?namespace=a", Some(&tok), json!({"Volumes": [{"ID": "v"}]})).await;
+    assert_ne!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
+    let r = call(&ts, Method::PUT, "/v1/volume/csi/v", Some(&tok), json!({"Volumes": [{"ID": "v"}]})).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "a volume naming no namespace goes to the default one");
     // Named consistently, the write in its own namespace passes.
     let r = call(&ts, Method::PUT, "/v1/jobs?namespace=a", Some(&tok), json!({"Job": j, "Namespace": "a"})).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
