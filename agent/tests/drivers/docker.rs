@@ -592,6 +592,12 @@ async fn exec_streaming_attaches_stdin_and_a_tty_that_follows_resizes_and_ends_w
     read_session(&mut s, |out, _, _| out.contains("started")).await;
     drop(s);
     wait_gone(&d, &handle, "sleep 33").await;
+
+    // Dropped at once, while the Engine has not yet recorded the command's PID (it reports
+    // the exec running with PID 0 for a while after the command started).
+    let s = d.exec_streaming(&handle, "/bin/sh", &args("sleep 34"), false, None).await.unwrap();
+    drop(s);
+    wait_gone(&d, &handle, "sleep 34").await;
     d.destroy(&handle).await.unwrap();
 }
 

@@ -105,23 +105,51 @@ async fn exit_code(docker: &Docker, id: &str) -> Result<i32, DriverError> {
     }
 }
 
+/// How long a kill keeps at an exec the Engine still reports running.
+const KILL_WAIT: Duration = Duration::from_secs(10);
+
 /// Kills the exec's process and the processes under it; one already gone is fine.
 async fn kill(docker: &Docker, id: &str) {
-    let pid = match docker.inspect_exec(id).await {
-        Ok(inspected) if inspected.running == Some(true) => inspected.pid.unwrap_or(0) as i32,
-        Ok(_) => return,
-        Err(e) => {
-            tracing::warn!(exec = %id, error = %e, "cannot find the exec's process to kill it");
-            return;
-        }
+    let inspect = || async {
+        let inspected = docker.inspect_exec(id).await?;
+        Ok::<_, bollard::errors::Error>((inspected.running == Some(true), inspected.pid.unwrap_or(0) as i32))
     };
-    if pid <= 0 {
-        return;
-    }
     // Stopped before killed: a child forked after a scan would move to the container's init
     // and could no longer be found under the command (see `kill_tree`).
-    if let Err(e) = tokio::task::spawn_blocking(move || kill_tree(pid)).await {
-        tracing::warn!(exec = %id, error = %e, "killing the exec's processes");
+    let kill_pid = |pid: i32| async move {
+        if let Err(e) = tokio::task::spawn_blocking(move || kill_tree(pid)).await {
+            tracing::warn!(pid, error = %e, "killing an exec's processes");
+        }
+    };
+    if let Err(e) = kill_until_ended(inspect, kill_pid, KILL_WAIT).await {
+        tracing::warn!(exec = %id, error = %e, "the exec's command may outlive its caller");
+    }
+}
+
+/// Kills the exec's process tree until `inspect` says it no longer runs. The Engine marks an
+/// exec running, and lets its output flow, before it records the PID (0 until then), and it
+/// reports the end only once it has seen the exit: so a PID of 0 is asked again, and a tree
+/// still reported running is killed again (each process is checked by its start time first).
+async fn kill_until_ended<I, IF, K, KF, E>(mut inspect: I, kill_pid: K, wait: Duration) -> Result<(), String>
+where
+    I: FnMut() -> IF,
+    IF: std::future::Future<Output = Result<(bool, i32), E>>,
+    K: Fn(i32) -> KF,
+    KF: std::future::Future<Output = ()>,
+    E: std::fmt::Display,
+{
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        match inspect().await {
+            Ok((false, _)) => return Ok(()),
+            Ok((true, pid)) if pid > 0 => kill_pid(pid).await,
+            Ok((true, _)) => {}
+            Err(e) => return Err(format!("cannot find the exec's process to kill it: {e}")),
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!("the Engine still reports it running after {wait:?}"));
+        }
+        tokio::time::sleep(EXIT_POLL).await;
     }
 }
 
@@ -243,5 +271,49 @@ async fn feed_input(docker: Docker, id: String, input: Input, mut from: mpsc::Re
             ExecInput::Resize { height, width } if tty => resize(&docker, &id, height, width).await,
             ExecInput::Resize { .. } => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// The Engine's answers in turn (the last one repeats), and the PIDs killed.
+    async fn kill_with(answers: &[(bool, i32)], wait: Duration) -> (Result<(), String>, Vec<i32>) {
+        let asked = Mutex::new(0usize);
+        let killed = Mutex::new(Vec::new());
+        let inspect = || {
+            let mut n = asked.lock().unwrap();
+            let answer = answers[(*n).min(answers.len() - 1)];
+            *n += 1;
+            async move { Ok::<_, String>(answer) }
+        };
+        let kill_pid = |pid: i32| {
+            killed.lock().unwrap().push(pid);
+            async {}
+        };
+        let result = kill_until_ended(inspect, kill_pid, wait).await;
+        (result, killed.into_inner().unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_pid_the_engine_has_not_recorded_yet_is_asked_for_again_and_killed() {
+        let (result, killed) = kill_with(&[(true, 0), (true, 0), (true, 4242), (false, 4242)], KILL_WAIT).await;
+        assert_eq!((result, killed), (Ok(()), vec![4242]));
+    }
+
+    #[tokio::test]
+    async fn an_exec_reported_running_is_killed_again_until_the_deadline_says_so() {
+        let (result, killed) = kill_with(&[(true, 7)], Duration::from_millis(100)).await;
+        assert!(result.unwrap_err().contains("still reports it running"));
+        assert!(killed.len() > 1 && killed.iter().all(|&pid| pid == 7), "{killed:?}");
+    }
+
+    #[tokio::test]
+    async fn an_exec_already_ended_is_left_alone() {
+        let (result, killed) = kill_with(&[(false, 0)], KILL_WAIT).await;
+        assert_eq!((result, killed), (Ok(()), vec![]));
     }
 }
