@@ -1,5 +1,6 @@
 //! `nomad-rs acl bootstrap`, `acl policy apply|list|info|delete`,
-//! `acl token create|list|info|self|update|delete`: the ACL system, with Nomad's output.
+//! `acl token create|list|info|self|update|delete`, `acl role create|list|info|update|delete`:
+//! the ACL system, with Nomad's output.
 
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
@@ -30,6 +31,9 @@ pub enum AclCommand {
     /// Create, show, update and remove ACL tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Create, show, update and remove ACL roles.
+    #[command(subcommand)]
+    Role(RoleCommand),
 }
 
 /// Flags of `acl bootstrap`.
@@ -150,6 +154,67 @@ pub enum TokenCommand {
     },
 }
 
+/// Name, description and policies of `role create` and `role update`.
+#[derive(Debug, Args, Default)]
+pub struct RoleFlags {
+    /// Role name.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Description.
+    #[arg(long)]
+    pub description: Option<String>,
+    /// A policy to link (repeatable).
+    #[arg(long = "policy")]
+    pub policies: Vec<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `acl role` commands.
+#[derive(Debug, Subcommand)]
+pub enum RoleCommand {
+    /// Create a role linking policies.
+    Create {
+        /// Name, description, policies.
+        #[command(flatten)]
+        flags: RoleFlags,
+    },
+    /// List roles.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one role.
+    Info {
+        /// The argument is the role's name, not its ID.
+        #[arg(long = "by-name")]
+        by_name: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        /// Role ID (or name with `-by-name`).
+        id: String,
+    },
+    /// Update a role: the flags given are merged into it, or replace it with `-no-merge`.
+    Update {
+        /// Name, description, policies.
+        #[command(flatten)]
+        flags: RoleFlags,
+        /// Replace the role with exactly the flags given.
+        #[arg(long = "no-merge")]
+        no_merge: bool,
+        /// Role ID.
+        id: String,
+    },
+    /// Delete a role by ID.
+    Delete {
+        /// Role ID.
+        id: String,
+    },
+}
+
 /// Runs an ACL command.
 pub async fn run(a: AclArgs) -> CmdResult {
     let ctx = Ctx::new(&a.api)?;
@@ -157,6 +222,7 @@ pub async fn run(a: AclArgs) -> CmdResult {
         AclCommand::Bootstrap(b) => bootstrap(&ctx, b).await,
         AclCommand::Policy(p) => policy(&ctx, p).await,
         AclCommand::Token(t) => token(&ctx, t).await,
+        AclCommand::Role(r) => role(&ctx, r).await,
     }
 }
 
@@ -353,6 +419,154 @@ async fn token(ctx: &Ctx, t: TokenCommand) -> CmdResult {
     Ok(exit::OK)
 }
 
+/// A role's policy links from names.
+fn policy_links(names: &[String]) -> Value {
+    Value::Array(names.iter().map(|name| json!({ "Name": name })).collect())
+}
+
+/// What `role create` and `role update -no-merge` need before anything is sent (Nomad's texts).
+fn check_role_flags(flags: &RoleFlags) -> Result<(), Failure> {
+    if flags.name.as_deref().unwrap_or("").is_empty() {
+        return Err(Failure::new("ACL role name must be specified using the -name flag"));
+    }
+    if flags.policies.is_empty() {
+        return Err(Failure::new("At least one policy name must be specified using the -policy flag"));
+    }
+    Ok(())
+}
+
+/// The role `role update` sends: `current` with the flags merged in (new policies appended),
+/// or the flags alone with `no_merge`.
+fn updated_role(current: &Value, flags: &RoleFlags, no_merge: bool) -> Result<Value, Failure> {
+    if no_merge {
+        check_role_flags(flags)?;
+        return Ok(json!({
+            "ID": current.get("ID").cloned().unwrap_or(Value::Null),
+            "Name": flags.name,
+            "Description": flags.description.clone().unwrap_or_default(),
+            "Policies": policy_links(&flags.policies),
+        }));
+    }
+    let (name, description) = (flags.name.as_deref().unwrap_or(""), flags.description.as_deref().unwrap_or(""));
+    if flags.policies.is_empty() && name.is_empty() && description.is_empty() {
+        return Err(Failure::new("Please provide at least one flag to update the ACL role"));
+    }
+    let mut role = current.clone();
+    if !name.is_empty() {
+        role["Name"] = json!(name);
+    }
+    if !description.is_empty() {
+        role["Description"] = json!(description);
+    }
+    let mut links = current.get("Policies").and_then(Value::as_array).cloned().unwrap_or_default();
+    for policy in &flags.policies {
+        if !links.iter().any(|l| l.get("Name").and_then(Value::as_str) == Some(policy)) {
+            links.push(json!({ "Name": policy }));
+        }
+    }
+    role["Policies"] = Value::Array(links);
+    Ok(role)
+}
+
+async fn role(ctx: &Ctx, r: RoleCommand) -> CmdResult {
+    match r {
+        RoleCommand::Create { flags } => {
+            check_role_flags(&flags)?;
+            let body = json!({
+                "Name": flags.name,
+                "Description": flags.description.clone().unwrap_or_default(),
+                "Policies": policy_links(&flags.policies),
+            });
+            let role: Value = ctx
+                .client
+                .post("/v1/acl/role", &Query::new(), &body)
+                .await
+                .map_err(|e| Failure::new(format!("Error creating ACL role: {e}")))?
+                .value;
+            show_role(&role, flags.json);
+        }
+        RoleCommand::List { json } => {
+            let list = ctx
+                .client
+                .get_json("/v1/acl/roles", &Query::new())
+                .await
+                .map_err(|e| Failure::new(format!("Error listing ACL roles: {e}")))?
+                .value;
+            if json {
+                print_json(&list);
+                return Ok(exit::OK);
+            }
+            let items = list.as_array().cloned().unwrap_or_default();
+            if items.is_empty() {
+                println!("No ACL roles found");
+            } else {
+                let rows = items.iter().map(|r| vec![s(r, "ID"), s(r, "Name"), s(r, "Description"), role_policies(r)]).collect();
+                println!("{}", table_with_header(&["ID", "Name", "Description", "Policies"], rows));
+            }
+        }
+        RoleCommand::Info { by_name, json, id } => {
+            let path =
+                if by_name { format!("/v1/acl/role/name/{}", encode_path(&id)) } else { format!("/v1/acl/role/{}", encode_path(&id)) };
+            let role =
+                ctx.client.get_json(&path, &Query::new()).await.map_err(|e| Failure::new(format!("Error reading ACL role: {e}")))?.value;
+            show_role(&role, json);
+        }
+        RoleCommand::Update { flags, no_merge, id } => {
+            let path = format!("/v1/acl/role/{}", encode_path(&id));
+            let current = ctx
+                .client
+                .get_json(&path, &Query::new())
+                .await
+                .map_err(|e| Failure::new(format!("Error when retrieving ACL role: {e}")))?
+                .value;
+            let body = updated_role(&current, &flags, no_merge)?;
+            let role: Value = ctx
+                .client
+                .post(&path, &Query::new(), &body)
+                .await
+                .map_err(|e| Failure::new(format!("Error updating ACL role: {e}")))?
+                .value;
+            show_role(&role, flags.json);
+        }
+        RoleCommand::Delete { id } => {
+            ctx.client
+                .delete::<Value>(&format!("/v1/acl/role/{}", encode_path(&id)), &Query::new())
+                .await
+                .map_err(|e| Failure::new(format!("Error deleting ACL role: {e}")))?;
+            println!("ACL role {id} successfully deleted");
+        }
+    }
+    Ok(exit::OK)
+}
+
+/// A role's policy names, sorted, comma-separated (as Nomad prints them).
+fn role_policies(r: &Value) -> String {
+    let mut names: Vec<&str> =
+        r.get("Policies").and_then(Value::as_array).into_iter().flatten().filter_map(|l| l.get("Name").and_then(Value::as_str)).collect();
+    names.sort_unstable();
+    names.join(",")
+}
+
+/// Nomad's role block (`formatACLRole`).
+pub fn render_role(r: &Value) -> String {
+    kv(&[
+        ("ID", s(r, "ID")),
+        ("Name", s(r, "Name")),
+        ("Description", s(r, "Description")),
+        ("Policies", role_policies(r)),
+        ("Create Index", n(r, "CreateIndex")),
+        ("Modify Index", n(r, "ModifyIndex")),
+    ])
+}
+
+fn show_role(r: &Value, json: bool) {
+    if json {
+        print_json(r);
+    } else {
+        println!("{}", render_role(r));
+    }
+}
+
 fn s(v: &Value, k: &str) -> String {
     v.get(k).and_then(Value::as_str).unwrap_or("").to_string()
 }
@@ -421,6 +635,27 @@ fn show_token(t: &Value, json: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_merged_role_update_keeps_what_is_not_given_and_appends_new_policies_once() {
+        let current =
+            json!({"ID": "r1", "Name": "ops", "Description": "old", "Policies": [{"Name": "b"}, {"Name": "a"}], "CreateIndex": 3});
+        let flags = RoleFlags { description: Some("new".into()), policies: vec!["a".into(), "c".into()], ..RoleFlags::default() };
+        let merged = updated_role(&current, &flags, false).unwrap();
+        assert_eq!(merged["Name"], "ops");
+        assert_eq!(merged["Description"], "new");
+        assert_eq!(merged["Policies"], json!([{"Name": "b"}, {"Name": "a"}, {"Name": "c"}]));
+        assert_eq!(role_policies(&merged), "a,b,c");
+
+        let none = updated_role(&current, &RoleFlags::default(), false).unwrap_err();
+        assert!(none.message.contains("Please provide at least one flag to update the ACL role"), "{}", none.message);
+        let unnamed = updated_role(&current, &flags, true).unwrap_err();
+        assert!(unnamed.message.contains("ACL role name must be specified using the -name flag"), "{}", unnamed.message);
+        let replaced =
+            updated_role(&current, &RoleFlags { name: Some("dev".into()), policies: vec!["c".into()], ..RoleFlags::default() }, true)
+                .unwrap();
+        assert_eq!(replaced, json!({"ID": "r1", "Name": "dev", "Description": "", "Policies": [{"Name": "c"}]}));
+    }
 
     #[test]
     fn token_block_has_nomads_keys() {
