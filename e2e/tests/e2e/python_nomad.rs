@@ -2,7 +2,8 @@
 //!
 //! The project's test script installs python-nomad into a virtualenv and
 //! points `NOMAD_RS_PYTHON` at its interpreter. The client module runs against a raw_exec and a
-//! docker task (`compat_client.py`).
+//! docker task (`compat_client.py`). Its own test suite (from its sdist, installed beside the
+//! interpreter by `scripts/install-deps`) runs its ACL tests against an ACL-enabled dev agent.
 
 use std::process::Command;
 
@@ -80,4 +81,54 @@ fn python_nomads_client_module_works_on_a_docker_task() {
     let agent = crate::docker::docker_agent(&dir.path().join("agent"), crate::docker::NO_REAPER);
     let out = run_script_with("compat_client.py", &agent.http_addr, &[("NOMAD_DRIVER", "docker"), ("NOMAD_IMAGE", &image.name)]);
     assert!(out.contains("11 passed, 0 failed"), "{out}");
+}
+
+/// Where `scripts/install-deps` unpacked python-nomad 2.1.0's own test suite: beside the
+/// virtualenv's interpreter (`.venv/bin/python` → `.venv/python-nomad-2.1.0`).
+fn python_nomad_suite() -> std::path::PathBuf {
+    let python = std::path::PathBuf::from(python());
+    let suite = python.parent().and_then(|bin| bin.parent()).map(|venv| venv.join("python-nomad-2.1.0")).unwrap_or_default();
+    assert!(
+        suite.join("tests/test_acl.py").is_file() && suite.join("tests/conftest.py").is_file(),
+        "python-nomad's test suite is not at {}: run scripts/install-deps",
+        suite.display()
+    );
+    suite
+}
+
+/// python-nomad's own ACL and base tests, run as its CI runs them: against `agent -dev
+/// -acl-enabled`, the ACL tests first (they bootstrap and hand the management token to the rest).
+#[test]
+fn python_nomads_own_acl_and_base_tests_pass_against_an_acl_enabled_dev_agent() {
+    let suite = python_nomad_suite();
+    let dir = tempfile::tempdir().unwrap();
+    let config =
+        format!("plugin \"oci\" {{\n  config {{\n    runtime_root = {:?}\n  }}\n}}\n", dir.path().join("runc").display().to_string());
+    let opts = nomad_e2e::AgentOptions { args: vec!["-dev".into(), "-acl-enabled".into()], config: Some(config), ..Default::default() };
+    let agent = nomad_e2e::Agent::start("dev", &dir.path().join("agent"), opts).expect("start dev agent");
+    agent.wait_for_leader(crate::SETTLE).unwrap();
+    // ACLs are on: an anonymous caller cannot list tokens before (or after) the bootstrap.
+    assert_eq!(agent.http().request("GET", "/v1/acl/tokens", None).unwrap().status, 403);
+
+    let (host, port) = agent.http_addr.rsplit_once(':').unwrap();
+    let out = Command::new(python())
+        .args(["-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "tests/test_acl.py", "tests/test_base.py"])
+        .current_dir(&suite)
+        .env("NOMAD_IP", host)
+        .env("NOMAD_PORT", port)
+        .env("NOMAD_VERSION", "1.6.1")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env_remove("NOMAD_TOKEN")
+        .env_remove("NOMAD_ADDR")
+        .output()
+        .expect("running pytest");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let passed = |file: &str| stdout.lines().filter(|l| l.starts_with(&format!("PASSED tests/{file}::"))).count();
+    assert!(
+        out.status.success() && passed("test_acl.py") == 13 && passed("test_base.py") == 14,
+        "python-nomad's suite:\n{stdout}\n{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        agent.logs()
+    );
+    assert_eq!(agent.http().request("GET", "/v1/acl/tokens", None).unwrap().status, 403);
 }

@@ -12,7 +12,8 @@
 //!
 //! Labelled blocks (`namespace`, `node_pool`, `host_volume`, `path`) must carry their label: an
 //! unlabelled one is refused (Nomad once applied it to a namespace named after its first key,
-//! CVE-2023-3072). A document with none of the blocks is `Invalid policy`; a syntax error is
+//! CVE-2023-3072). Empty rules are a policy that grants nothing (as Nomad takes them); any other
+//! document with none of the blocks is `Invalid policy`; a syntax error is
 //! `Failed to parse ACL Policy: ...`.
 
 use std::collections::BTreeSet;
@@ -312,6 +313,9 @@ fn check_caps(kind: &str, caps: &[String], valid: &[&str]) -> Result<(), PolicyE
 impl Policy {
     /// Parses a policy document: HCL, or JSON when it starts with `{`.
     pub fn parse(rules: &str) -> Result<Policy, PolicyError> {
+        if rules.is_empty() {
+            return Ok(Policy::default());
+        }
         let tree = if rules.trim_start().starts_with('{') {
             let v: serde_json::Value = serde_json::from_str(rules).map_err(parse_err)?;
             tree_from_json(&v)?
