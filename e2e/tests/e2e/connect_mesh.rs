@@ -655,16 +655,21 @@ fn an_envoy_that_cannot_start_fails_its_task_with_an_event_saying_so() {
     // A typo in the sidecar_task's arguments: Envoy refuses to start.
     mesh.run("api", &api_job(&exec_sidecar_task(&envoy, ", \"--concurency-typo\", \"1\""), "exec"));
     let http = mesh.agent.http();
-    let alloc = wait_for("the alloc to fail", SETTLE * 2, || {
+    // Failed, and the sidecar's exit recorded: the last of the client's updates may reach the
+    // servers a sync after the one that made the alloc failed.
+    let last = std::cell::RefCell::new(Value::Null);
+    let alloc = wait_for("the alloc to fail with its sidecar's exit recorded", SETTLE * 2, || {
         let list = http.get_json("/v1/job/count-api/allocations").ok()?;
         let id = list.as_array()?.first()?["ID"].as_str()?.to_string();
         let alloc = http.get_json(&format!("/v1/allocation/{id}")).ok()?;
         if alloc["NetworkStatus"]["Address"].is_string() {
             mesh.net.track(&alloc);
         }
-        (alloc["ClientStatus"] == "failed").then_some(alloc)
+        *last.borrow_mut() = alloc.clone();
+        let events = alloc["TaskStates"]["connect-proxy-count-api"]["Events"].as_array()?;
+        (alloc["ClientStatus"] == "failed" && events.iter().any(|e| e["Type"] == "Not Restarting")).then_some(alloc)
     })
-    .unwrap_or_else(|e| panic!("{e}\n{}", mesh.agent.logs()));
+    .unwrap_or_else(|e| panic!("{e}\n{:#}\n{}", last.borrow(), mesh.agent.logs()));
     let sidecar = &alloc["TaskStates"]["connect-proxy-count-api"];
     assert_eq!(sidecar["State"], "dead", "{sidecar:#}");
     assert_eq!(sidecar["Failed"], true, "{sidecar:#}");
