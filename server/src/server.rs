@@ -65,6 +65,8 @@ pub struct ServerConfig {
     pub consul: crate::consul::ConsulHandles,
     /// ACLs (the agent's `acl {}` block); off by default.
     pub acl: crate::acl::AclConfig,
+    /// The expired ACL token GC (`server { acl_token_gc_threshold }`), run while ACLs are on.
+    pub acl_token_gc: crate::leader::TokenGcConfig,
 }
 
 impl ServerConfig {
@@ -89,6 +91,7 @@ impl ServerConfig {
             csi_claim_gc: crate::leader::ClaimGcConfig::default(),
             consul: crate::consul::ConsulHandles::default(),
             acl: crate::acl::AclConfig::default(),
+            acl_token_gc: crate::leader::TokenGcConfig::default(),
         }
     }
 }
@@ -201,6 +204,7 @@ impl Server {
             leader_cfg.num_schedulers = cfg.num_schedulers;
         }
         leader_cfg.csi_claim_gc = cfg.csi_claim_gc.clone();
+        leader_cfg.acl_token_gc = cfg.acl.enabled.then(|| cfg.acl_token_gc.clone());
         let leader = Arc::new(
             Leader::new(
                 LeaderDeps {

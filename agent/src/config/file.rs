@@ -151,6 +151,8 @@ pub struct ServerBlock {
     /// How old an unused plugin must be for the plugin GC (accepted, unused: plugins go as soon
     /// as no node runs an instance).
     pub csi_plugin_gc_threshold: Option<DurationValue>,
+    /// How old an expired ACL token must be for the token GC (Nomad: 1h).
+    pub acl_token_gc_threshold: Option<DurationValue>,
 }
 
 /// `limits {}`: what one client may hold on the listeners. 0 turns a limit off, as in Nomad.

@@ -91,6 +91,8 @@ pub struct ServerSettings {
     pub job_max_count: i64,
     /// The CSI volume claim GC (`csi_volume_claim_gc_interval`, `csi_volume_claim_gc_threshold`).
     pub csi_claim_gc: nomad_server::leader::ClaimGcConfig,
+    /// The expired ACL token GC (`acl_token_gc_threshold`).
+    pub acl_token_gc: nomad_server::leader::TokenGcConfig,
 }
 
 /// Client role settings.
@@ -467,6 +469,10 @@ impl AgentConfig {
             if let Some(d) = sb.csi_volume_claim_gc_threshold {
                 csi_claim_gc.threshold = d.0;
             }
+            let mut acl_token_gc = nomad_server::leader::TokenGcConfig::default();
+            if let Some(d) = sb.acl_token_gc_threshold {
+                acl_token_gc.threshold = d.0;
+            }
             Some(ServerSettings {
                 data_dir: sb.data_dir.map(PathBuf::from).unwrap_or_else(|| data_dir.join("server")),
                 bootstrap_expect,
@@ -477,6 +483,7 @@ impl AgentConfig {
                 encrypt: flags.encrypt.clone().or(sb.encrypt).filter(|k| !k.trim().is_empty()),
                 job_max_count,
                 csi_claim_gc,
+                acl_token_gc,
             })
         } else {
             None
@@ -965,6 +972,9 @@ mod tests {
         let c = resolve("", AgentFlags { dev: true, ..Default::default() }).unwrap();
         let gc = &c.server.as_ref().unwrap().csi_claim_gc;
         assert_eq!((gc.interval.as_secs(), gc.threshold.as_secs()), (300, 300));
+        assert_eq!(c.server.as_ref().unwrap().acl_token_gc.threshold.as_secs(), 3600);
+        let c = resolve("server {\n  acl_token_gc_threshold = \"2h\"\n}\n", AgentFlags { dev: true, ..Default::default() }).unwrap();
+        assert_eq!(c.server.as_ref().unwrap().acl_token_gc.threshold.as_secs(), 7200);
         let c = resolve(
             "server {\n  csi_volume_claim_gc_interval = \"3m\"\n  csi_volume_claim_gc_threshold = \"12h\"\n  csi_plugin_gc_threshold = \"12h\"\n}\n",
             AgentFlags { dev: true, ..Default::default() },

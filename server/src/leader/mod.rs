@@ -7,11 +7,13 @@
 //! watcher and the claim GC see CSI volumes as [`VolumeWatchHandle`] and
 //! [`ClaimGcHandle`]. Nothing here holds the whole server.
 
+pub mod acl_token_gc;
 pub mod csi_claim_gc;
 pub mod volume_watcher;
 
 use std::sync::Arc;
 
+pub use acl_token_gc::{StoreTokens, TokenGc, TokenGcConfig};
 pub use csi_claim_gc::{ClaimGc, ClaimGcConfig, ClaimGcHandle};
 use nomad_proto::NodeStatus;
 use tokio::sync::Semaphore;
@@ -52,6 +54,8 @@ pub struct LeaderConfig {
     pub csi_claim_gc: ClaimGcConfig,
     /// The SI token revoker.
     pub si_revoker: RevokerConfig,
+    /// The expired ACL token GC; `None` while ACLs are off.
+    pub acl_token_gc: Option<TokenGcConfig>,
 }
 
 impl Default for LeaderConfig {
@@ -66,6 +70,7 @@ impl Default for LeaderConfig {
             volume_watcher: VolumeWatcherConfig::default(),
             csi_claim_gc: ClaimGcConfig::default(),
             si_revoker: RevokerConfig::default(),
+            acl_token_gc: None,
         }
     }
 }
@@ -155,7 +160,7 @@ impl Leader {
 
     fn establish(&self) -> Term {
         tracing::info!(
-            "leadership won: starting the eval broker, workers, plan applier, heartbeat timers, node drainer, CSI volume watcher and claim GC, SI token revoker"
+            "leadership won: starting the eval broker, workers, plan applier, heartbeat timers, node drainer, CSI volume watcher and claim GC, SI token revoker, expired ACL token GC"
         );
         let d = &self.deps;
         self.broker.set_enabled(true);
@@ -196,6 +201,10 @@ impl Leader {
 
         tasks.push(tokio::spawn(VolumeWatcher::new(d.volume_watch.clone(), self.config.volume_watcher.clone()).run()));
         tasks.push(tokio::spawn(ClaimGc::new(d.claim_gc.clone(), self.config.csi_claim_gc.clone()).run()));
+        if let Some(config) = &self.config.acl_token_gc {
+            let tokens = Arc::new(StoreTokens { store: d.store.clone(), consensus: d.consensus.clone() });
+            tasks.push(tokio::spawn(TokenGc::new(tokens, config.clone()).run()));
+        }
         // Its first pass revokes the tokens of allocs that died while no leader watched.
         match &self.consul_acl {
             Some(acl) => {
