@@ -423,7 +423,8 @@ mod tests {
             let line = format!("nomad-rs {name} arg");
             assert_eq!(unimplemented_in(&args(&line)).as_deref(), Some(*name), "{line}");
         }
-        assert!(lacking > 150, "{lacking}");
+        // A sanity floor: the table is Nomad's whole command list, most of it not ours yet.
+        assert!(lacking > 100, "{lacking}");
         for ours in [
             "job run",
             "job init",
@@ -438,6 +439,8 @@ mod tests {
             "volume delete",
             "volume detach",
             "plugin status",
+            "acl role create",
+            "acl role update",
         ] {
             assert!(implemented(&ours.split(' ').collect::<Vec<_>>()), "{ours}");
         }
