@@ -160,7 +160,7 @@ impl Leader {
 
     fn establish(&self) -> Term {
         tracing::info!(
-            "leadership won: starting the eval broker, workers, plan applier, heartbeat timers, node drainer, CSI volume watcher and claim GC, SI token revoker, expired ACL token GC"
+            "leadership won: starting the eval broker, workers, plan applier, heartbeat timers, node drainer, CSI volume watcher and claim GC, SI token revoker"
         );
         let d = &self.deps;
         self.broker.set_enabled(true);
@@ -202,6 +202,7 @@ impl Leader {
         tasks.push(tokio::spawn(VolumeWatcher::new(d.volume_watch.clone(), self.config.volume_watcher.clone()).run()));
         tasks.push(tokio::spawn(ClaimGc::new(d.claim_gc.clone(), self.config.csi_claim_gc.clone()).run()));
         if let Some(config) = &self.config.acl_token_gc {
+            tracing::info!(threshold = ?config.threshold, "starting the expired ACL token GC");
             let tokens = Arc::new(StoreTokens { store: d.store.clone(), consensus: d.consensus.clone() });
             tasks.push(tokio::spawn(TokenGc::new(tokens, config.clone()).run()));
         }
