@@ -29,6 +29,7 @@ pub mod service_registration;
 pub mod summary;
 pub mod time;
 pub mod validate;
+pub mod variables;
 pub mod version;
 pub mod volume;
 

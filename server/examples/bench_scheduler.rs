@@ -227,6 +227,7 @@ async fn run(args: Args) {
         scheduler,
         volume_watch: Arc::new(endpoints.clone()),
         claim_gc: Arc::new(endpoints.clone()),
+        keyring: endpoints.keyring().clone(),
     };
     let leader = Arc::new(Leader::new(deps, config));
     let leader_task = tokio::spawn(leader.clone().run());

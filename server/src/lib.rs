@@ -12,6 +12,7 @@ pub mod events;
 pub mod fsm;
 pub mod heartbeat;
 pub mod http;
+pub mod keyring;
 pub mod leader;
 pub mod plan_apply;
 pub mod raft;

@@ -141,6 +141,14 @@ impl ClusterKey {
         Ok(ClusterKey(bytes))
     }
 
+    /// A 32-byte key for another purpose (`label` names it), derived from this one with
+    /// HMAC-SHA256, so the cluster key itself is used for one thing only.
+    pub fn derive(&self, label: &str) -> [u8; 32] {
+        let mut mac = <HmacSha256 as KeyInit>::new_from_slice(&self.0).expect("hmac takes keys of any length");
+        mac.update(label.as_bytes());
+        mac.finalize().into_bytes().into()
+    }
+
     /// The key as `encrypt` takes it.
     pub fn encode(&self) -> String {
         BASE64.encode(&self.0)

@@ -67,6 +67,8 @@ pub struct ServerConfig {
     pub acl: crate::acl::AclConfig,
     /// The expired ACL token GC (`server { acl_token_gc_threshold }`), run while ACLs are on.
     pub acl_token_gc: crate::leader::TokenGcConfig,
+    /// Root key rotation and GC (`server { root_key_* }`).
+    pub keyring: crate::leader::KeyringConfig,
 }
 
 impl ServerConfig {
@@ -92,6 +94,7 @@ impl ServerConfig {
             consul: crate::consul::ConsulHandles::default(),
             acl: crate::acl::AclConfig::default(),
             acl_token_gc: crate::leader::TokenGcConfig::default(),
+            keyring: crate::leader::KeyringConfig::default(),
         }
     }
 }
@@ -131,6 +134,7 @@ impl Server {
         let fsm = Arc::new(ServerFsm::with_events(store.clone(), events.clone()));
         let single_server = cfg.bootstrap_expect <= 1 && cfg.join.is_empty();
         let key = ClusterKey::load_or_create(&cfg.data_dir, cfg.encrypt.as_deref(), single_server)?;
+        let keyring = Arc::new(crate::keyring::Keyring::for_cluster(&key));
         let auth = ClusterAuth::new(key, &cfg.region);
         let mut raft_cfg = RaftConfig::new(cfg.data_dir.clone(), cfg.rpc_advertise.clone(), auth.clone());
         raft_cfg.bootstrap_expect = cfg.bootstrap_expect;
@@ -158,7 +162,8 @@ impl Server {
         .with_events(events)
         .with_scheduler(scheduler.clone())
         .with_consul(cfg.consul.clone())
-        .with_acl(cfg.acl.clone());
+        .with_acl(cfg.acl.clone())
+        .with_keyring(keyring.clone());
         let peers = Peers::new(auth.clone());
         // Calls to clients go over the streams clients keep open to their server; a stream held
         // by another server is reached through it (`client_conn`).
@@ -205,6 +210,7 @@ impl Server {
         }
         leader_cfg.csi_claim_gc = cfg.csi_claim_gc.clone();
         leader_cfg.acl_token_gc = cfg.acl.enabled.then(|| cfg.acl_token_gc.clone());
+        leader_cfg.keyring = cfg.keyring.clone();
         let leader = Arc::new(
             Leader::new(
                 LeaderDeps {
@@ -215,6 +221,7 @@ impl Server {
                     scheduler,
                     volume_watch: Arc::new(endpoints.clone()),
                     claim_gc: Arc::new(endpoints.clone()),
+                    keyring,
                 },
                 leader_cfg,
             )

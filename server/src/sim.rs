@@ -283,6 +283,7 @@ pub fn start_leader(
         scheduler,
         volume_watch: Arc::new(server.endpoints.clone()),
         claim_gc: Arc::new(server.endpoints.clone()),
+        keyring: server.endpoints.keyring().clone(),
     };
     let leader = Arc::new(Leader::new(deps, config));
     let task = tokio::spawn(leader.clone().run());

@@ -153,6 +153,12 @@ pub struct ServerBlock {
     pub csi_plugin_gc_threshold: Option<DurationValue>,
     /// How old an expired ACL token must be for the token GC (Nomad: 1h).
     pub acl_token_gc_threshold: Option<DurationValue>,
+    /// How old the active root key may get before the leader replaces it (Nomad: 720h).
+    pub root_key_rotation_threshold: Option<DurationValue>,
+    /// How often the leader deletes unused inactive root keys (Nomad: 10m).
+    pub root_key_gc_interval: Option<DurationValue>,
+    /// How old an unused inactive root key must be to be deleted (Nomad: 1h).
+    pub root_key_gc_threshold: Option<DurationValue>,
 }
 
 /// `limits {}`: what one client may hold on the listeners. 0 turns a limit off, as in Nomad.

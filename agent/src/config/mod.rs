@@ -93,6 +93,9 @@ pub struct ServerSettings {
     pub csi_claim_gc: nomad_server::leader::ClaimGcConfig,
     /// The expired ACL token GC (`acl_token_gc_threshold`).
     pub acl_token_gc: nomad_server::leader::TokenGcConfig,
+    /// Root key rotation and GC (`root_key_rotation_threshold`, `root_key_gc_interval`,
+    /// `root_key_gc_threshold`).
+    pub keyring: nomad_server::leader::KeyringConfig,
 }
 
 /// Client role settings.
@@ -473,6 +476,19 @@ impl AgentConfig {
             if let Some(d) = sb.acl_token_gc_threshold {
                 acl_token_gc.threshold = d.0;
             }
+            let mut keyring = nomad_server::leader::KeyringConfig::default();
+            for (name, value, slot) in [
+                ("root_key_rotation_threshold", sb.root_key_rotation_threshold, &mut keyring.rotation_threshold),
+                ("root_key_gc_interval", sb.root_key_gc_interval, &mut keyring.gc_interval),
+                ("root_key_gc_threshold", sb.root_key_gc_threshold, &mut keyring.gc_threshold),
+            ] {
+                if let Some(d) = value {
+                    if d.0.is_zero() {
+                        return Err(invalid(&format!("server.{name}"), format!("{name} should be greater than 0s")));
+                    }
+                    *slot = d.0;
+                }
+            }
             Some(ServerSettings {
                 data_dir: sb.data_dir.map(PathBuf::from).unwrap_or_else(|| data_dir.join("server")),
                 bootstrap_expect,
@@ -484,6 +500,7 @@ impl AgentConfig {
                 job_max_count,
                 csi_claim_gc,
                 acl_token_gc,
+                keyring,
             })
         } else {
             None

@@ -193,6 +193,7 @@ fn start_leader(ts: &TestServer, fake: &Arc<FakeConsul>) -> tokio::task::JoinHan
         scheduler: Arc::new(crate::sim::FirstReadyNode),
         volume_watch: Arc::new(ts.endpoints.clone()),
         claim_gc: Arc::new(ts.endpoints.clone()),
+        keyring: ts.endpoints.keyring().clone(),
     };
     let config = LeaderConfig { num_schedulers: 1, evals_in_flight: 1, si_revoker: fast(), ..LeaderConfig::default() };
     let acl: Arc<dyn ConsulAcl> = fake.clone();

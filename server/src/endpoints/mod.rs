@@ -88,6 +88,8 @@ pub struct Endpoints {
     consul: crate::consul::ConsulHandles,
     /// ACL settings (off by default).
     acl: Arc<crate::acl::AclConfig>,
+    /// Root key material: encrypts variables, signs workload identities.
+    keyring: Arc<crate::keyring::Keyring>,
 }
 
 impl Endpoints {
@@ -105,6 +107,7 @@ impl Endpoints {
             controller_locks: Default::default(),
             consul: crate::consul::ConsulHandles::default(),
             acl: Arc::default(),
+            keyring: Arc::default(),
         }
     }
 
@@ -117,6 +120,17 @@ impl Endpoints {
     /// The ACL settings.
     pub fn acl_config(&self) -> &crate::acl::AclConfig {
         &self.acl
+    }
+
+    /// These endpoints, with the cluster's keyring (every server derives the same one).
+    pub fn with_keyring(mut self, keyring: Arc<crate::keyring::Keyring>) -> Endpoints {
+        self.keyring = keyring;
+        self
+    }
+
+    /// The keyring.
+    pub fn keyring(&self) -> &Arc<crate::keyring::Keyring> {
+        &self.keyring
     }
 
     /// These endpoints, reaching Consul through `consul`.

@@ -26,6 +26,8 @@ fn event_type(cmd: &Command) -> Option<&'static str> {
         Command::CsiVolumeRegister { .. } => "CSIVolumeRegistered",
         Command::CsiVolumeDeregister { .. } => "CSIVolumeDeregistered",
         Command::CsiVolumeClaim { .. } => "CSIVolumeClaim",
+        // The type is decided per change below (upserted or deleted).
+        Command::VariableApply { .. } => "VariableUpserted",
         // Garbage collection and namespace changes emit nothing, as in Nomad.
         Command::EvalDelete { .. }
         | Command::NamespaceUpsert { .. }
@@ -41,7 +43,11 @@ fn event_type(cmd: &Command) -> Option<&'static str> {
         | Command::AclTokenDelete { .. }
         | Command::AclTokenBootstrap { .. }
         | Command::AclRoleUpsert { .. }
-        | Command::AclRoleDelete { .. } => return None,
+        | Command::AclRoleDelete { .. }
+        // Key material, even wrapped, stays off the stream.
+        | Command::RootKeyUpsert { .. }
+        | Command::RootKeySetState { .. }
+        | Command::RootKeyDelete { .. } => return None,
     })
 }
 
@@ -94,11 +100,16 @@ pub fn batch_for(index: u64, cmd: &Command, changes: &[Change]) -> Option<EventB
                 Change::CsiPlugin(p) | Change::CsiPluginDeleted(p) => {
                     (topic::CSI_PLUGIN, p.id.clone(), String::new(), vec![], serde_json::json!({ "CSIPlugin": p }))
                 }
+                // Metadata only: the items never leave the servers this way.
+                Change::Variable(v) | Change::VariableDeleted(v) => {
+                    (topic::VARIABLES, v.path.clone(), v.namespace.clone(), vec![], serde_json::json!({ "Variable": v }))
+                }
             };
             // Service changes keep their own type whatever command made them (node down, alloc finished).
             let ty = match c {
                 Change::Service(_) => "ServiceRegistration",
                 Change::ServiceDeleted(_) => "ServiceDeregistration",
+                Change::VariableDeleted(_) => "VariableDeleted",
                 _ => ty,
             };
             Event { topic: topic.to_string(), event_type: ty.to_string(), key, namespace, filter_keys, index, payload }

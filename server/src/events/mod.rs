@@ -39,6 +39,8 @@ pub mod topic {
     pub const CSI_VOLUME: &str = "CSIVolume";
     /// CSI plugins (global; their instances and health, from node fingerprints).
     pub const CSI_PLUGIN: &str = "CSIPlugin";
+    /// Nomad Variables (metadata only; subscribing takes a management token).
+    pub const VARIABLES: &str = "Variables";
     /// Every topic.
     pub const ALL: &str = "*";
 }

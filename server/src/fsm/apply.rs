@@ -186,6 +186,10 @@ fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnError> {
         Command::AclTokenBootstrap { token, reset_index } => txn.bootstrap_acl_token(token, *reset_index)?,
         Command::AclRoleUpsert { roles } => txn.upsert_acl_roles(roles)?,
         Command::AclRoleDelete { ids } => txn.delete_acl_roles(ids)?,
+        Command::VariableApply { op, variable, now } => txn.apply_variable(*op, variable, now.unix_nanos())?,
+        Command::RootKeyUpsert { key } => txn.upsert_root_key(key),
+        Command::RootKeySetState { key_id, state } => txn.set_root_key_state(key_id, state)?,
+        Command::RootKeyDelete { key_id } => txn.delete_root_key(key_id)?,
         Command::NodeDrainComplete { nodes, now } => {
             for n in nodes {
                 txn.complete_node_drain(&n.node_id, n.event.clone(), *now);

@@ -244,6 +244,34 @@ pub enum Command {
         /// IDs.
         ids: Vec<String>,
     },
+    /// Write or delete a Nomad Variable (items encrypted by the endpoint); a check-and-set that
+    /// no longer holds is refused with `state::CAS_CONFLICT`.
+    VariableApply {
+        /// What to do.
+        op: crate::state::VarOp,
+        /// The variable (for deletes only its namespace and path count).
+        variable: crate::keyring::EncryptedVariable,
+        /// Server time of the write.
+        now: Timestamp,
+    },
+    /// Store a root key (generated and wrapped by the leader); an active one demotes the
+    /// active key.
+    RootKeyUpsert {
+        /// The key.
+        key: crate::keyring::StoredRootKey,
+    },
+    /// Change an inactive root key's state (`rekeying` → `inactive` once re-encrypted).
+    RootKeySetState {
+        /// KeyID.
+        key_id: String,
+        /// New state.
+        state: String,
+    },
+    /// Delete a root key that is inactive and encrypts nothing.
+    RootKeyDelete {
+        /// KeyID.
+        key_id: String,
+    },
 }
 
 /// One node whose drain is done.

@@ -105,6 +105,9 @@ pub enum Need {
     /// A token other than the anonymous one; the event stream's handler checks the topics
     /// asked for and then each event's namespace (`http/events.rs`).
     EventStream,
+    /// Any valid token, the anonymous one included; the handler applies the token's
+    /// `variables` path rules to the path (and to each variable a list shows).
+    Variable,
     /// A management token.
     Management,
 }
@@ -188,6 +191,13 @@ pub const ROWS: &[Row] = &[
     row(Get, "/v1/namespace/:name", NsAny),
     row(Write, "/v1/namespace/:name", Management),
     row(Delete, "/v1/namespace/:name", Management),
+    // Nomad Variables: path rules checked by the handlers (`http/variables.rs`).
+    row(Get, "/v1/vars", Variable),
+    row(Any, "/v1/var/*", Variable),
+    // The keyring: management only, as Nomad.
+    row(Get, "/v1/operator/keyring/keys", Management),
+    row(Write, "/v1/operator/keyring/rotate", Management),
+    row(Delete, "/v1/operator/keyring/key/:id", Management),
     // Agent and operator.
     row(Get, "/v1/agent/self", Agent(false)),
     row(Get, "/v1/agent/members", Node(false)),
@@ -307,7 +317,7 @@ pub async fn authorize(State(endpoints): State<Endpoints>, req: Request, next: N
     req.extensions_mut().insert(Caller(id));
     let mut after = After::Nothing;
     let allowed = match row.need {
-        Public | Handler | AnyToken => true,
+        Public | Handler | AnyToken | Variable => true,
         // Nomad refuses the anonymous token here: its policy does not apply to the stream.
         EventStream => !id_is_anonymous,
         Management => acl.is_management(),

@@ -24,6 +24,7 @@ mod nodes;
 mod operator;
 mod services;
 pub mod util;
+mod variables;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -104,6 +105,9 @@ server_routes! {
     "/v1/plugins" => csi::plugins,
     "/v1/plugin/csi/{*rest}" => csi::plugin_specific,
     "/v1/acl/{*rest}" => acl::acl_route,
+    "/v1/vars" => variables::list,
+    "/v1/var/{*rest}" => variables::specific,
+    "/v1/operator/keyring/{*rest}" => variables::keyring,
 }
 
 /// The `/v1` routes of the server role. The agent merges its own (client) routes. On a
@@ -136,3 +140,5 @@ mod plan_tests;
 mod secret_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod variables_tests;

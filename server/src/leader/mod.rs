@@ -9,12 +9,14 @@
 
 pub mod acl_token_gc;
 pub mod csi_claim_gc;
+pub mod keyring;
 pub mod volume_watcher;
 
 use std::sync::Arc;
 
 pub use acl_token_gc::{StoreTokens, TokenGc, TokenGcConfig};
 pub use csi_claim_gc::{ClaimGc, ClaimGcConfig, ClaimGcHandle};
+pub use keyring::{KeyringConfig, KeyringLoop};
 use nomad_proto::NodeStatus;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
@@ -56,6 +58,8 @@ pub struct LeaderConfig {
     pub si_revoker: RevokerConfig,
     /// The expired ACL token GC; `None` while ACLs are off.
     pub acl_token_gc: Option<TokenGcConfig>,
+    /// Root key creation, rotation, rekeying and GC.
+    pub keyring: KeyringConfig,
 }
 
 impl Default for LeaderConfig {
@@ -71,6 +75,7 @@ impl Default for LeaderConfig {
             csi_claim_gc: ClaimGcConfig::default(),
             si_revoker: RevokerConfig::default(),
             acl_token_gc: None,
+            keyring: KeyringConfig::default(),
         }
     }
 }
@@ -92,6 +97,8 @@ pub struct LeaderDeps {
     pub volume_watch: Arc<dyn VolumeWatchHandle>,
     /// What the claim GC sees of CSI volumes (the CSI endpoints).
     pub claim_gc: Arc<dyn ClaimGcHandle>,
+    /// Root key material.
+    pub keyring: Arc<crate::keyring::Keyring>,
 }
 
 /// Runs the leader-only subsystems while this server leads.
@@ -201,6 +208,8 @@ impl Leader {
 
         tasks.push(tokio::spawn(VolumeWatcher::new(d.volume_watch.clone(), self.config.volume_watcher.clone()).run()));
         tasks.push(tokio::spawn(ClaimGc::new(d.claim_gc.clone(), self.config.csi_claim_gc.clone()).run()));
+        let keyring = KeyringLoop::new(d.store.clone(), d.consensus.clone(), d.keyring.clone(), self.config.keyring.clone());
+        tasks.push(tokio::spawn(keyring.run()));
         if let Some(config) = &self.config.acl_token_gc {
             tracing::info!(threshold = ?config.threshold, "starting the expired ACL token GC");
             let tokens = Arc::new(StoreTokens { store: d.store.clone(), consensus: d.consensus.clone() });

@@ -27,6 +27,7 @@ mod nodes;
 mod persist;
 mod services;
 mod si_accessors;
+mod variables;
 mod waiters;
 
 use std::collections::{BTreeSet, HashSet};
@@ -41,6 +42,7 @@ use tokio::sync::watch;
 pub use csi_volumes::CsiVolumeView;
 pub use jobs::job_status;
 pub use si_accessors::{ClusterMetadata, SiTokenAccessor};
+pub use variables::{CAS_CONFLICT, VarOp};
 pub use waiters::Watch;
 
 /// Keys of the large tables (alloc, eval and node IDs). A write copies the tree nodes on its
@@ -78,10 +80,14 @@ pub enum Table {
     AclTokens,
     /// ACL roles.
     AclRoles,
+    /// Nomad Variables.
+    Variables,
+    /// Keyring root keys.
+    RootKeys,
 }
 
 /// Number of tables.
-const TABLES: usize = 13;
+const TABLES: usize = 15;
 
 impl Table {
     /// Every table.
@@ -99,6 +105,8 @@ impl Table {
         Table::AclPolicies,
         Table::AclTokens,
         Table::AclRoles,
+        Table::Variables,
+        Table::RootKeys,
     ];
 
     fn slot(self) -> usize {
@@ -144,6 +152,10 @@ pub struct State {
     acl_roles: OrdMap<String, Arc<crate::acl::AclRole>>,
     /// Raft index of the ACL bootstrap (0: not done).
     acl_bootstrap_index: u64,
+    /// Nomad Variables (items encrypted), by namespace and path.
+    variables: OrdMap<NamespacedId, Arc<crate::keyring::EncryptedVariable>>,
+    /// Keyring root keys (wrapped), by KeyID.
+    root_keys: OrdMap<String, Arc<crate::keyring::StoredRootKey>>,
 }
 
 impl State {
@@ -203,6 +215,10 @@ pub enum Change {
     CsiPlugin(Arc<nomad_proto::csi::CsiPlugin>),
     /// A CSI plugin lost its last instance and was removed (shown without instances).
     CsiPluginDeleted(Arc<nomad_proto::csi::CsiPlugin>),
+    /// A variable was written (metadata only: events never carry items).
+    Variable(Arc<nomad_proto::variables::VariableMetadata>),
+    /// A variable was removed.
+    VariableDeleted(Arc<nomad_proto::variables::VariableMetadata>),
 }
 
 impl Change {
@@ -215,6 +231,7 @@ impl Change {
             Change::Service(r) | Change::ServiceDeleted(r) => (4, r.id.clone()),
             Change::CsiVolume(v) | Change::CsiVolumeDeleted(v) => (5, format!("{}/{}", v.volume.namespace, v.volume.id)),
             Change::CsiPlugin(p) | Change::CsiPluginDeleted(p) => (6, p.id.clone()),
+            Change::Variable(v) | Change::VariableDeleted(v) => (7, format!("{}/{}", v.namespace, v.path)),
         }
     }
 }

@@ -23,6 +23,11 @@ impl Txn<'_> {
         if self.state.jobs().any(|j| j.namespace == name) {
             return Err(TxnError(format!("namespace {name:?} has non-terminal jobs")));
         }
+        if self.state.variables_with_prefix(name, "").next().is_some() {
+            return Err(TxnError(format!(
+                "namespace {name:?} contains at least one variable. All variables in namespace must be deleted before it can be deleted"
+            )));
+        }
         if self.state.namespaces.remove(name).is_none() {
             return Err(TxnError(format!("namespace {name:?} not found")));
         }

@@ -38,6 +38,10 @@ struct Persisted {
     acl_roles: Vec<Arc<crate::acl::AclRole>>,
     #[serde(default)]
     acl_bootstrap_index: u64,
+    #[serde(default)]
+    variables: Vec<Arc<crate::keyring::EncryptedVariable>>,
+    #[serde(default)]
+    root_keys: Vec<Arc<crate::keyring::StoredRootKey>>,
     namespaces: Vec<Arc<Namespace>>,
     jobs: Vec<Arc<Job>>,
     job_summaries: Vec<Arc<JobSummary>>,
@@ -99,6 +103,8 @@ impl State {
             acl_tokens: self.acl_tokens.values().cloned().collect(),
             acl_roles: self.acl_roles.values().cloned().collect(),
             acl_bootstrap_index: self.acl_bootstrap_index,
+            variables: self.variables.values().cloned().collect(),
+            root_keys: self.root_keys.values().cloned().collect(),
         };
         serde_json::to_vec(&p).map_err(|e| format!("encoding state snapshot: {e}"))
     }
@@ -171,6 +177,12 @@ impl State {
             s.acl_roles.insert(r.id.clone(), r);
         }
         s.acl_bootstrap_index = p.acl_bootstrap_index;
+        for v in p.variables {
+            s.variables.insert(NamespacedId::new(&v.meta.namespace, &v.meta.path), v);
+        }
+        for k in p.root_keys {
+            s.root_keys.insert(k.meta.key_id.clone(), k);
+        }
         for (node, idx) in p.alloc_removed {
             s.alloc_removed.insert(node, idx);
         }
