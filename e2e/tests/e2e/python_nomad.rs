@@ -96,10 +96,10 @@ fn python_nomad_suite() -> std::path::PathBuf {
     suite
 }
 
-/// python-nomad's own ACL and base tests, run as its CI runs them: against `agent -dev
+/// python-nomad's own ACL, base and Variables tests, run as its CI runs them: against `agent -dev
 /// -acl-enabled`, the ACL tests first (they bootstrap and hand the management token to the rest).
 #[test]
-fn python_nomads_own_acl_and_base_tests_pass_against_an_acl_enabled_dev_agent() {
+fn python_nomads_own_acl_base_and_variables_tests_pass_against_an_acl_enabled_dev_agent() {
     let suite = python_nomad_suite();
     let dir = tempfile::tempdir().unwrap();
     let config =
@@ -113,6 +113,7 @@ fn python_nomads_own_acl_and_base_tests_pass_against_an_acl_enabled_dev_agent() 
     let (host, port) = agent.http_addr.rsplit_once(':').unwrap();
     let out = Command::new(python())
         .args(["-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "tests/test_acl.py", "tests/test_base.py"])
+        .args(["tests/test_variable.py", "tests/test_variables.py"])
         .current_dir(&suite)
         .env("NOMAD_IP", host)
         .env("NOMAD_PORT", port)
@@ -125,7 +126,11 @@ fn python_nomads_own_acl_and_base_tests_pass_against_an_acl_enabled_dev_agent() 
     let stdout = String::from_utf8_lossy(&out.stdout);
     let passed = |file: &str| stdout.lines().filter(|l| l.starts_with(&format!("PASSED tests/{file}::"))).count();
     assert!(
-        out.status.success() && passed("test_acl.py") == 13 && passed("test_base.py") == 14,
+        out.status.success()
+            && passed("test_acl.py") == 13
+            && passed("test_base.py") == 14
+            && passed("test_variable.py") == 16
+            && passed("test_variables.py") == 12,
         "python-nomad's suite:\n{stdout}\n{}\n{}",
         String::from_utf8_lossy(&out.stderr),
         agent.logs()
