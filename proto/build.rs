@@ -40,6 +40,8 @@ fn main() {
         .method(server_streaming("server_requests", "ServerRequests", "NodeServerRequestsRequest", "ServerRequest"))
         .method(unary("server_request_reply", "ServerRequestReply", "ServerRequestReply", "GenericResponse"))
         .method(unary("derive_si_token", "DeriveSIToken", "DeriveSiTokenRequest", "DeriveSiTokenResponse"))
+        // Workload identities (JWTs the servers' keyring signs) for tasks with an `identity` block.
+        .method(unary("sign_identities", "SignIdentities", "SignIdentitiesRequest", "SignIdentitiesResponse"))
         // A caller's ACL token, for a client agent authorizing its own HTTP routes (Nomad's
         // client calls `ACL.ResolveToken`/`WhoAmI`).
         .method(unary("resolve_token", "ResolveToken", "NodeResolveTokenRequest", "NodeResolveTokenResponse"))

@@ -190,7 +190,8 @@ table! {
     TaskKind: Attribute "kind" in "task" => H("marks Consul Connect tasks: a task of kind connect-proxy:<service> is that service's sidecar, and none is injected"),
     CsiPlugin: Block "csi_plugin" in "task" => H("raw_exec and exec tasks: the plugin supervisor gives the task CSI_ENDPOINT (exec: the socket dir at mount_dir and the staging root at stage_publish_base_dir, bidirectional, and /dev), probes it and registers it with the client's CSI manager, which fingerprints it into the node"),
     CsiPluginIsolated: Value "csi_plugin with a driver other than \"raw_exec\" or \"exec\"" in "task" => R("only those drivers run a plugin that can mount volumes (oci containers get no capability to mount with)"),
-    Identity: Block "identity" in "task" => R(""),
+    Identity: Block "identity" in "task" => H("the servers sign the task's workload identity (EdDSA JWT, the keyring's active key): NOMAD_TOKEN with env = true, secrets/nomad_token with file = true; it reads and lists the task's nomad/jobs/<job>[/<group>[/<task>]] variables and reads its namespace's Nomad services, until the alloc finishes"),
+    IdentityFields: Value "identity fields other than env and file" in "identity" => R("Nomad 1.6 has only env and file (name, aud and ttl are later Nomad's)"),
     // resources (task).
     Cpu: Attribute "cpu" in "resources" => H("scheduler fit, cgroup weight"),
     Cores: Attribute "cores" in "resources" => R("tasks are not pinned to reserved cores"),
@@ -836,6 +837,9 @@ impl Walk {
         self.decide(Feature::CsiPlugin, csi_plugin_config.is_some());
         self.decide(Feature::CsiPluginIsolated, csi_plugin_config.is_some() && !["raw_exec", "exec"].contains(&driver.as_str()));
         self.decide(Feature::Identity, identity.as_ref().is_some_and(|i| !i.is_null()));
+        let other_fields =
+            identity.as_ref().and_then(|i| i.as_object()).is_some_and(|o| o.keys().any(|k| !["Env", "File"].contains(&k.as_str())));
+        self.decide(Feature::IdentityFields, other_fields);
     }
 
     fn resources(&mut self, r: &Resources) {
@@ -1122,6 +1126,7 @@ pub fn sample_job_using(feature: Feature) -> Job {
             })
         }
         Feature::Identity => t.identity = Some(json!({"Env": true})),
+        Feature::IdentityFields => t.identity = Some(json!({"Env": true, "Name": "vault", "Audience": ["vault.io"]})),
         Feature::Cores => t.resources.cores = 1,
         Feature::MemoryMax => t.resources.memory_max_mb = 600,
         Feature::Device => {

@@ -19,6 +19,7 @@ use nomad_proto::rpc::{
     NodeResolveTokenResponse, NodeRpc, NodeServer, NodeServerRequestsRequest, NodeSpecificRequest, NodeUpdateResponse,
     NodeUpdateStatusRequest, ServerRequestReply, ServiceRegistrationClient, ServiceRegistrationDeleteByIdRequest,
     ServiceRegistrationDeleteRequest, ServiceRegistrationRpc, ServiceRegistrationServer, ServiceRegistrationUpsertRequest,
+    SignIdentitiesRequest, SignIdentitiesResponse,
 };
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
@@ -213,6 +214,13 @@ impl NodeRpc for ClientRpc {
             return node_client(ch).derive_si_token(self.forwarded(req)).await;
         }
         Ok(Response::new(self.endpoints.node_derive_si_token(req.into_inner()).await?))
+    }
+
+    async fn sign_identities(&self, req: Request<SignIdentitiesRequest>) -> Result<Response<SignIdentitiesResponse>, Status> {
+        if let Some(ch) = self.forward_target(&req)? {
+            return node_client(ch).sign_identities(self.forwarded(req)).await;
+        }
+        Ok(Response::new(self.endpoints.node_sign_identities(req.into_inner())?))
     }
 
     /// Never forwarded: any server's state answers (Nomad resolves tokens with stale reads).

@@ -66,6 +66,7 @@ pub const RPC_TABLE: &[(&str, Requires)] = &[
     ("/nomad.Node/ServerRequests", Requires::Node),
     ("/nomad.Node/ServerRequestReply", Requires::Node),
     ("/nomad.Node/DeriveSIToken", Requires::Node),
+    ("/nomad.Node/SignIdentities", Requires::Node),
     ("/nomad.Node/ResolveToken", Requires::Node),
     ("/nomad.Alloc/GetAllocs", Requires::Node),
     ("/nomad.ServiceRegistration/Upsert", Requires::Node),

@@ -66,7 +66,9 @@ pub struct ClientContext {
     /// Asks the servers for Consul SI tokens; set only when the agent's Consul config has a
     /// token (Nomad's condition for the `consul_si_token` hook).
     pub si_tokens: Option<Arc<dyn crate::client::taskrunner::hooks::consul_si_token::SiTokenDeriver>>,
-    /// The SI token derivation's timing (Nomad's, except in tests).
+    /// Signs workload identities (`Node.SignIdentities`) for tasks with an `identity` block.
+    pub identities: Arc<dyn crate::client::taskrunner::hooks::consul_si_token::SiTokenDeriver>,
+    /// Backoff of SI token and identity requests.
     pub si_backoff: crate::client::taskrunner::hooks::consul_si_token::Backoff,
     /// The agent's `consul {}`, when it has one.
     pub consul_config: Option<crate::config::consul::ConsulSettings>,

@@ -261,6 +261,7 @@ impl Client {
             consul_services: consul_services.clone(),
             consul_checks: consul_checks.clone(),
             si_tokens: si_token_deriver(&config, &servers, &identity),
+            identities: Arc::new(si_tokens::RpcIdentities::new(servers.clone(), &identity.node_id, &identity.secret_id, &config.region)),
             si_backoff: Default::default(),
             consul_config: config.consul.clone(),
             consul_api: consul.clone(),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use nomad_proto::rpc::DeriveSiTokenRequest;
+use nomad_proto::rpc::{DeriveSiTokenRequest, SignIdentitiesRequest};
 
 use super::servers::Servers;
 use super::taskrunner::hooks::consul_si_token::{DeriveError, SiTokenDeriver};
@@ -54,6 +54,43 @@ impl SiTokenDeriver for RpcSiTokens {
                 }
                 Err(e) if e.is_unreachable() || e.is_no_leader() => Err(DeriveError::Unreachable(format!("DeriveSIToken RPC failed: {e}"))),
                 Err(e) => Err(DeriveError::Refused(format!("DeriveSIToken RPC failed: {e}"))),
+            }
+        })
+    }
+}
+
+/// `Node.SignIdentities` through the same seam: workload identities by task, for the `identity`
+/// hook. Refusals are final; a call no server could answer is retried by the hook.
+pub struct RpcIdentities(RpcSiTokens);
+
+impl RpcIdentities {
+    /// Calls as node `node_id` with its secret.
+    pub fn new(servers: Arc<Servers>, node_id: &str, secret_id: &str, region: &str) -> RpcIdentities {
+        RpcIdentities(RpcSiTokens::new(servers, node_id, secret_id, region))
+    }
+}
+
+impl SiTokenDeriver for RpcIdentities {
+    fn derive(&self, alloc_id: String, tasks: Vec<String>) -> BoxFuture<'static, Result<BTreeMap<String, String>, DeriveError>> {
+        let servers = self.0.servers.clone();
+        let req = SignIdentitiesRequest {
+            node_id: self.0.node_id.clone(),
+            secret_id: self.0.secret_id.clone(),
+            alloc_id,
+            tasks,
+            region: self.0.region.clone(),
+        };
+        Box::pin(async move {
+            match servers.node(CALL_TIMEOUT, |mut c| async move { c.sign_identities(req).await }).await {
+                Ok(resp) => match resp.error {
+                    Some(e) if e.recoverable => Err(DeriveError::Unreachable(e.err)),
+                    Some(e) => Err(DeriveError::Refused(e.err)),
+                    None => Ok(resp.identities),
+                },
+                Err(e) if e.is_unreachable() || e.is_no_leader() => {
+                    Err(DeriveError::Unreachable(format!("SignIdentities RPC failed: {e}")))
+                }
+                Err(e) => Err(DeriveError::Refused(format!("SignIdentities RPC failed: {e}"))),
             }
         })
     }

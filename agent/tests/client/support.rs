@@ -94,6 +94,12 @@ impl NodeRpc for GatedRpc {
     ) -> Result<Response<nomad_proto::rpc::DeriveSiTokenResponse>, Status> {
         Ok(Response::new(self.endpoints.node_derive_si_token(req.into_inner()).await?))
     }
+    async fn sign_identities(
+        &self,
+        req: Request<nomad_proto::rpc::SignIdentitiesRequest>,
+    ) -> Result<Response<nomad_proto::rpc::SignIdentitiesResponse>, Status> {
+        Ok(Response::new(self.endpoints.node_sign_identities(req.into_inner())?))
+    }
     async fn resolve_token(
         &self,
         req: Request<nomad_proto::rpc::NodeResolveTokenRequest>,

@@ -25,6 +25,7 @@ mod server_restart;
 mod servers;
 mod services;
 mod tls;
+mod workload_identity;
 
 use std::time::Duration;
 

@@ -40,7 +40,7 @@ decode_limits!(
     replies: NodeUpdateResponse, GenericResponse, NodeClientAllocsResponse, AllocsGetResponse, CsiVolumeClaimResponse, ServerRequest
 );
 
-decode_limits!(requests: DeriveSiTokenRequest; replies: DeriveSiTokenResponse);
+decode_limits!(requests: DeriveSiTokenRequest, SignIdentitiesRequest; replies: DeriveSiTokenResponse, SignIdentitiesResponse);
 decode_limits!(requests: NodeResolveTokenRequest; replies: NodeResolveTokenResponse);
 
 pub use generated::alloc_client::AllocClient;
@@ -405,6 +405,36 @@ pub struct DeriveSiTokenRequest {
     pub tasks: Vec<String>,
     /// Region.
     pub region: String,
+}
+
+/// `Node.SignIdentities`: a client asks for the workload identities (signed JWTs) of tasks of one
+/// of its allocs that have an `identity` block.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct SignIdentitiesRequest {
+    /// The calling node.
+    #[serde(rename = "NodeID")]
+    pub node_id: String,
+    /// The node's secret.
+    #[serde(rename = "SecretID")]
+    pub secret_id: String,
+    /// The alloc.
+    #[serde(rename = "AllocID")]
+    pub alloc_id: String,
+    /// Its tasks wanting an identity.
+    pub tasks: Vec<String>,
+    /// Region.
+    pub region: String,
+}
+
+/// The reply to `Node.SignIdentities`: a JWT per task, or why none were signed.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct SignIdentitiesResponse {
+    /// Task name to its identity.
+    pub identities: BTreeMap<String, String>,
+    /// Why none were signed.
+    pub error: Option<RecoverableError>,
 }
 
 /// `Node.ResolveToken`: a client agent asks its servers who a caller of its HTTP API is.

@@ -7,6 +7,7 @@
 //! covers most of `X`). Host volumes, node pools and variable paths match the same way.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use super::policy::{Level, Policy, labelled_rule_capabilities, namespace_rule_capabilities, path_rule_capabilities};
 
@@ -122,9 +123,33 @@ pub struct Acl {
     operator: Level,
     quota: Level,
     plugin: Level,
+    /// What a workload identity may do without a policy (Nomad's implicit workload access).
+    workload: Option<Arc<WorkloadGrant>>,
+}
+
+/// The pseudo-capability the service read routes accept beside `read-job`: a workload identity
+/// may read the Nomad services of its own namespace (`nomadService` in templates), nothing else
+/// of its jobs. No policy can grant it (policy capabilities are checked against Nomad's list).
+pub const WORKLOAD_READ_SERVICES: &str = "workload-read-services";
+
+/// A workload's implicit grants: read and list on exactly `nomad/jobs`, `nomad/jobs/<job>`,
+/// `nomad/jobs/<job>/<group>` and `nomad/jobs/<job>/<group>/<task>` in its namespace, and service
+/// reads there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadGrant {
+    /// The workload's namespace.
+    pub namespace: String,
+    /// The four variable paths.
+    pub paths: [String; 4],
 }
 
 impl Acl {
+    /// The ACL of a workload identity.
+    pub fn workload(namespace: &str, job: &str, group: &str, task: &str) -> Acl {
+        let paths = nomad_proto::variables::workload_paths(job, group, task);
+        Acl { workload: Some(Arc::new(WorkloadGrant { namespace: namespace.into(), paths })), ..Acl::default() }
+    }
+
     /// The management token's ACL: everything allowed.
     pub fn management() -> Acl {
         Acl { management: true, ..Acl::default() }
@@ -184,6 +209,9 @@ impl Acl {
         if self.management {
             return true;
         }
+        if cap == WORKLOAD_READ_SERVICES {
+            return self.workload.as_ref().is_some_and(|w| ns == "*" || ns == w.namespace);
+        }
         if ns == "*" {
             return self.namespaces.all().any(|c| c.has(cap));
         }
@@ -204,6 +232,13 @@ impl Acl {
     /// Whether `op` (list, read, write, destroy) is allowed on variable `path` in `ns`.
     pub fn allow_variable_op(&self, ns: &str, path: &str, op: &str) -> bool {
         if self.management {
+            return true;
+        }
+        if let Some(w) = &self.workload
+            && ns == w.namespace
+            && matches!(op, "read" | "list")
+            && w.paths.iter().any(|p| p == path)
+        {
             return true;
         }
         self.variables.lookup(&format!("{ns}\0{path}")).is_some_and(|c| c.has(op))

@@ -12,7 +12,7 @@ mod objects;
 mod policy;
 mod resolve;
 
-pub use compiled::{Acl, glob_match};
+pub use compiled::{Acl, WORKLOAD_READ_SERVICES, WorkloadGrant, glob_match};
 pub use objects::{
     ANONYMOUS_ACCESSOR, ANONYMOUS_POLICY, AclPolicy, AclRole, AclToken, CLIENT, MANAGEMENT, PolicyLink, RoleLink, go_duration,
 };
@@ -20,7 +20,7 @@ pub use policy::{
     LabelledRule, Level, NAMESPACE_CAPABILITIES, NAMESPACE_READ, NAMESPACE_WRITE_EXTRA, NamespaceRule, PathRule, Policy, PolicyError,
     valid_namespace_label, valid_node_pool_label, valid_policy_name,
 };
-pub use resolve::{AuthError, Identity, policy_names, resolve};
+pub use resolve::{AuthError, Identity, policy_names, resolve, resolve_workload};
 
 #[cfg(test)]
 mod tests;

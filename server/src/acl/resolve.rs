@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use nomad_proto::Timestamp;
 
 use super::{Acl, AclPolicy, AclToken, Policy};
+use crate::keyring::Keyring;
 use crate::state::State;
 
 /// Why a secret was refused; the texts are Nomad's.
@@ -33,8 +34,12 @@ pub struct Identity {
 
 /// Resolves `secret` against `state` at `now`: an empty secret is the anonymous token; a node's
 /// SecretID is refused (node identities are not HTTP callers); an unknown secret is
-/// `ACL token not found`; an expired token is `ACL token expired`.
-pub fn resolve(state: &State, secret: &str, now: Timestamp) -> Result<Identity, AuthError> {
+/// `ACL token not found`; an expired token is `ACL token expired`. A JWT is a workload identity
+/// (see [`resolve_workload`]).
+pub fn resolve(state: &State, keyring: &Keyring, secret: &str, now: Timestamp) -> Result<Identity, AuthError> {
+    if secret.split('.').count() == 3 {
+        return resolve_workload(state, keyring, secret);
+    }
     let token = if secret.is_empty() {
         Arc::new(AclToken::anonymous())
     } else {
@@ -49,6 +54,29 @@ pub fn resolve(state: &State, secret: &str, now: Timestamp) -> Result<Identity, 
     }
     let acl = if token.is_management() { Arc::new(Acl::management()) } else { compile_for(state, &token) };
     Ok(Identity { token, acl })
+}
+
+/// A workload identity: a JWT this cluster's keyring signed, for an alloc that exists and has not
+/// finished on its client (valid only while the alloc runs). Its ACL is the implicit workload
+/// access of its job, group and task (the job is the parent of a dispatched or periodic child,
+/// as the claim says). A signature that does not verify is `ACL token not found`; a finished
+/// or unknown alloc, or claims that do not match it, `Permission denied`.
+pub fn resolve_workload(state: &State, keyring: &Keyring, jwt: &str) -> Result<Identity, AuthError> {
+    let claims = keyring.verify(state, jwt).map_err(|_| AuthError::NotFound)?;
+    let claim = |k: &str| claims.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_string();
+    let (alloc_id, task, job, ns) = (claim("nomad_allocation_id"), claim("nomad_task"), claim("nomad_job_id"), claim("nomad_namespace"));
+    let alloc = state.alloc(&alloc_id).ok_or(AuthError::Denied)?;
+    let runs_task = alloc.job.as_ref().and_then(|j| j.lookup_task_group(&alloc.task_group)).is_some_and(|g| g.lookup_task(&task).is_some());
+    if alloc.client_terminal() || alloc.namespace != ns || !runs_task {
+        return Err(AuthError::Denied);
+    }
+    let token = Arc::new(AclToken {
+        accessor_id: String::new(),
+        name: format!("workload identity of task {task:?} of alloc {alloc_id}"),
+        token_type: super::CLIENT.into(),
+        ..AclToken::default()
+    });
+    Ok(Identity { token, acl: Arc::new(Acl::workload(&ns, &job, &alloc.task_group, &task)) })
 }
 
 /// The names of the policies a token carries, directly or through its roles (deduplicated).

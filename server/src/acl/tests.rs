@@ -258,8 +258,8 @@ fn compiled_acls_are_reused_until_a_policy_changes() {
         })
         .unwrap();
     let now = nomad_proto::Timestamp::now();
-    let first = super::resolve(&store.snapshot(), "s", now).unwrap().acl;
-    let again = super::resolve(&store.snapshot(), "s", now).unwrap().acl;
+    let first = super::resolve(&store.snapshot(), &crate::keyring::Keyring::default(), "s", now).unwrap().acl;
+    let again = super::resolve(&store.snapshot(), &crate::keyring::Keyring::default(), "s", now).unwrap().acl;
     assert!(Arc::ptr_eq(&first, &again), "the same policies were compiled twice");
     assert!(first.allow_namespace_op("default", "read-job"));
     store
@@ -268,6 +268,6 @@ fn compiled_acls_are_reused_until_a_policy_changes() {
             Ok(())
         })
         .unwrap();
-    let changed = super::resolve(&store.snapshot(), "s", now).unwrap().acl;
+    let changed = super::resolve(&store.snapshot(), &crate::keyring::Keyring::default(), "s", now).unwrap().acl;
     assert!(!changed.allow_namespace_op("default", "read-job"), "a changed policy was served from the cache");
 }

@@ -13,6 +13,7 @@ mod csi_release;
 mod drain;
 mod eligibility;
 mod error;
+mod identity;
 mod job;
 mod job_diff;
 mod job_plan;

@@ -410,7 +410,7 @@ impl Endpoints {
             return Ok(NodeResolveTokenResponse { error: "ACL support disabled".into(), ..NodeResolveTokenResponse::default() });
         }
         let snap = self.store.snapshot();
-        let id = match crate::acl::resolve(&snap, &req.auth_token, Timestamp::now()) {
+        let id = match crate::acl::resolve(&snap, &self.keyring, &req.auth_token, Timestamp::now()) {
             Ok(id) => id,
             Err(e) => return Ok(NodeResolveTokenResponse { error: e.to_string(), ..NodeResolveTokenResponse::default() }),
         };

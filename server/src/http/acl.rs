@@ -111,7 +111,7 @@ async fn handle(s: HttpState, req: Request) -> HttpResult {
         (["token", "self"], &Method::GET) => {
             // Expiry is not checked here, as in Nomad: a caller may look at its expired token.
             let secret = request_secret(&parts.headers);
-            match crate::acl::resolve(&snap, &secret, nomad_proto::Timestamp::ZERO) {
+            match crate::acl::resolve(&snap, s.endpoints.keyring(), &secret, nomad_proto::Timestamp::ZERO) {
                 Ok(id) => json_response(&*id.token, Some(s.meta(id.token.modify_index)), q.pretty),
                 Err(AuthError::NotFound) | Err(AuthError::Expired) => Err(HttpError::not_found("ACL token not found")),
                 Err(AuthError::Denied) => Err(forbidden("Permission denied")),

@@ -28,7 +28,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::util::{HttpError, MAX_BODY_BYTES};
-use crate::acl::{Acl, AuthError, Identity};
+use crate::acl::{Acl, AuthError, Identity, WORKLOAD_READ_SERVICES};
 use crate::endpoints::Endpoints;
 
 /// Which methods a row covers.
@@ -206,8 +206,9 @@ pub const ROWS: &[Row] = &[
     // The event stream: topics checked at subscription, each event by its own namespace.
     row(Get, "/v1/event/stream", EventStream),
     // Services.
-    row(Get, "/v1/services", Ns(&["read-job"], Query)),
-    row(Get, "/v1/service/*", Ns(&["read-job"], Query)),
+    // A workload identity reads its own namespace's services (`nomadService`).
+    row(Get, "/v1/services", Ns(&["read-job", WORKLOAD_READ_SERVICES], Query)),
+    row(Get, "/v1/service/*", Ns(&["read-job", WORKLOAD_READ_SERVICES], Query)),
     row(Delete, "/v1/service/*", Ns(&["submit-job"], Query)),
     // CSI volumes and plugins.
     row(Get, "/v1/volumes", Ns(&["csi-list-volume", "csi-read-volume", "csi-mount-volume", "list-jobs"], Query)),
@@ -305,7 +306,7 @@ pub async fn authorize(State(endpoints): State<Endpoints>, req: Request, next: N
     let snap = endpoints.store().snapshot();
     let identity = match row.need {
         Public | Handler => None,
-        _ => match crate::acl::resolve(&snap, &request_secret(req.headers()), nomad_proto::Timestamp::now()) {
+        _ => match crate::acl::resolve(&snap, endpoints.keyring(), &request_secret(req.headers()), nomad_proto::Timestamp::now()) {
             Ok(id) => Some(id),
             Err(e) => return auth_error(e),
         },

@@ -81,6 +81,7 @@ impl Outbox {
 /// with (a policy or role change).
 struct StreamAcl {
     store: Arc<StateStore>,
+    keyring: Arc<crate::keyring::Keyring>,
     secret: String,
     acl: Arc<Acl>,
     expires: Option<nomad_proto::Timestamp>,
@@ -120,7 +121,7 @@ impl StreamAcl {
     fn recheck(&mut self, filter: &TopicFilter) -> Result<u64, String> {
         // One snapshot for both: a change after it wakes the next wait.
         let snap = self.store.snapshot();
-        let id = crate::acl::resolve(&snap, &self.secret, nomad_proto::Timestamp::now()).map_err(|e| e.to_string())?;
+        let id = crate::acl::resolve(&snap, &self.keyring, &self.secret, nomad_proto::Timestamp::now()).map_err(|e| e.to_string())?;
         if !Self::allows(&id.acl, filter) {
             return Err(AuthError::Denied.to_string());
         }
@@ -162,7 +163,8 @@ pub async fn stream(State(s): State<HttpState>, caller: Option<Extension<Caller>
                     return Err(HttpError { code: StatusCode::FORBIDDEN, message: AuthError::Denied.to_string() });
                 }
                 let store = s.endpoints.store().clone();
-                let mut g = StreamAcl { store, secret: id.token.secret_id.clone(), acl: id.acl, expires: None };
+                let keyring = s.endpoints.keyring().clone();
+                let mut g = StreamAcl { store, keyring, secret: id.token.secret_id.clone(), acl: id.acl, expires: None };
                 // Checked again here, with the index the revocation watch starts from.
                 let index = g.recheck(&filter).map_err(|why| HttpError { code: StatusCode::FORBIDDEN, message: why })?;
                 Some((g, index))

@@ -162,6 +162,10 @@ impl TaskRunner {
                     .clone()
                     .filter(|_| task.uses_connect())
                     .map(|deriver| ConsulSiTokenHook::new(deriver, &alloc.id, &task.name, ctx.alloc_dir(&alloc.id), ctx.si_backoff)),
+                hooks::identity::IdentityRequest::of(&task).map(|wants| {
+                    let alloc_dir = ctx.alloc_dir(&alloc.id);
+                    hooks::IdentityHook::new(ctx.identities.clone(), &alloc.id, &task.name, alloc_dir, wants, ctx.si_backoff)
+                }),
                 task.uses_connect_sidecar().then(|| envoy_hooks(&ctx)),
             ),
             csi_mounts,
@@ -631,6 +635,12 @@ impl TaskRunner {
         let resolved = lock(&self.local).hooks.get(envoy_version::NAME).and_then(|s| s.data.get(envoy_version::IMAGE_KEY)).cloned();
         if let Some(image) = resolved {
             config.driver_config.insert("image".into(), serde_json::Value::String(image));
+        }
+        // The workload identity the `identity` hook holds, for a task that asked for it in its env.
+        if hooks::identity::IdentityRequest::of(&task).is_some_and(|w| w.env)
+            && let Some(token) = hooks::identity::token_of(lock(&self.local).hooks.get(hooks::identity::NAME))
+        {
+            config.env.insert("NOMAD_TOKEN".into(), token.to_string());
         }
         let Some(driver) = driver.clone() else {
             // validate reports this; kept for a hook list without it.

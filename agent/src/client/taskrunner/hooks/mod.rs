@@ -20,6 +20,7 @@ mod dispatch_payload;
 mod dns;
 pub mod envoy_bootstrap;
 pub mod envoy_version;
+pub mod identity;
 mod task_dir;
 mod validate;
 mod volumes;
@@ -34,6 +35,7 @@ pub use dispatch_payload::DispatchPayloadHook;
 pub use dns::{DnsHook, dns_mount};
 pub use envoy_bootstrap::{EnvoyBootstrapDeps, EnvoyBootstrapHook};
 pub use envoy_version::EnvoyVersionHook;
+pub use identity::IdentityHook;
 pub use task_dir::{TaskDirHook, mount_secrets_tmpfs};
 pub use validate::ValidateHook;
 pub use volumes::{VolumesHook, volume_mounts};
@@ -169,6 +171,8 @@ pub trait StopHook {
 ///    condition): it writes `secrets/si_token`, so it needs `task_dir`; it comes after the
 ///    local file work so a task that cannot be set up fails before the servers are asked for a
 ///    token. In Nomad it also comes before the Envoy bootstrap, which reads the token.
+///    Then `identity` (a task with an `identity` block), for the same reasons: it asks the
+///    servers for the task's workload identity and writes `secrets/nomad_token`.
 /// 7. `envoy_version` then `envoy_bootstrap` (given for a Connect sidecar or gateway task), as in
 ///    Nomad: after `consul_si_token`, because the bootstrap carries the SI token it wrote, and
 ///    after `task_dir` (the bootstrap goes in `secrets/`); last of the local work since both
@@ -180,6 +184,7 @@ pub fn init_hooks(
     csi_supervisor: Option<CsiPluginSupervisorHook>,
     csi_mounts: crate::client::allocrunner::hooks::CsiMounts,
     si_token: Option<ConsulSiTokenHook>,
+    identity: Option<IdentityHook>,
     envoy: Option<EnvoyHooks>,
 ) -> Vec<Box<dyn TaskHook>> {
     let mut hooks: Vec<Box<dyn TaskHook>> = vec![Box::new(ValidateHook), Box::new(TaskDirHook), Box::new(DnsHook::new())];
@@ -190,6 +195,9 @@ pub fn init_hooks(
         hooks.push(Box::new(VolumesHook::new(csi_mounts)));
     }
     if let Some(h) = si_token {
+        hooks.push(Box::new(h));
+    }
+    if let Some(h) = identity {
         hooks.push(Box::new(h));
     }
     if let Some(h) = envoy {
@@ -374,7 +382,7 @@ mod tests {
 
     #[test]
     fn the_hook_list_is_fixed_plus_conditional_hooks() {
-        let names = |t: &Task| init_hooks(t, None, Default::default(), None, None).iter().map(|h| h.name()).collect::<Vec<_>>();
+        let names = |t: &Task| init_hooks(t, None, Default::default(), None, None, None).iter().map(|h| h.name()).collect::<Vec<_>>();
         assert_eq!(names(&Task::default()), ["validate", "task_dir", "dns"]);
         let t = Task { dispatch_payload: Some(serde_json::json!({"File": "in.txt"})), ..Task::default() };
         assert_eq!(names(&t), ["validate", "task_dir", "dns", "dispatch_payload"]);
@@ -389,7 +397,7 @@ mod tests {
             }),
         };
         let sidecar = Task { kind: "connect-proxy:web".into(), ..Task::default() };
-        let names: Vec<_> = init_hooks(&sidecar, None, Default::default(), None, Some(envoy)).iter().map(|h| h.name()).collect();
+        let names: Vec<_> = init_hooks(&sidecar, None, Default::default(), None, None, Some(envoy)).iter().map(|h| h.name()).collect();
         assert_eq!(names, ["validate", "task_dir", "dns", "envoy_version", "envoy_bootstrap"]);
     }
 }

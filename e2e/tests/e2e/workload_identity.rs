@@ -1,0 +1,83 @@
+//! Workload identity: a task with `identity { env = true, file = true }` gets a JWT the servers
+//! signed, as `NOMAD_TOKEN` and in `secrets/nomad_token`; with it the task reads and lists its
+//! own job's variables (`nomad/jobs/<job>`) and its namespace's services, nothing else, and only
+//! while its alloc runs.
+
+use nomad_e2e::wait_for;
+use serde_json::json;
+
+use crate::SETTLE;
+
+#[test]
+fn a_tasks_identity_reads_its_own_variables_and_nothing_else_while_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = nomad_e2e::AgentOptions { args: vec!["-dev".into(), "-acl-enabled".into()], ..Default::default() };
+    let agent = nomad_e2e::Agent::start("dev", &dir.path().join("agent"), opts).expect("start dev agent");
+    agent.wait_for_leader(SETTLE).unwrap();
+    let anon = agent.http();
+    let boot = anon.put_json("/v1/acl/bootstrap", &json!({})).unwrap();
+    let mgmt = anon.with_token(boot["SecretID"].as_str().unwrap());
+    for (path, v) in [("nomad/jobs/wi", "mine"), ("nomad/jobs/wi/g/t", "task-level"), ("nomad/jobs/other", "theirs"), ("app/secret", "no")]
+    {
+        wait_for("the variable write (the keyring's first key)", SETTLE, || {
+            mgmt.put_json(&format!("/v1/var/{path}"), &json!({"Items": {"v": v}})).ok()
+        })
+        .unwrap_or_else(|e| panic!("{e}\n{}", agent.logs()));
+    }
+    let job = json!({"Job": {
+        "ID": "wi", "Type": "service", "Datacenters": ["dc1"],
+        "TaskGroups": [{"Name": "g", "Count": 1,
+            "Tasks": [{"Name": "t", "Driver": "raw_exec", "Identity": {"Env": true, "File": true},
+                "Config": {"command": "/bin/sh", "args": ["-c", "cp secrets/nomad_token local/file_token; printf %s \"$NOMAD_TOKEN\" > local/env_token; exec sleep 300"]},
+                "Resources": {"CPU": 50, "MemoryMB": 64}}]}]}});
+    mgmt.put_json("/v1/jobs", &job).unwrap();
+    let alloc = wait_for("the alloc to run", SETTLE, || {
+        let allocs = mgmt.get_json("/v1/job/wi/allocations").ok()?;
+        let a = allocs.as_array()?.first()?;
+        (a["ClientStatus"] == "running").then(|| a["ID"].as_str().unwrap().to_string())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.logs()));
+    let cat = |file: &str| {
+        let r = mgmt.request("GET", &format!("/v1/client/fs/cat/{alloc}?path=t/local/{file}"), None).ok()?;
+        (r.status == 200 && !r.text().is_empty()).then(|| r.text())
+    };
+    let token = wait_for("the task to write its token", SETTLE, || cat("env_token")).unwrap_or_else(|e| panic!("{e}\n{}", agent.logs()));
+    assert_eq!(cat("file_token").as_deref(), Some(token.as_str()), "secrets/nomad_token and NOMAD_TOKEN carry the same identity");
+    assert_eq!(token.split('.').count(), 3, "a JWT: {token}");
+
+    let wi = anon.with_token(&token);
+    let status = |path: &str| wi.request("GET", path, None).unwrap();
+    let r = status("/v1/var/nomad/jobs/wi");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json().unwrap()["Items"]["v"], "mine");
+    assert_eq!(status("/v1/var/nomad/jobs/wi/g/t").json().unwrap()["Items"]["v"], "task-level");
+    for denied in ["/v1/var/nomad/jobs/other", "/v1/var/app/secret", "/v1/jobs", "/v1/acl/tokens"] {
+        let r = status(denied);
+        assert_eq!((r.status, r.text()), (403, "Permission denied".to_string()), "{denied}");
+    }
+    let listed = status("/v1/vars?prefix=nomad").json().unwrap();
+    let paths: Vec<&str> = listed.as_array().unwrap().iter().map(|v| v["Path"].as_str().unwrap()).collect();
+    assert_eq!(paths, ["nomad/jobs/wi", "nomad/jobs/wi/g/t"]);
+    assert_eq!(status("/v1/services").status, 200);
+    // No write, even to its own path.
+    let r = wi.request("PUT", "/v1/var/nomad/jobs/wi", Some(json!({"Items": {"v": "x"}}).to_string().as_bytes())).unwrap();
+    assert_eq!(r.status, 403);
+    // A forged token (claims changed, signature kept) is not a token.
+    let mut parts: Vec<&str> = token.split('.').collect();
+    let forged_claims = base64_url(
+        &json!({"nomad_namespace": "default", "nomad_job_id": "other", "nomad_allocation_id": alloc, "nomad_task": "t"}).to_string(),
+    );
+    parts[1] = &forged_claims;
+    let r = anon.with_token(&parts.join(".")).request("GET", "/v1/var/nomad/jobs/other", None).unwrap();
+    assert_eq!((r.status, r.text()), (403, "ACL token not found".to_string()));
+
+    // Valid only while the alloc runs.
+    mgmt.request("DELETE", "/v1/job/wi", None).unwrap();
+    wait_for("the token to stop working once the alloc finished", SETTLE, || (status("/v1/var/nomad/jobs/wi").status == 403).then_some(()))
+        .unwrap_or_else(|e| panic!("{e}\n{}", agent.logs()));
+}
+
+fn base64_url(s: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s)
+}
