@@ -74,7 +74,7 @@ impl Fsm for ServerFsm {
     }
 }
 
-fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnError> {
+pub(crate) fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnError> {
     let mut jobs: BTreeSet<NamespacedId> = BTreeSet::new();
     match cmd {
         Command::NodeRegister { node, evals, now } => {

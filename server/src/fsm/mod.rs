@@ -8,6 +8,8 @@ mod apply;
 mod command;
 
 pub use apply::ServerFsm;
+#[cfg(test)]
+pub(crate) use apply::apply_command;
 pub use command::{AllocStop, ApplyResult, Command, DrainComplete, PlanApply};
 
 /// What the Raft layer needs from the state machine.

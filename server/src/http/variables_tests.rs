@@ -233,3 +233,24 @@ async fn acl_path_rules_decide_each_operation() {
     assert_eq!(status(call(&ts, Method::GET, "/v1/operator/keyring/keys", Some(&tok), Value::Null).await), StatusCode::FORBIDDEN);
     assert_eq!(status(call(&ts, Method::GET, "/v1/operator/keyring/keys", Some(&mgmt), Value::Null).await), StatusCode::OK);
 }
+
+#[tokio::test]
+async fn variable_events_carry_metadata_and_never_items() {
+    let ts = server().await;
+    let keyring = ts.endpoints.keyring().clone();
+    let snap = ts.store.snapshot();
+    let meta = nomad_proto::variables::VariableMetadata { namespace: "default".into(), path: "app/db".into(), ..Default::default() };
+    let items = [("password".to_string(), "hunter2-in-an-event".to_string())].into_iter().collect();
+    let variable = keyring.encrypt(&snap, meta, &items).unwrap();
+    let now = nomad_proto::Timestamp::now();
+    for (op, ty) in [(crate::state::VarOp::Set, "VariableUpserted"), (crate::state::VarOp::Delete, "VariableDeleted")] {
+        let cmd = crate::fsm::Command::VariableApply { op, variable: variable.clone(), now };
+        let (_, changes) = ts.store.write_with_changes(snap.index + 10, |txn| crate::fsm::apply_command(txn, &cmd)).unwrap();
+        let batch = crate::events::batch_for(7, &cmd, &changes).expect("a batch");
+        let e = &batch.events[0];
+        assert_eq!((e.topic.as_str(), e.event_type.as_str(), e.key.as_str(), e.namespace.as_str()), ("Variables", ty, "app/db", "default"));
+        assert_eq!(e.payload["Variable"]["Path"], "app/db");
+        let text = e.payload.to_string();
+        assert!(!text.contains("hunter2") && !text.contains(&variable.data) && !text.contains("Items"), "{text}");
+    }
+}
