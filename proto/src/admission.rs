@@ -190,7 +190,7 @@ table! {
     TaskKind: Attribute "kind" in "task" => H("marks Consul Connect tasks: a task of kind connect-proxy:<service> is that service's sidecar, and none is injected"),
     CsiPlugin: Block "csi_plugin" in "task" => H("raw_exec and exec tasks: the plugin supervisor gives the task CSI_ENDPOINT (exec: the socket dir at mount_dir and the staging root at stage_publish_base_dir, bidirectional, and /dev), probes it and registers it with the client's CSI manager, which fingerprints it into the node"),
     CsiPluginIsolated: Value "csi_plugin with a driver other than \"raw_exec\" or \"exec\"" in "task" => R("only those drivers run a plugin that can mount volumes (oci containers get no capability to mount with)"),
-    Identity: Block "identity" in "task" => H("the servers sign the task's workload identity (EdDSA JWT, the keyring's active key): NOMAD_TOKEN with env = true, secrets/nomad_token with file = true; it reads and lists the task's nomad/jobs/<job>[/<group>[/<task>]] variables and reads its namespace's Nomad services, until the alloc finishes"),
+    Identity: Block "identity" in "task" => H("the servers sign the task's workload identity (EdDSA JWT, the keyring's active key): NOMAD_TOKEN with env = true, secrets/nomad_token with file = true, and the task API on secrets/api.sock; it reads and lists the task's nomad/jobs/<job>[/<group>[/<task>]] variables and reads its namespace's Nomad services, until the alloc finishes"),
     IdentityFields: Value "identity fields other than env and file" in "identity" => R("Nomad 1.6 has only env and file (name, aud and ttl are later Nomad's)"),
     // resources (task).
     Cpu: Attribute "cpu" in "resources" => H("scheduler fit, cgroup weight"),

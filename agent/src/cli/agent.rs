@@ -266,6 +266,9 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         None => client_routes,
     };
     router = router.merge(client_routes);
+    if let Some(c) = &client {
+        c.task_api().set_router(router.clone());
+    }
     // The agent's `limits`: a request head within the handshake timeout, so many connections per client.
     let handshake = https.as_ref().map(crate::tls::ReloadableServer::handshake);
     let http = tokio::spawn(nomad_server::http::listener::serve_with(http_listener, router, cfg.limits.http(), handshake));

@@ -68,6 +68,8 @@ pub struct ClientContext {
     pub si_tokens: Option<Arc<dyn crate::client::taskrunner::hooks::consul_si_token::SiTokenDeriver>>,
     /// Signs workload identities (`Node.SignIdentities`) for tasks with an `identity` block.
     pub identities: Arc<dyn crate::client::taskrunner::hooks::consul_si_token::SiTokenDeriver>,
+    /// The task API (`secrets/api.sock` of tasks with an identity), served by the agent's router.
+    pub task_api: Arc<crate::client::task_api::TaskApi>,
     /// Backoff of SI token and identity requests.
     pub si_backoff: crate::client::taskrunner::hooks::consul_si_token::Backoff,
     /// The agent's `consul {}`, when it has one.

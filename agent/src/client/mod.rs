@@ -37,6 +37,7 @@ pub mod services;
 pub mod si_tokens;
 pub mod state;
 pub mod sync;
+pub mod task_api;
 pub mod taskrunner;
 pub mod watch;
 
@@ -262,6 +263,7 @@ impl Client {
             consul_checks: consul_checks.clone(),
             si_tokens: si_token_deriver(&config, &servers, &identity),
             identities: Arc::new(si_tokens::RpcIdentities::new(servers.clone(), &identity.node_id, &identity.secret_id, &config.region)),
+            task_api: Arc::default(),
             si_backoff: Default::default(),
             consul_config: config.consul.clone(),
             consul_api: consul.clone(),
@@ -326,6 +328,11 @@ impl Client {
             ctx.tracker.spawn(watcher.run(ctx.shutdown.clone()));
         }
         Ok(Client { inner })
+    }
+
+    /// The task API: the agent hands it its router once built.
+    pub fn task_api(&self) -> &Arc<task_api::TaskApi> {
+        &self.inner.ctx.task_api
     }
 
     /// The node ID.

@@ -1,7 +1,7 @@
 //! Workload identity: a task with `identity { env = true, file = true }` gets a JWT the servers
 //! signed, as `NOMAD_TOKEN` and in `secrets/nomad_token`; with it the task reads and lists its
 //! own job's variables (`nomad/jobs/<job>`) and its namespace's services, nothing else, and only
-//! while its alloc runs.
+//! while its alloc runs, over the HTTP API and over the task API socket `secrets/api.sock`.
 
 use nomad_e2e::wait_for;
 use serde_json::json;
@@ -71,10 +71,28 @@ fn a_tasks_identity_reads_its_own_variables_and_nothing_else_while_it_runs() {
     let r = anon.with_token(&parts.join(".")).request("GET", "/v1/var/nomad/jobs/other", None).unwrap();
     assert_eq!((r.status, r.text()), (403, "ACL token not found".to_string()));
 
+    // The task API: the same answers on `secrets/api.sock`, and nothing without the identity.
+    let sock = agent.data_dir().join("alloc").join(&alloc).join("t/secrets/api.sock");
+    let over_socket = |path: &str, token: Option<&str>| {
+        use std::io::{Read, Write};
+        let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap_or_else(|e| panic!("{}: {e}", sock.display()));
+        let auth = token.map(|t| format!("X-Nomad-Token: {t}\r\n")).unwrap_or_default();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Connection: close\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    let mine = over_socket("/v1/var/nomad/jobs/wi", Some(&token));
+    assert!(mine.starts_with("HTTP/1.1 200") && mine.contains("\"mine\""), "{mine}");
+    assert!(over_socket("/v1/var/nomad/jobs/other", Some(&token)).starts_with("HTTP/1.1 403"));
+    let anonymous = over_socket("/v1/var/nomad/jobs/wi", None);
+    assert!(anonymous.starts_with("HTTP/1.1 403") && anonymous.contains("workload identity"), "{anonymous}");
+
     // Valid only while the alloc runs.
     mgmt.request("DELETE", "/v1/job/wi", None).unwrap();
     wait_for("the token to stop working once the alloc finished", SETTLE, || (status("/v1/var/nomad/jobs/wi").status == 403).then_some(()))
         .unwrap_or_else(|e| panic!("{e}\n{}", agent.logs()));
+    wait_for("the task API socket to go with the task", SETTLE, || (!sock.exists()).then_some(())).unwrap();
 }
 
 fn base64_url(s: &str) -> String {

@@ -164,7 +164,15 @@ impl TaskRunner {
                     .map(|deriver| ConsulSiTokenHook::new(deriver, &alloc.id, &task.name, ctx.alloc_dir(&alloc.id), ctx.si_backoff)),
                 hooks::identity::IdentityRequest::of(&task).map(|wants| {
                     let alloc_dir = ctx.alloc_dir(&alloc.id);
-                    hooks::IdentityHook::new(ctx.identities.clone(), &alloc.id, &task.name, alloc_dir, wants, ctx.si_backoff)
+                    hooks::IdentityHook::new(
+                        ctx.identities.clone(),
+                        ctx.task_api.clone(),
+                        &alloc.id,
+                        &task.name,
+                        alloc_dir,
+                        wants,
+                        ctx.si_backoff,
+                    )
                 }),
                 task.uses_connect_sidecar().then(|| envoy_hooks(&ctx)),
             ),

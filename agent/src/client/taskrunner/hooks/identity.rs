@@ -3,18 +3,21 @@
 //! and with the same backoff as SI tokens); the hook keeps it in its persisted state, so a
 //! restart of the task or the agent reuses it, writes it to `secrets/nomad_token` (0644, as
 //! Nomad, through `fs_beneath`) when `file = true`, and the task runner puts it in the task's
-//! environment as `NOMAD_TOKEN` when `env = true` ([`token_of`]).
+//! environment as `NOMAD_TOKEN` when `env = true` ([`token_of`]). It also serves the task API
+//! on `secrets/api.sock` ([`crate::client::task_api`]) from before the task starts (and again
+//! after an agent restart, from poststart) until the task is dead for good.
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
 
 use super::consul_si_token::{Backoff, DeriveError, SiTokenDeriver};
-use super::{AsyncPrestartHook, HookError, HookRequest, PrestartResponse, TaskHook};
+use super::{AsyncPrestartHook, HookError, HookRequest, PoststartHook, PrestartResponse, StopHook, TaskHook};
 use crate::client::state::HookState;
+use crate::client::task_api::TaskApi;
 use crate::fs_beneath::{Beneath, Links};
 
 /// The hook's name (part of the on-disk hook state format).
@@ -57,19 +60,48 @@ pub struct IdentityHook {
     alloc_dir: PathBuf,
     wants: IdentityRequest,
     backoff: Backoff,
+    task_api: Arc<TaskApi>,
+    /// Stops the task API socket's server, while one runs.
+    serving: Mutex<Option<tokio_util::sync::CancellationToken>>,
 }
 
 impl IdentityHook {
     /// The hook for `task` of alloc `alloc_id`.
     pub fn new(
         signer: Arc<dyn SiTokenDeriver>,
+        task_api: Arc<TaskApi>,
         alloc_id: &str,
         task: &str,
         alloc_dir: PathBuf,
         wants: IdentityRequest,
         backoff: Backoff,
     ) -> IdentityHook {
-        IdentityHook { signer, alloc_id: alloc_id.into(), task: task.into(), alloc_dir, wants, backoff }
+        IdentityHook {
+            signer,
+            alloc_id: alloc_id.into(),
+            task: task.into(),
+            alloc_dir,
+            wants,
+            backoff,
+            task_api,
+            serving: Mutex::default(),
+        }
+    }
+
+    fn task_dir(&self) -> Result<Beneath, String> {
+        Beneath::open(&self.alloc_dir).and_then(|d| d.open_dir(Path::new(&self.task), Links::Refuse)).map_err(|e| e.to_string())
+    }
+
+    /// Serves the task API socket unless it already is.
+    fn ensure_serving(&self) -> Result<(), String> {
+        let mut serving = self.serving.lock().unwrap_or_else(|e| e.into_inner());
+        if serving.as_ref().is_some_and(|s| !s.is_cancelled()) {
+            return Ok(());
+        }
+        let stop = tokio_util::sync::CancellationToken::new();
+        self.task_api.serve(&self.task_dir()?, stop.clone())?;
+        *serving = Some(stop);
+        Ok(())
     }
 
     async fn sign(&self) -> Result<String, HookError> {
@@ -97,8 +129,7 @@ impl IdentityHook {
     }
 
     fn write_file(&self, token: &str) -> Result<(), String> {
-        let task_dir =
-            Beneath::open(&self.alloc_dir).and_then(|d| d.open_dir(Path::new(&self.task), Links::Refuse)).map_err(|e| e.to_string())?;
+        let task_dir = self.task_dir()?;
         let rel = Path::new("secrets").join(TOKEN_FILE);
         let mut f = task_dir.write(&rel, TOKEN_MODE, Links::Refuse).map_err(|e| e.to_string())?;
         f.set_permissions(std::fs::Permissions::from_mode(TOKEN_MODE)).map_err(|e| e.to_string())?;
@@ -113,6 +144,32 @@ impl TaskHook for IdentityHook {
     fn prestart_async(&self) -> Option<&dyn AsyncPrestartHook> {
         Some(self)
     }
+    fn poststart(&self) -> Option<&dyn PoststartHook> {
+        Some(self)
+    }
+    fn stop(&self) -> Option<&dyn StopHook> {
+        Some(self)
+    }
+}
+
+impl PoststartHook for IdentityHook {
+    /// After an agent restart the task runs on without a prestart: serve its socket again.
+    fn poststart(&self, _req: &HookRequest<'_>) -> Result<(), HookError> {
+        self.ensure_serving().map_err(|e| HookError::recoverable(format!("failed to serve the task API: {e}")))
+    }
+}
+
+impl StopHook for IdentityHook {
+    fn stop(&self, _req: &HookRequest<'_>) -> Result<(), HookError> {
+        if let Some(stop) = self.serving.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            stop.cancel();
+        }
+        let secrets = self.task_dir().and_then(|d| d.open_dir(Path::new("secrets"), Links::Refuse).map_err(|e| e.to_string()));
+        match secrets.map(|s| s.remove_file(Path::new(crate::client::task_api::SOCKET))) {
+            Ok(Err(e)) if !e.is_not_found() => Err(HookError::recoverable(format!("failed to remove the task API socket: {e}"))),
+            _ => Ok(()),
+        }
+    }
 }
 
 impl AsyncPrestartHook for IdentityHook {
@@ -126,6 +183,7 @@ impl AsyncPrestartHook for IdentityHook {
             if self.wants.file {
                 self.write_file(&token).map_err(|e| HookError::recoverable(format!("failed to write the workload identity: {e}")))?;
             }
+            self.ensure_serving().map_err(|e| HookError::recoverable(format!("failed to serve the task API: {e}")))?;
             let mut out = PrestartResponse::default();
             out.data.insert(TOKEN_KEY.into(), token);
             Ok(out)
