@@ -133,6 +133,16 @@ async fn put_get_list_purge_and_check_and_set_from_the_cli() {
     page.expect_code(0).stderr_has("Next page token: ");
     assert_eq!(page.stdout, "app/cache\napp/db\n");
 
+    let filtered = api.nomad(&["var", "list", "-out", "terse", "-filter", "Path contains \"ok\"", "app/"]).await;
+    filtered.expect_code(0).stderr_has("Filter queries require a full scan of the data; use prefix searching where possible");
+    assert_eq!(filtered.stdout, "app/token\n");
+    let all = api.nomad(&["var", "list", "-namespace", "*", "-out", "terse", "app/s"]).await;
+    assert_eq!(all.expect_code(0).stdout, "default  app/stdin\n", "every namespace: each path with its namespace");
+    let paged = api.nomad(&["var", "list", "-out", "json", "-per-page", "1", "app/"]).await;
+    let v = json(paged.expect_code(0));
+    assert_eq!(v["Data"][0]["Path"], "app/cache");
+    assert!(v["QueryMeta"]["NextToken"].as_str().is_some_and(|t| !t.is_empty()), "{v}");
+
     // purge, with and without a check index.
     let wrong = api.nomad(&["var", "purge", "-check-index", "1", "app/cache"]).await;
     wrong.expect_code(1).stderr_has("Check-and-Set conflict").stderr_has("Your provided check-index (1) does not match");
