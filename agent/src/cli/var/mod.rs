@@ -173,9 +173,13 @@ pub fn render_json(v: &Variable) -> String {
 }
 
 /// `-out hcl`: a specification `var put` reads back (Nomad's layout: items right-aligned on `=`).
+/// Unlike Nomad's, keys that are not HCL identifiers are quoted and `${`/`%{` in values are
+/// escaped, since HCL2 (which `var put` reads) would otherwise take them for expressions.
 pub fn render_hcl(v: &Variable) -> String {
-    let pad = v.items.keys().map(|k| k.chars().count()).max().unwrap_or(0);
-    let items: String = v.items.iter().map(|(k, val)| format!("  {:>pad$} = {}\n", safe(k), go_quote(val))).collect();
+    let keys: Vec<String> = v.items.keys().map(|k| hcl_key(k)).collect();
+    let pad = keys.iter().map(|k| k.chars().count()).max().unwrap_or(0);
+    let items: String =
+        keys.iter().zip(v.items.values()).map(|(k, val)| format!("  {k:>pad$} = {}\n", go_quote(&hcl_escape_template(val)))).collect();
     format!(
         "\nnamespace    = \"{}\"\npath         = \"{}\"\ncreate_index = {}  # Set by server\nmodify_index = {}  # Set by server; consulted for check-and-set\ncreate_time  = {}   # Set by server\nmodify_time  = {}   # Set by server\n\nitems = {{\n{items}}}\n",
         safe(&v.namespace),
@@ -198,7 +202,21 @@ pub fn render_table(v: &Variable, style: &Style) -> String {
     format!("{}\n\n{}\n{}", kv(&meta), style.bold("Items"), kv(&items))
 }
 
-/// Text quoted as Go's `%q` does: `"`, `\` and control characters escaped, the rest kept.
+/// An item key as HCL reads it back: bare when it is an identifier, else quoted.
+fn hcl_key(k: &str) -> String {
+    let mut chars = k.chars();
+    let ident = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if ident { k.to_string() } else { go_quote(k) }
+}
+
+/// `${` and `%{` written as HCL's literal escapes `$${` and `%%{`.
+fn hcl_escape_template(s: &str) -> String {
+    s.replace("${", "$${").replace("%{", "%%{")
+}
+
+/// Text quoted as Go's `%q` does: `"`, `\` and control characters escaped, the rest kept. Other
+/// controls are written `\u00XX` (Go writes `\x1b`), which HCL reads back too.
 pub fn go_quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
@@ -209,7 +227,6 @@ pub fn go_quote(s: &str) -> String {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x80 && c.is_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
             c if nomad_proto::validate::is_unsafe_char(c) => out.push_str(&format!("\\u{:04x}", c as u32)),
             c => out.push(c),
         }
@@ -307,6 +324,17 @@ mod tests {
         assert!(out.ends_with("items = {\n  password = \"s3\\\"cr\\\\et\\n\"\n      user = \"admin\"\n}\n"), "{out}");
         let back = spec::parse_hcl_spec(&out).unwrap();
         assert_eq!(back, var());
+        // Keys that are no identifiers and template sequences read back as they were.
+        let mut odd = var();
+        odd.items = BTreeMap::from([
+            ("db.name".into(), "${x} %{y}".into()),
+            ("2fa".into(), "o\u{1b}n\u{202e}".into()),
+            ("ok-key".into(), "v".into()),
+        ]);
+        let out = render_hcl(&odd);
+        assert!(out.contains("  \"db.name\" = \"$${x} %%{y}\"\n"), "{out}");
+        assert!(out.contains("     ok-key = \"v\"\n"), "{out}");
+        assert_eq!(spec::parse_hcl_spec(&out).unwrap(), odd);
     }
 
     #[test]
@@ -358,7 +386,7 @@ mod tests {
     #[test]
     fn paths_are_trimmed_as_nomads_client_does() {
         assert_eq!(var_url(" /app/db/ "), "/v1/var/app/db");
-        assert_eq!(go_quote("a\"b\u{1b}"), "\"a\\\"b\\x1b\"");
+        assert_eq!(go_quote("a\"b\u{1b}"), "\"a\\\"b\\u001b\"");
         assert_eq!(wrap("aaa bbb ccc", 7), ["aaa bbb", "ccc"]);
     }
 }

@@ -107,7 +107,10 @@ fn weak_string(v: &Value) -> Option<String> {
 /// `create_index`, `modify_index`, `create_time`, `modify_time`. Other keys are refused with
 /// Nomad's `invalid key` message; numbers and bools in items become strings, as in Nomad.
 pub fn parse_hcl_spec(text: &str) -> Result<Variable, String> {
-    let value: Value = hcl::from_str(text).map_err(|e| format!("error parsing hcl: {}", e.to_string().trim()))?;
+    // Evaluated with no variables or functions: a reference (`a.b = "x"` as an object key, or
+    // `${x}`) is an error here, not text kept as `${a.b}`.
+    let value: Value =
+        hcl::eval::from_str(text, &hcl::eval::Context::new()).map_err(|e| format!("error parsing hcl: {}", e.to_string().trim()))?;
     let Value::Object(map) = value else { return Err("error parsing hcl: root should be an object".into()) };
     if let Some(key) = map.keys().find(|k| !HCL_KEYS.contains(&k.as_str())) {
         return Err(format!("error parsing hcl: invalid key: {key}"));
@@ -323,6 +326,12 @@ mod tests {
         assert_eq!(parse_hcl_spec("modify_index = \"x\"").unwrap_err(), "error parsing hcl: modify_index must be integer; got a string");
         assert!(parse_hcl_spec("items { a = { b = \"c\" } }").unwrap_err().contains("items.a must be a string"));
         assert!(parse_hcl_spec("items {").unwrap_err().starts_with("error parsing hcl: "));
+        // References are errors, never text: an unquoted dotted key, an interpolation, a call.
+        assert!(parse_hcl_spec("items = {\n  a.b = \"x\"\n}").unwrap_err().contains("undefined variable `a`"));
+        assert!(parse_hcl_spec("items = { k = \"${x}\" }").unwrap_err().contains("undefined variable `x`"));
+        assert!(parse_hcl_spec("items = { k = upper(\"x\") }").unwrap_err().contains("undefined function `upper`"));
+        let v = parse_hcl_spec("items = {\n  \"a.b\" = \"$${x}\"\n  k = <<EOT\nhello\nEOT\n}\n").unwrap();
+        assert_eq!(v.items, Items::from([("a.b".into(), "${x}".into()), ("k".into(), "hello\n".into())]));
     }
 
     #[test]
