@@ -437,7 +437,13 @@ impl Client {
         Ok((parts, body, url))
     }
 
-    async fn call(&self, method: Method, path: &str, q: &Query, body: Option<Vec<u8>>) -> Result<(Bytes, u64, String), ApiError> {
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        q: &Query,
+        body: Option<Vec<u8>>,
+    ) -> Result<(Bytes, http::HeaderMap, String), ApiError> {
         let gm = go_method(&method);
         let limit = match (q.index > 0, q.wait) {
             (true, Some(w)) => w + BLOCKING_SLACK,
@@ -452,7 +458,7 @@ impl Client {
         if !parts.status.is_success() {
             return Err(status_error(parts.status, &bytes));
         }
-        Ok((bytes, index_of(&parts.headers), url))
+        Ok((bytes, parts.headers, url))
     }
 
     /// Decodes with Go's manners (`null` anywhere means "unset", as Go encodes empty maps and
@@ -467,15 +473,23 @@ impl Client {
 
     /// `GET path`, decoded.
     pub async fn get<T: DeserializeOwned>(&self, path: &str, q: &Query) -> Result<Answer<T>, ApiError> {
-        let (bytes, index, url) = self.call(Method::GET, path, q, None).await?;
-        Ok(Answer { value: Client::decode(&Method::GET, &url, &bytes)?, index })
+        let (bytes, headers, url) = self.call(Method::GET, path, q, None).await?;
+        Ok(Answer { value: Client::decode(&Method::GET, &url, &bytes)?, index: index_of(&headers) })
+    }
+
+    /// `GET path` of a paginated list (`per_page`, `next_token`), decoded, with the
+    /// `X-Nomad-NextToken` the next page starts at (empty on the last page).
+    pub async fn get_page<T: DeserializeOwned>(&self, path: &str, q: &Query) -> Result<(Answer<T>, String), ApiError> {
+        let (bytes, headers, url) = self.call(Method::GET, path, q, None).await?;
+        let next = headers.get("X-Nomad-NextToken").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+        Ok((Answer { value: Client::decode(&Method::GET, &url, &bytes)?, index: index_of(&headers) }, next))
     }
 
     /// `GET path` as untyped JSON, exactly as sent (for `-json` output).
     pub async fn get_json(&self, path: &str, q: &Query) -> Result<Answer<serde_json::Value>, ApiError> {
-        let (bytes, index, url) = self.call(Method::GET, path, q, None).await?;
+        let (bytes, headers, url) = self.call(Method::GET, path, q, None).await?;
         let value = serde_json::from_slice(&bytes).map_err(|e| ApiError::Decode { method: "Get", url, error: e.to_string() })?;
-        Ok(Answer { value, index })
+        Ok(Answer { value, index: index_of(&headers) })
     }
 
     /// A write with a JSON body (or none), decoded.
@@ -494,7 +508,8 @@ impl Client {
             })?),
             None => None,
         };
-        let (bytes, index, url) = self.call(method.clone(), path, q, payload).await?;
+        let (bytes, headers, url) = self.call(method.clone(), path, q, payload).await?;
+        let index = index_of(&headers);
         // Some writes answer with an empty body; decode that as JSON null.
         let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) { b"null" } else { &bytes };
         Ok(Answer { value: Client::decode(&method, &url, bytes)?, index })

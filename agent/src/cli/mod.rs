@@ -24,11 +24,13 @@ pub mod nomad_commands;
 pub mod operator;
 pub mod plugin;
 pub mod prefix;
+pub mod root_keyring;
 pub mod server;
 pub mod service;
 pub mod status;
 pub mod tables;
 pub mod tls;
+pub mod var;
 pub mod volume;
 
 use std::ffi::OsString;
@@ -67,8 +69,10 @@ pub enum Command {
     Server(server::ServerArgs),
     /// Show Nomad-native service registrations.
     Service(service::ServiceArgs),
-    /// Cluster operations: the servers' Raft configuration.
+    /// Cluster operations: the servers' Raft configuration, the root keyring.
     Operator(operator::OperatorArgs),
+    /// Nomad Variables: init, put, get, list, purge.
+    Var(var::VarArgs),
     /// Register, show and remove CSI volumes.
     Volume(volume::VolumeArgs),
     /// Show CSI plugins.
@@ -165,6 +169,7 @@ pub async fn run(command: Command) -> u8 {
         Command::Server(a) => server::run(a).await,
         Command::Service(a) => service::run(a).await,
         Command::Operator(a) => operator::run(a).await,
+        Command::Var(a) => var::run(a).await,
         Command::Volume(a) => volume::run(a).await,
         Command::Plugin(a) => plugin::run(a).await,
         Command::Status(a) => status::run(a).await,

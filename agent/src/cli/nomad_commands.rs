@@ -400,7 +400,7 @@ mod tests {
     fn the_nomad_command_asked_for_is_found_past_flags_and_their_values() {
         assert_eq!(unimplemented_in(&args("nomad-rs job history web")).as_deref(), Some("job history"));
         assert_eq!(unimplemented_in(&args("nomad-rs job -namespace prod history web")).as_deref(), Some("job history"));
-        assert_eq!(unimplemented_in(&args("nomad-rs -h var put a/b k=v")).as_deref(), Some("var put"));
+        assert_eq!(unimplemented_in(&args("nomad-rs -h quota apply q.hcl")).as_deref(), Some("quota apply"));
         assert_eq!(unimplemented_in(&args("nomad-rs operator snapshot save x.snap")).as_deref(), Some("operator snapshot save"));
         assert_eq!(unimplemented_in(&args("nomad-rs operator raft info")).as_deref(), Some("operator raft info"));
         assert_eq!(unimplemented_in(&args("nomad-rs volume snapshot list")).as_deref(), Some("volume snapshot list"));
@@ -441,6 +441,14 @@ mod tests {
             "plugin status",
             "acl role create",
             "acl role update",
+            "var init",
+            "var put",
+            "var get",
+            "var list",
+            "var purge",
+            "operator root keyring list",
+            "operator root keyring rotate",
+            "operator root keyring remove",
         ] {
             assert!(implemented(&ours.split(' ').collect::<Vec<_>>()), "{ours}");
         }
@@ -471,7 +479,7 @@ mod tests {
     fn an_old_spelling_points_at_the_command_we_have() {
         assert_eq!(not_implemented_message("run"), "\"nomad-rs run\" is not implemented yet; use \"nomad-rs job run\"");
         assert_eq!(not_implemented_message("exec"), "\"nomad-rs exec\" is not implemented yet; use \"nomad-rs alloc exec\"");
-        assert_eq!(not_implemented_message("var"), "\"nomad-rs var\" is not implemented yet");
+        assert_eq!(not_implemented_message("quota"), "\"nomad-rs quota\" is not implemented yet");
         for (old, target) in NOMAD_ALIASES {
             assert!(NOMAD_COMMANDS.contains(old) && NOMAD_COMMANDS.contains(target), "{old} -> {target}");
         }

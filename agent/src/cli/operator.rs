@@ -1,7 +1,8 @@
 //! `nomad-rs operator raft list-peers [-json]` and
 //! `nomad-rs operator raft remove-peer (-peer-id ID | -peer-address IP:PORT)`: the servers of the
 //! Raft configuration, and taking out one that is gone for good. `nomad-rs operator keygen`: a
-//! new cluster key for `server { encrypt }`.
+//! new cluster key for `server { encrypt }`. `nomad-rs operator root keyring ...`: see
+//! [`super::root_keyring`].
 
 use clap::{Args, Subcommand};
 use serde_json::Value;
@@ -29,6 +30,9 @@ pub enum OperatorCommand {
     Raft(RaftCommand),
     /// Print a new cluster key for `server { encrypt = "..." }` (base64, 32 bytes).
     Keygen,
+    /// The root keys that encrypt variables: list, rotate, remove.
+    #[command(subcommand)]
+    Root(super::root_keyring::RootCommand),
 }
 
 /// `operator raft` commands.
@@ -67,6 +71,7 @@ pub async fn run(a: OperatorArgs) -> CmdResult {
             return Ok(exit::OK);
         }
         OperatorCommand::Raft(command) => command,
+        OperatorCommand::Root(command) => return super::root_keyring::run(&Ctx::new(&a.api)?, command).await,
     };
     let ctx = Ctx::new(&a.api)?;
     match command {

@@ -101,7 +101,7 @@ async fn a_nomad_command_nomad_rs_lacks_says_so_and_exits_1() {
         (&["job", "history", "web"][..], "job history"),
         (&["job", "-namespace", "prod", "revert", "web", "3"], "job revert"),
         (&["job", "dispatch", "batch"], "job dispatch"),
-        (&["var", "put", "app/config", "k=v"], "var put"),
+        (&["quota", "apply", "quota.hcl"], "quota apply"),
         (&["acl", "auth-method", "list"], "acl auth-method list"),
         (&["volume", "snapshot", "list"], "volume snapshot list"),
         (&["operator", "snapshot", "save", "backup.snap"], "operator snapshot save"),

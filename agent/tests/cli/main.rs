@@ -11,4 +11,5 @@ mod examples;
 mod jobs;
 mod monitor;
 mod objects;
+mod variables;
 mod volumes;
