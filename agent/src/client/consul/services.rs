@@ -252,6 +252,7 @@ fn check(
             let scheme = if c.protocol.is_empty() { "http" } else { c.protocol.as_str() };
             out.http = http_check_url(scheme, &host_port, &c.path)?;
             out.tls_skip_verify = c.tls_skip_verify;
+            out.tls_server_name = c.tls_server_name.clone();
             out.method = c.method.clone();
             out.header = c.header.clone();
             out.body = c.body.clone();
@@ -261,6 +262,7 @@ fn check(
             out.grpc = format!("{host_port}/{}", c.grpc_service);
             out.grpc_use_tls = c.grpc_use_tls;
             out.tls_skip_verify = c.tls_skip_verify;
+            out.tls_server_name = c.tls_server_name.clone();
         }
         other => return Err(format!("check type {other:?} not valid")),
     }
