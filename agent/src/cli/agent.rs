@@ -265,6 +265,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         None => client_routes,
     };
     router = router.merge(client_routes);
+    let router = crate::client::http::with_alloc_checks_alias(router);
     // The agent's `limits`: a request head within the handshake timeout, so many connections per client.
     let handshake = https.as_ref().map(crate::tls::ReloadableServer::handshake);
     let http = tokio::spawn(nomad_server::http::listener::serve_with(http_listener, router, cfg.limits.http(), handshake));

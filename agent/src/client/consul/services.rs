@@ -340,13 +340,13 @@ pub fn task_checks(alloc: &Allocation, node: &Node, region: &str, task: &Task) -
 }
 
 /// Go's `net.JoinHostPort`: IPv6 hosts in brackets.
-fn join_host_port(host: &str, port: i64) -> String {
+pub(crate) fn join_host_port(host: &str, port: i64) -> String {
     if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") }
 }
 
 /// The check URL: `path` resolved against `<scheme>://<host:port>` as Go's
 /// `url.ResolveReference` does for the paths a check has (absolute or relative, with a query).
-fn http_check_url(scheme: &str, host_port: &str, path: &str) -> Result<String, String> {
+pub(crate) fn http_check_url(scheme: &str, host_port: &str, path: &str) -> Result<String, String> {
     if path.contains("://") {
         // An absolute URL replaces the base, as ResolveReference does.
         return Ok(path.to_string());
