@@ -242,10 +242,11 @@ impl StateDb {
         })
     }
 
-    /// Stores one check result (lazily: a lost result is probed again within an interval).
+    /// Stores one check result (durably: written only when a status changes, and a restarted
+    /// agent reports it until the check runs again).
     pub fn put_check_result<T: Serialize>(&self, alloc_id: &str, check_id: &str, result: &T) -> Result<(), StateError> {
         let bytes = encode(result);
-        self.write(Durability::Lazy, |txn| {
+        self.write(Durability::Durable, |txn| {
             txn.open_table(CHECKS)?.insert((alloc_id, check_id), bytes.as_slice())?;
             Ok(())
         })
