@@ -148,14 +148,16 @@ table! {
     ServiceNomad: Value "provider = \"nomad\"" in "service" => H("registered by the client in Nomad's service catalog"),
     ServiceConsul: Value "provider = \"consul\"" in "service" => Fate::Constrained("${attr.consul.version} semver >= 1.7.0"),
     ServiceFields: Attribute "name, port, tags, address, task" in "service" => H("the registration"),
-    OnUpdate: Attribute "on_update" in "service, check" => H("a Consul check counts toward the alloc's health (deployments, migrations) as require_healthy (passing), ignore_warnings (passing or warning) or ignore (registered, any status)"),
-    ServiceAddressMode: Attribute "address_mode" in "service, check" => R("\"auto\" and \"host\" are run, and \"alloc\" for Consul services; no driver advertises a network for \"driver\""),
+    OnUpdate: Attribute "on_update" in "service, check" => H("a Consul check counts toward the alloc's health (deployments, migrations) as require_healthy (passing), ignore_warnings (passing or warning) or ignore (registered, any status); a Nomad check as require_healthy (success) or ignore (a readiness check: success or failure)"),
+    ServiceAddressMode: Attribute "address_mode" in "service, check" => R("\"auto\" and \"host\" are run, and \"alloc\" for Consul services and Nomad checks; no driver advertises a network for \"driver\""),
     ServiceConsulOnly: Attribute "enable_tag_override, canary_tags, canary_meta, tagged_addresses, meta" in "service" => H("registered in Consul for Consul services (canary_tags and canary_meta would only apply to canaries, which are refused); ignored for nomad services, as Nomad does"),
     ServiceCheck: Block "check" in "service" => H("http, tcp and grpc checks of Consul services, registered for the Consul agent to run"),
-    ServiceCheckNomad: Value "check in a provider = \"nomad\" service" in "service" => R("the nomad-rs client does not run Nomad service checks; use a Consul service"),
+    ServiceCheckNomad: Value "check in a provider = \"nomad\" service" in "service" => H("http and tcp checks run by the client (the first at interval/2, then every interval), results at /v1/allocation/<id>/checks, counted in deployment and migration health and by check_restart"),
+    ServiceCheckNomadConsulOnly: Attribute "expose, success_before_passing, failures_before_critical, tls_server_name, address_mode = \"driver\", on_update = \"ignore_warnings\", check_restart ignore_warnings" in "check of a provider = \"nomad\" service" => H("refused by validation with Nomad's messages (Consul checks only)"),
+    ServiceCheckNomadIgnored: Attribute "tls_skip_verify, initial_status" in "check of a provider = \"nomad\" service" => H("ignored, as Nomad does: a check starts pending, and an https check verifies the certificate against the host's roots"),
     ServiceCheckScript: Value "type = \"script\"" in "check" => H("run by the client in the task through its driver, reported to Consul as a TTL check"),
     ServiceCheckExpose: Attribute "expose" in "check" => H("an http or grpc check of a group service with a Connect sidecar gets the dynamic port svc_<service>_ck_<hash> and an expose path in the sidecar's proxy, as Nomad's servers add them"),
-    CheckRestart: Block "check_restart" in "service, check" => H("the client watches Consul's check statuses and restarts the task (task services)"),
+    CheckRestart: Block "check_restart" in "service, check" => H("the client watches the check statuses (Consul's, or its own for Nomad checks) and restarts the task (task services)"),
     GroupCheckRestart: Value "check_restart in a group service" in "service, check" => R("Nomad restarts the whole allocation for those; put the service in the task"),
     Connect: Block "connect" in "service" => H("validated as Nomad does: exactly one of sidecar_service, native and gateway, lower-case service and group names"),
     ConnectTaskService: Value "connect in a task service" in "service" => R("Nomad runs Consul Connect for group services: move the service into the group"),
@@ -654,6 +656,8 @@ impl Walk {
         }
         for f in [
             Feature::ServiceCheckNomad,
+            Feature::ServiceCheckNomadConsulOnly,
+            Feature::ServiceCheckNomadIgnored,
             Feature::ServiceCheckScript,
             Feature::ServiceCheckExpose,
             Feature::CheckRestart,
@@ -674,16 +678,17 @@ impl Walk {
                 address_mode: check_address_mode,
                 interval: _,
                 timeout: _,
-                initial_status: _,
-                tls_skip_verify: _,
+                initial_status,
+                tls_skip_verify,
+                tls_server_name,
                 method: _,
                 header: _,
                 check_restart,
                 grpc_service: _,
                 grpc_use_tls: _,
                 task_name: _,
-                success_before_passing: _,
-                failures_before_critical: _,
+                success_before_passing,
+                failures_before_critical,
                 body: _,
                 on_update: _,
             } = c;
@@ -693,7 +698,20 @@ impl Walk {
                 w.decide(Feature::ServiceCheckExpose, *expose);
                 w.decide(Feature::CheckRestart, check_restart.is_some());
                 w.decide(Feature::GroupCheckRestart, in_group && check_restart.as_ref().is_some_and(|r| r.limit > 0));
-                if !known_mode(check_address_mode) || check_address_mode == "alloc" && !consul {
+                // Nomad's validation refuses these in its own words (`validateNomad`).
+                let consul_only = *expose
+                    || *success_before_passing != 0
+                    || *failures_before_critical != 0
+                    || !tls_server_name.is_empty()
+                    || check_address_mode == "driver"
+                    || c.on_update == "ignore_warnings"
+                    || check_restart.as_ref().is_some_and(|r| r.ignore_warnings);
+                w.decide(Feature::ServiceCheckNomadConsulOnly, !consul && consul_only);
+                w.decide(Feature::ServiceCheckNomadIgnored, !consul && (*tls_skip_verify || !initial_status.is_empty()));
+                // A Nomad check's modes are all run ("driver" is refused by validation).
+                if consul && !known_mode(check_address_mode)
+                    || !consul && !matches!(check_address_mode.as_str(), "" | "host" | "alloc" | "driver" | "auto")
+                {
                     w.refuse_value(Feature::ServiceAddressMode, "address_mode", check_address_mode);
                 }
             });
@@ -985,7 +1003,13 @@ pub fn sample_job_using(feature: Feature) -> Job {
         }
         Feature::ServiceConsulOnly => g.services = vec![Service { canary_tags: vec!["canary".into()], ..nomad_service() }],
         Feature::ServiceConsul => g.services = vec![Service { provider: String::new(), ..nomad_service() }],
-        Feature::ServiceCheckNomad => g.services = vec![Service { checks: vec![tcp_check()], ..nomad_service() }],
+        Feature::ServiceCheckNomad => {
+            g.services = vec![Service { port_label: "6379".into(), checks: vec![tcp_check()], ..nomad_service() }]
+        }
+        Feature::ServiceCheckNomadIgnored => {
+            let check = ServiceCheck { initial_status: "passing".into(), tls_skip_verify: true, ..tcp_check() };
+            g.services = vec![Service { port_label: "6379".into(), checks: vec![check], ..nomad_service() }]
+        }
         Feature::ServiceCheckScript => {
             let check = ServiceCheck { check_type: "script".into(), command: "/bin/true".into(), ..tcp_check() };
             t.services = vec![Service { checks: vec![check], ..consul_service() }]
@@ -1178,6 +1202,7 @@ pub fn sample_job_using(feature: Feature) -> Job {
         | Feature::Logs
         | Feature::Cpu
         | Feature::Disk
+        | Feature::ServiceCheckNomadConsulOnly
         | Feature::Memory => {}
     }
     job

@@ -96,7 +96,7 @@ impl Job {
             }
             let group_name = g.name.clone();
             for s in &mut g.services {
-                canonicalize_service(s, &format!("{job_id}-{group_name}"));
+                canonicalize_service(s, &format!("{job_id}-{group_name}"), None);
             }
             for v in g.volumes.values_mut() {
                 if v.volume_type.is_empty() {
@@ -124,7 +124,7 @@ impl Job {
                 }
                 let task_name = t.name.clone();
                 for s in &mut t.services {
-                    canonicalize_service(s, &format!("{job_id}-{group_name}-{task_name}"));
+                    canonicalize_service(s, &format!("{job_id}-{group_name}-{task_name}"), Some(&task_name));
                 }
             }
         }
@@ -157,7 +157,8 @@ fn fill_update_defaults(u: &mut UpdateStrategy) {
     }
 }
 
-fn canonicalize_service(s: &mut Service, default_name: &str) {
+/// `task` is the task of a task service (`None` for a group service).
+fn canonicalize_service(s: &mut Service, default_name: &str, task: Option<&str>) {
     if s.name.is_empty() {
         s.name = default_name.to_string();
     }
@@ -177,6 +178,14 @@ fn canonicalize_service(s: &mut Service, default_name: &str) {
     for c in &mut s.checks {
         if c.on_update.is_empty() {
             c.on_update = s.on_update.clone();
+        }
+        // Nomad's `ServiceCheck.Canonicalize` on the servers: the default name, and the task of
+        // the service (a task service's own task, or a group service's `task`).
+        if c.name.is_empty() {
+            c.name = format!("service: {:?} check", s.name);
+        }
+        if c.task_name.is_empty() {
+            c.task_name = task.unwrap_or(&s.task_name).to_string();
         }
         c.check_restart = crate::service::CheckRestart::merge(service_restart.as_ref(), c.check_restart.as_ref());
     }

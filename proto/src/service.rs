@@ -83,6 +83,9 @@ pub struct ServiceCheck {
     /// Skip TLS verification.
     #[serde(rename = "TLSSkipVerify")]
     pub tls_skip_verify: bool,
+    /// The TLS server name Consul checks with (Consul checks only).
+    #[serde(rename = "TLSServerName")]
+    pub tls_server_name: String,
     /// HTTP method.
     pub method: String,
     /// HTTP headers.
@@ -135,6 +138,9 @@ impl ServiceCheck {
         if self.tls_skip_verify {
             h.update(b"true");
         }
+        if !self.tls_server_name.is_empty() {
+            h.update(self.tls_server_name.as_bytes());
+        }
         if !self.header.is_empty() {
             let mut headers: Vec<String> = self.header.iter().map(|(k, v)| format!("{k}{}", v.concat())).collect();
             headers.sort();
@@ -155,6 +161,30 @@ impl ServiceCheck {
             h.update(format!("failures:{}", self.failures_before_critical).as_bytes());
         }
         h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Nomad's `NomadCheckID(allocID, group, check)`: MD5 over the alloc ID, the group and the
+    /// check's task, name, type, port label, on_update and address mode, its interval and
+    /// timeout (each as Go writes an int64 of nanoseconds in little-endian), protocol, path and
+    /// method, hex. Identifies a Nomad-provider check across agent restarts and alloc updates.
+    pub fn nomad_check_id(&self, alloc_id: &str, group: &str) -> String {
+        use md5::{Digest, Md5};
+        let mut h = Md5::new();
+        for s in [alloc_id, group, &self.task_name, &self.name, &self.check_type, &self.port_label, &self.on_update, &self.address_mode] {
+            h.update(s.as_bytes());
+        }
+        h.update(self.interval.to_le_bytes());
+        h.update(self.timeout.to_le_bytes());
+        for s in [&self.protocol, &self.path, &self.method] {
+            h.update(s.as_bytes());
+        }
+        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Nomad's `GetCheckMode`: `readiness` when `on_update = "ignore"` (its failures never hold
+    /// a deployment back), else `healthiness`.
+    pub fn nomad_check_mode(&self) -> &'static str {
+        if self.on_update == "ignore" { "readiness" } else { "healthiness" }
     }
 }
 

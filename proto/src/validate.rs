@@ -15,7 +15,7 @@ use crate::job::{
 };
 use crate::limits::MAX_RESOURCE_VALUE;
 use crate::node::Node;
-use crate::service::{SERVICE_PROVIDER_CONSUL, SERVICE_PROVIDER_NOMAD, Service};
+use crate::service::{SERVICE_PROVIDER_CONSUL, SERVICE_PROVIDER_NOMAD, Service, ServiceCheck};
 
 /// Constraint operators the scheduler understands.
 pub const CONSTRAINT_OPERANDS: &[&str] = &[
@@ -980,6 +980,21 @@ fn validate_service(s: &Service, g: &TaskGroup, task: Option<&Task>) -> Vec<Stri
             shown(&s.on_update).as_ref()
         ));
     }
+    if s.provider == SERVICE_PROVIDER_NOMAD {
+        // Nomad's `validateNomadService`: the port, then the first problem of each check.
+        for c in &s.checks {
+            if s.port_label.is_empty() && c.port_label.is_empty() && ["http", "tcp", "grpc"].contains(&c.check_type.as_str()) {
+                errs.push(format!(
+                    "Check {} invalid: check requires a port but neither check nor service {:?} have a port",
+                    shown(&c.name),
+                    shown(&s.name).as_ref()
+                ));
+            } else if let Some(e) = validate_nomad_check(c) {
+                errs.push(e);
+            }
+        }
+        return errs;
+    }
     for c in &s.checks {
         // Nomad's ServiceCheck.validateCommon: on_update, and how it goes with check_restart.
         if !on_update_ok(&c.on_update) {
@@ -1034,6 +1049,137 @@ fn validate_service(s: &Service, g: &TaskGroup, task: Option<&Task>) -> Vec<Stri
         }
     }
     errs
+}
+
+/// Nomad's `ServiceCheck.validateNomad` (with `validateCommon` for `tcp` and `http`): the first
+/// problem of a check the client runs itself, in Nomad's words.
+fn validate_nomad_check(c: &ServiceCheck) -> Option<String> {
+    const MIN: i64 = 1_000_000_000;
+    let check_type = c.check_type.to_ascii_lowercase();
+    if !["tcp", "http"].contains(&check_type.as_str()) {
+        return Some(format!("invalid check type ({:?}), must be one of tcp, http", shown(&check_type).as_ref()));
+    }
+    if check_type == "http" {
+        if c.path.is_empty() {
+            return Some("http type must have http path".into());
+        }
+        match url_path_kind(&c.path) {
+            PathKind::Invalid => return Some("http type must have valid http path".into()),
+            PathKind::Absolute => return Some("http type must have relative http path".into()),
+            PathKind::Relative => {}
+        }
+    }
+    if c.interval == 0 {
+        return Some("missing required value interval. Interval cannot be less than 1s".into());
+    } else if c.interval < MIN {
+        return Some(format!("interval ({}) cannot be lower than 1s", go_duration(c.interval)));
+    }
+    if c.timeout == 0 {
+        return Some("missing required value timeout. Timeout cannot be less than 1s".into());
+    } else if c.timeout < MIN {
+        return Some(format!("timeout ({}) is lower than required minimum timeout 1s", go_duration(c.timeout)));
+    }
+    if !["", "passing", "warning", "critical"].contains(&c.initial_status.as_str()) {
+        return Some(format!(
+            "invalid initial check state ({}), must be one of \"passing\", \"warning\", \"critical\" or empty",
+            shown(&c.initial_status)
+        ));
+    }
+    match c.address_mode.as_str() {
+        "" | "host" | "driver" | "alloc" => {}
+        "auto" => return Some("invalid address_mode \"auto\" - auto only valid for services".into()),
+        other => return Some(format!("invalid address_mode {:?}", shown(other).as_ref())),
+    }
+    if !["", "ignore", "require_healthy", "ignore_warnings"].contains(&c.on_update.as_str()) {
+        return Some(format!(
+            "on_update must be \"require_healthy\", \"ignore_warnings\", or \"ignore\"; got {:?}",
+            shown(&c.on_update).as_ref()
+        ));
+    }
+    if let Some(r) = &c.check_restart {
+        if c.on_update == "ignore" {
+            return Some("on_update value \"ignore\" is not compatible with check_restart".into());
+        }
+        if !r.ignore_warnings && c.on_update == "ignore_warnings" {
+            return Some("on_update value \"ignore_warnings\" not supported with check_restart ignore_warnings value \"false\"".into());
+        }
+        if r.limit < 0 {
+            return Some(format!("limit must be greater than or equal to 0 but found {}", r.limit));
+        }
+        if r.grace < 0 {
+            return Some(format!("grace period must be greater than or equal to 0 but found {}", go_duration(r.grace)));
+        }
+    }
+    if c.expose {
+        return Some("expose may only be set for Consul service checks".into());
+    }
+    if c.on_update == "ignore_warnings" {
+        return Some("on_update may only be set to ignore_warnings for Consul service checks".into());
+    }
+    if c.check_restart.as_ref().is_some_and(|r| r.ignore_warnings) {
+        return Some("ignore_warnings on check_restart only supported for Consul service checks".into());
+    }
+    if c.address_mode == "driver" {
+        return Some("address_mode = driver may only be set for Consul service checks".into());
+    }
+    if c.check_type == "http"
+        && !c.method.is_empty()
+        && !["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "CONNECT", "OPTIONS", "TRACE"]
+            .contains(&c.method.to_ascii_uppercase().as_str())
+    {
+        return Some(format!("method type {:?} not supported in Nomad http check", shown(&c.method).as_ref()));
+    }
+    if c.success_before_passing != 0 {
+        return Some("success_before_passing may only be set for Consul service checks".into());
+    }
+    if c.failures_before_critical != 0 {
+        return Some("failures_before_critical may only be set for Consul service checks".into());
+    }
+    if !c.tls_server_name.is_empty() {
+        return Some("tls_server_name may only be set for Consul service checks".into());
+    }
+    None
+}
+
+/// What Go's `url.Parse` makes of a check path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PathKind {
+    /// A parse error (control characters, a bad `%` escape, a colon in a first segment).
+    Invalid,
+    /// It has a scheme (`http://...`).
+    Absolute,
+    /// A path (and query) to resolve against the check's address.
+    Relative,
+}
+
+fn url_path_kind(path: &str) -> PathKind {
+    if path.chars().any(|c| c.is_ascii_control()) {
+        return PathKind::Invalid;
+    }
+    let b = path.as_bytes();
+    let hex = |c: u8| c.is_ascii_hexdigit();
+    // Go checks the escapes of the path (the query is kept raw).
+    let bq = path.split('?').next().unwrap_or_default().as_bytes();
+    let bad_escape = bq.iter().enumerate().any(|(i, c)| *c == b'%' && !(i + 2 < bq.len() && hex(bq[i + 1]) && hex(bq[i + 2])));
+    if bad_escape {
+        return PathKind::Invalid;
+    }
+    // Go's getScheme: letters first, then letters, digits, `+`, `-`, `.` up to a `:`.
+    if let Some(colon) = path.find(':') {
+        let scheme = &b[..colon];
+        let before_slash = path.find('/').is_none_or(|slash| colon < slash);
+        if colon == 0 {
+            return PathKind::Invalid;
+        }
+        if scheme[0].is_ascii_alphabetic() && scheme.iter().all(|c| c.is_ascii_alphanumeric() || b"+-.".contains(c)) {
+            return PathKind::Absolute;
+        }
+        // "first path segment in URL cannot contain colon".
+        if before_slash {
+            return PathKind::Invalid;
+        }
+    }
+    PathKind::Relative
 }
 
 /// Checks one constraint with Nomad's rules (`Constraint.Validate`); every problem is returned.

@@ -266,6 +266,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         None => client_routes,
     };
     router = router.merge(client_routes);
+    let router = crate::client::http::with_alloc_checks_alias(router);
     if let Some(c) = &client {
         c.task_api().set_router(router.clone());
     }

@@ -78,6 +78,10 @@ pub struct ClientContext {
     pub consul_api: Option<Arc<dyn crate::consul::ConsulApi>>,
     /// How long an Envoy bootstrap waits for its proxy's registration (Nomad's, except in tests).
     pub envoy_retry: crate::client::taskrunner::hooks::envoy_bootstrap::Retry,
+    /// The results of Nomad service checks (`client/checks/`).
+    pub nomad_checks: Arc<crate::client::checks::CheckStore>,
+    /// The Nomad check statuses `check_restart` watches (polled from `nomad_checks`).
+    pub nomad_check_watcher: Arc<crate::client::consul::checks::CheckWatcher>,
 }
 
 impl ClientContext {

@@ -19,6 +19,7 @@
 pub mod acl;
 pub mod allocrunner;
 pub mod base64;
+pub mod checks;
 pub mod connect;
 pub mod consul;
 pub mod context;
@@ -239,6 +240,8 @@ impl Client {
             consul.as_ref().map(|api| ConsulServices::new(api.clone(), config.consul_sync_interval, config.consul_deregister_probation));
         let consul_checks = consul.as_ref().map(|api| consul::checks::CheckWatcher::new(api.clone(), consul::checks::POLL_PERIOD));
         let netns_maker = drivers.netns_maker();
+        let nomad_checks = checks::CheckStore::restore(state.clone());
+        let nomad_check_watcher = consul::checks::CheckWatcher::with_getter(nomad_checks.clone(), consul::checks::POLL_PERIOD);
         let ctx = Arc::new(ClientContext {
             state: state.clone(),
             drivers,
@@ -268,6 +271,8 @@ impl Client {
             consul_config: config.consul.clone(),
             consul_api: consul.clone(),
             envoy_retry: Default::default(),
+            nomad_checks,
+            nomad_check_watcher: nomad_check_watcher.clone(),
             network: Arc::new(network::CniNetworks::new(s.cni.clone(), &s.state_dir).with_maker(netns_maker)),
         });
         let inner = Arc::new(ClientInner {
@@ -327,6 +332,7 @@ impl Client {
         if let Some(watcher) = consul_checks {
             ctx.tracker.spawn(watcher.run(ctx.shutdown.clone()));
         }
+        ctx.tracker.spawn(nomad_check_watcher.run(ctx.shutdown.clone()));
         Ok(Client { inner })
     }
 
@@ -348,6 +354,12 @@ impl Client {
     /// The runner of a local alloc.
     pub fn alloc_runner(&self, alloc_id: &str) -> Option<Arc<AllocRunner>> {
         lock(&self.inner.allocs).get(alloc_id).cloned()
+    }
+
+    /// The Nomad service check results of a local alloc; `None` when it has none.
+    pub fn nomad_check_results(&self, alloc_id: &str) -> Option<checks::AllocResults> {
+        use checks::CheckResults;
+        self.inner.ctx.nomad_checks.alloc_results(alloc_id)
     }
 
     /// Where alloc dirs go.

@@ -7,7 +7,9 @@
 //!   runners before it talks to any server;
 //! - per task: its [`TaskState`], the driver's [`TaskHandle`] while the task runs, and the state
 //!   of each task hook under the hook's name;
-//! - per alloc: the state of each alloc hook under the hook's name.
+//! - per alloc: the state of each alloc hook under the hook's name;
+//! - per alloc: the last result of each Nomad service check whose status changed (the check
+//!   store restores them after a restart; `client/checks/`).
 //!
 //! Values are JSON. Writes that something else acts on (the identity, an alloc, a task handle,
 //! a hook marked done) are committed with immediate durability (fsync) before the caller goes
@@ -37,6 +39,8 @@ const ALLOCS: TableDefinition<&str, &[u8]> = TableDefinition::new("allocs");
 const TASKS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("tasks");
 /// (alloc ID, hook name) to JSON [`HookState`].
 const ALLOC_HOOKS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("alloc_hooks");
+/// (alloc ID, check ID) to a JSON Nomad check result.
+const CHECKS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("check_results");
 
 const IDENTITY: &str = "node_identity";
 
@@ -138,6 +142,7 @@ impl StateDb {
         txn.open_table(ALLOCS)?;
         txn.open_table(TASKS)?;
         txn.open_table(ALLOC_HOOKS)?;
+        txn.open_table(CHECKS)?;
         txn.commit()?;
         Ok(StateDb { db })
     }
@@ -200,7 +205,8 @@ impl StateDb {
             txn.open_table(ALLOCS)?.remove(alloc_id)?;
             let range = (alloc_id, "")..=(alloc_id, "\u{10FFFF}");
             txn.open_table(TASKS)?.retain_in(range.clone(), |_, _| false)?;
-            txn.open_table(ALLOC_HOOKS)?.retain_in(range, |_, _| false)?;
+            txn.open_table(ALLOC_HOOKS)?.retain_in(range.clone(), |_, _| false)?;
+            txn.open_table(CHECKS)?.retain_in(range, |_, _| false)?;
             Ok(())
         })
     }
@@ -234,6 +240,53 @@ impl StateDb {
             txn.open_table(ALLOC_HOOKS)?.insert((alloc_id, hook), bytes.as_slice())?;
             Ok(())
         })
+    }
+
+    /// Stores one check result (durably: written only when a status changes, and a restarted
+    /// agent reports it until the check runs again).
+    pub fn put_check_result<T: Serialize>(&self, alloc_id: &str, check_id: &str, result: &T) -> Result<(), StateError> {
+        let bytes = encode(result);
+        self.write(Durability::Durable, |txn| {
+            txn.open_table(CHECKS)?.insert((alloc_id, check_id), bytes.as_slice())?;
+            Ok(())
+        })
+    }
+
+    /// Removes some of an alloc's check results, or all of them (`None`).
+    pub fn delete_check_results(&self, alloc_id: &str, check_ids: Option<&[String]>) -> Result<(), StateError> {
+        self.write(Durability::Lazy, |txn| {
+            let mut table = txn.open_table(CHECKS)?;
+            match check_ids {
+                Some(ids) => {
+                    for id in ids {
+                        table.remove((alloc_id, id.as_str()))?;
+                    }
+                }
+                None => {
+                    table.retain_in((alloc_id, "")..=(alloc_id, "\u{10FFFF}"), |_, _| false)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Every stored check result: alloc ID to check ID to result. One that does not decode is
+    /// skipped with a warning (the check runs again and replaces it).
+    pub fn check_results<T: DeserializeOwned>(&self) -> Result<BTreeMap<String, BTreeMap<String, T>>, StateError> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(CHECKS)?;
+        let mut out: BTreeMap<String, BTreeMap<String, T>> = BTreeMap::new();
+        for item in table.iter()? {
+            let (key, value) = item?;
+            let (alloc, check) = key.value();
+            match decode::<T>(|| format!("check result {alloc}/{check}"), value.value()) {
+                Ok(r) => {
+                    out.entry(alloc.to_string()).or_default().insert(check.to_string(), r);
+                }
+                Err(e) => tracing::warn!(error = %e, "skipping an unreadable check result in the local state"),
+            }
+        }
+        Ok(out)
     }
 
     /// The stored alloc hook states of an alloc, by hook name.

@@ -20,6 +20,7 @@ mod drain;
 mod events;
 mod exec_forward;
 mod limits;
+mod nomad_checks;
 mod python_nomad;
 mod server_restart;
 mod servers;

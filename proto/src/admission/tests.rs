@@ -89,13 +89,14 @@ fn messages_name_the_path_as_the_issue_shows() {
 }
 
 #[test]
-fn consul_services_and_their_checks_are_admitted_and_nomad_checks_group_check_restart_and_driver_mode_are_not() {
+fn consul_and_nomad_checks_are_admitted_and_group_check_restart_and_driver_mode_are_not() {
     // A service without a provider is a Consul service; it and its tcp check are admitted.
     admitted(sample_job_using(Feature::ServiceConsul)).unwrap();
     admitted(sample_job_using(Feature::ServiceCheck)).unwrap();
     admitted(sample_job_using(Feature::ServiceNomad)).unwrap();
-    let msg = admitted(sample_job_using(Feature::ServiceCheckNomad)).unwrap_err();
-    assert!(msg.contains("service \"redis\": check in a provider = \"nomad\" service is not supported"), "{msg}");
+    // The client runs Nomad checks; tls_skip_verify and initial_status are ignored, as Nomad does.
+    admitted(sample_job_using(Feature::ServiceCheckNomad)).unwrap();
+    admitted(sample_job_using(Feature::ServiceCheckNomadIgnored)).unwrap();
     // Script checks and a task service's check_restart are run by the client.
     admitted(sample_job_using(Feature::ServiceCheckScript)).unwrap();
     admitted(sample_job_using(Feature::CheckRestart)).unwrap();
@@ -118,6 +119,14 @@ fn consul_services_and_their_checks_are_admitted_and_nomad_checks_group_check_re
     let mut job = sample_job_using(Feature::ServiceNomad);
     job.task_groups[0].services[0].address_mode = "alloc".into();
     assert!(admitted(job).unwrap_err().contains("address_mode = \"alloc\" is not supported"));
+    // A Nomad check probes in alloc mode; driver mode is left to validation's own message.
+    let mut job = sample_job_using(Feature::ServiceCheckNomad);
+    job.task_groups[0].services[0].checks[0].address_mode = "alloc".into();
+    admitted(job.clone()).unwrap();
+    job.task_groups[0].services[0].checks[0].address_mode = "driver".into();
+    let job = admitted(job).unwrap();
+    let msg = job.validate().unwrap_err().to_string();
+    assert!(msg.contains("address_mode = driver may only be set for Consul service checks"), "{msg}");
 }
 
 #[test]

@@ -72,7 +72,7 @@
 //!   set_contains_any set_contains_all distinct_hosts distinct_property`).
 //!
 //! Accepted but dropped, because our types have no field for them: check
-//! `advertise` and `tls_server_name`, upstream `config`, resources `iops`,
+//! `advertise`, upstream `config`, resources `iops`,
 //! template `uid gid vault_grace wait error_on_missing_key`.
 //!
 //! Not supported: JSON-syntax and HCL1 job files (a syntax error on a line

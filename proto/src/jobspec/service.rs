@@ -64,6 +64,7 @@ fn check(r: &Reader<'_>, service_restart: Option<&CheckRestartOverrides>) -> DRe
     r.set_duration("timeout", &mut c.timeout)?;
     r.set_string("initial_status", &mut c.initial_status)?;
     r.set_bool("tls_skip_verify", &mut c.tls_skip_verify)?;
+    r.set_string("tls_server_name", &mut c.tls_server_name)?;
     r.set_string("method", &mut c.method)?;
     r.set_string("body", &mut c.body)?;
     r.set_string("grpc_service", &mut c.grpc_service)?;
@@ -72,9 +73,8 @@ fn check(r: &Reader<'_>, service_restart: Option<&CheckRestartOverrides>) -> DRe
     r.set_int("success_before_passing", &mut c.success_before_passing)?;
     r.set_int("failures_before_critical", &mut c.failures_before_critical)?;
     r.set_string("on_update", &mut c.on_update)?;
-    // Accepted for compatibility; our check type has no field for them.
+    // Accepted for compatibility; our check type has no field for it.
     let _advertise = r.string("advertise")?;
-    let _tls_server_name = r.string("tls_server_name")?;
     if let Some(h) = r.block("header")? {
         c.header = header(&r.child(&h)?)?;
     }

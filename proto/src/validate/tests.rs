@@ -586,3 +586,102 @@ fn on_update_takes_nomads_three_values_and_agrees_with_check_restart() {
         "Check c invalid: on_update value \"ignore_warnings\" not supported with check_restart ignore_warnings value \"false\"",
     );
 }
+
+/// Nomad-provider checks (`validateNomad`): each field Nomad keeps for Consul checks, and each
+/// common rule, refused with Nomad's own words; the rest admitted.
+#[test]
+fn nomad_checks_are_validated_as_nomads_validate_nomad() {
+    let with = |check: &str| {
+        job(&format!(
+            r#"{{"ID":"j","TaskGroups":[{{"Name":"g","Tasks":[{{"Name":"t","Driver":"raw_exec","Services":[{{"Name":"s","Provider":"nomad",
+                "PortLabel":"80","Checks":[{{"Name":"c","Interval":1000000000,"Timeout":1000000000,{check}}}]}}]}}]}}]}}"#
+        ))
+    };
+    with(r#""Type":"tcp""#).validate().unwrap();
+    with(r#""Type":"http","Path":"/health?x=1","Method":"post","Header":{"Host":["web"]},"Body":"b","Protocol":"https""#)
+        .validate()
+        .unwrap();
+    // Accepted and ignored, as in Nomad.
+    with(r#""Type":"tcp","TLSSkipVerify":true,"InitialStatus":"critical""#).validate().unwrap();
+    with(r#""Type":"tcp","AddressMode":"alloc""#).validate().unwrap();
+    for (check, message) in [
+        (r#""Type":"script","Command":"/bin/true""#, "invalid check type (\"script\"), must be one of tcp, http"),
+        (r#""Type":"grpc""#, "invalid check type (\"grpc\"), must be one of tcp, http"),
+        (r#""Type":"http""#, "http type must have http path"),
+        (r#""Type":"http","Path":"http://example.com/health""#, "http type must have relative http path"),
+        (r#""Type":"http","Path":"/a%zz""#, "http type must have valid http path"),
+        (r#""Type":"http","Path":"/h","Method":"BREW""#, "method type \"BREW\" not supported in Nomad http check"),
+        (r#""Type":"tcp","Expose":true"#, "expose may only be set for Consul service checks"),
+        (r#""Type":"tcp","OnUpdate":"ignore_warnings""#, "on_update may only be set to ignore_warnings for Consul service checks"),
+        (
+            r#""Type":"tcp","OnUpdate":"ignore_warnings","CheckRestart":{"Limit":2,"IgnoreWarnings":true}"#,
+            "on_update may only be set to ignore_warnings for Consul service checks",
+        ),
+        (
+            r#""Type":"tcp","CheckRestart":{"Limit":2,"IgnoreWarnings":true}"#,
+            "ignore_warnings on check_restart only supported for Consul service checks",
+        ),
+        (r#""Type":"tcp","AddressMode":"driver""#, "address_mode = driver may only be set for Consul service checks"),
+        (r#""Type":"tcp","SuccessBeforePassing":2"#, "success_before_passing may only be set for Consul service checks"),
+        (r#""Type":"tcp","FailuresBeforeCritical":2"#, "failures_before_critical may only be set for Consul service checks"),
+        (r#""Type":"tcp","TLSServerName":"web""#, "tls_server_name may only be set for Consul service checks"),
+        (r#""Type":"tcp","Interval":500000000"#, "interval (500ms) cannot be lower than 1s"),
+        (r#""Type":"tcp","Timeout":0"#, "missing required value timeout. Timeout cannot be less than 1s"),
+    ] {
+        assert_refused(&with(check), message);
+    }
+    // No port anywhere: the port rule first, as Nomad.
+    let j =
+        job(r#"{"ID":"j","TaskGroups":[{"Name":"g","Tasks":[{"Name":"t","Driver":"raw_exec","Services":[{"Name":"s","Provider":"nomad",
+            "Checks":[{"Name":"c","Type":"tcp","Interval":1000000000,"Timeout":1000000000}]}]}]}]}"#);
+    assert_refused(&j, "Check c invalid: check requires a port but neither check nor service \"s\" have a port");
+    // Connect on a Nomad service (Nomad's message, unchanged).
+    let j = job(r#"{"ID":"j","TaskGroups":[{"Name":"g","Services":[{"Name":"s","Provider":"nomad","Connect":{"Native":true}}],
+            "Tasks":[{"Name":"t","Driver":"raw_exec"}]}]}"#);
+    assert_refused(&j, "Service with provider nomad cannot include Connect blocks");
+}
+
+#[test]
+fn nomad_check_ids_are_nomads_md5() {
+    // As Nomad's `NomadCheckID` computes it for this check (allocID "a1", group "g"):
+    // md5("a1" "g" "t" "c" "http" "web" "require_healthy" "" <1s le> <2s le> "http" "/h" "GET").
+    let c = ServiceCheck {
+        name: "c".into(),
+        check_type: "http".into(),
+        task_name: "t".into(),
+        port_label: "web".into(),
+        on_update: "require_healthy".into(),
+        interval: 1_000_000_000,
+        timeout: 2_000_000_000,
+        protocol: "http".into(),
+        path: "/h".into(),
+        method: "GET".into(),
+        ..ServiceCheck::default()
+    };
+    let mut bytes = b"a1gtchttpwebrequire_healthy".to_vec();
+    bytes.extend(1_000_000_000i64.to_le_bytes());
+    bytes.extend(2_000_000_000i64.to_le_bytes());
+    bytes.extend(b"http/hGET");
+    use md5::Digest;
+    let want: String = md5::Md5::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(c.nomad_check_id("a1", "g"), want);
+    assert_eq!(want.len(), 32);
+    // Another alloc, another ID; a field outside Nomad's list (the body) changes nothing.
+    assert_ne!(c.nomad_check_id("a2", "g"), want);
+    assert_eq!(ServiceCheck { body: "x".into(), ..c.clone() }.nomad_check_id("a1", "g"), want);
+    assert_eq!(c.nomad_check_mode(), "healthiness");
+    assert_eq!(ServiceCheck { on_update: "ignore".into(), ..c }.nomad_check_mode(), "readiness");
+}
+
+#[test]
+fn checks_get_nomads_default_name_and_their_services_task() {
+    let j = job(
+        r#"{"ID":"j","TaskGroups":[{"Name":"g","Services":[{"Name":"gs","Provider":"nomad","PortLabel":"80","Checks":[{"Type":"tcp"}]}],
+            "Tasks":[{"Name":"t","Driver":"raw_exec","Services":[{"Name":"ts","Provider":"nomad","PortLabel":"80","Checks":[{"Type":"tcp"}]}]}]}]}"#,
+    );
+    let g = &j.task_groups[0];
+    assert_eq!(g.services[0].checks[0].name, "service: \"gs\" check");
+    assert_eq!(g.services[0].checks[0].task_name, "", "a group service without a task");
+    assert_eq!(g.tasks[0].services[0].checks[0].name, "service: \"ts\" check");
+    assert_eq!(g.tasks[0].services[0].checks[0].task_name, "t");
+}

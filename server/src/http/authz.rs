@@ -178,6 +178,7 @@ pub const ROWS: &[Row] = &[
     // Allocations and evaluations.
     row(Get, "/v1/allocations", Ns(&["read-job"], Query)),
     row(Write, "/v1/allocation/:id/stop", Ns(&["alloc-lifecycle"], ALLOC)),
+    row(Get, "/v1/allocation/:id/checks", Ns(&["read-job"], ALLOC)),
     row(Get, "/v1/allocation/*", Ns(&["read-job"], ALLOC)),
     row(Get, "/v1/evaluations", Ns(&["read-job"], Query)),
     row(Get, "/v1/evaluation/*", Ns(&["read-job"], Resp)),
@@ -225,6 +226,7 @@ pub const ROWS: &[Row] = &[
     row(Write, "/v1/client/allocation/:id/restart", Ns(&["alloc-lifecycle"], CLIENT_ALLOC)),
     row(Write, "/v1/client/allocation/:id/signal", Ns(&["alloc-lifecycle"], CLIENT_ALLOC)),
     row(Get, "/v1/client/allocation/:id/stats", Ns(&["read-job"], CLIENT_ALLOC)),
+    row(Get, "/v1/client/allocation/:id/checks", Ns(&["read-job"], CLIENT_ALLOC)),
     row(Any, "/v1/client/allocation/:id/gc", Ns(&["submit-job"], CLIENT_ALLOC)),
     row(Get, "/v1/client/stats", Node(false)),
     row(Any, "/v1/client/gc", Node(true)),

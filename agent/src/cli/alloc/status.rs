@@ -50,8 +50,32 @@ pub async fn show(ctx: &Ctx, id_prefix: &str, verbose: bool, json: bool, short: 
     } else {
         None
     };
-    println!("{}", render_with_usage(&alloc, verbose, short, now_nanos(), &ctx.style, stats.as_ref()));
+    // Nomad service check results, from the client too; nothing shown when there are none.
+    let checks = if short {
+        None
+    } else {
+        let path = format!("/v1/client/allocation/{}/checks", encode_path(&alloc.id));
+        ctx.client.get_json(&path, &Query::new()).await.ok().map(|a| a.value)
+    };
+    println!("{}", render_all(&alloc, verbose, short, now_nanos(), &ctx.style, stats.as_ref(), checks.as_ref()));
     Ok(exit::OK)
+}
+
+/// Nomad's `formatAllocNomadServiceChecks`: one row per check result, sorted; `None` when there
+/// are none.
+pub fn nomad_service_checks(results: &serde_json::Value) -> Option<String> {
+    let map = results.as_object().filter(|m| !m.is_empty())?;
+    let text = |v: &serde_json::Value, key: &str| v.get(key).and_then(|s| s.as_str()).unwrap_or_default().to_string();
+    let mut rows: Vec<Vec<String>> = map
+        .values()
+        .map(|r| {
+            let task = text(r, "Task");
+            let task = if task.is_empty() { "(group)".to_string() } else { task };
+            vec![text(r, "Service"), task, text(r, "Check"), text(r, "Mode"), text(r, "Status")]
+        })
+        .collect();
+    rows.sort();
+    Some(format!("Nomad Service Checks:\n{}", table_with_header(&["Service", "Task", "Name", "Mode", "Status"], rows)))
 }
 
 /// The whole `alloc status` output.
@@ -61,6 +85,20 @@ pub fn render(a: &Allocation, verbose: bool, short: bool, now: i64, style: &Styl
 
 /// `alloc status` with the tasks' usage (`/v1/client/allocation/<id>/stats`) when known.
 pub fn render_with_usage(a: &Allocation, verbose: bool, short: bool, now: i64, style: &Style, stats: Option<&serde_json::Value>) -> String {
+    render_all(a, verbose, short, now, style, stats, None)
+}
+
+/// `alloc status` with the usage and the Nomad service check results
+/// (`/v1/client/allocation/<id>/checks`) when known.
+pub fn render_all(
+    a: &Allocation,
+    verbose: bool,
+    short: bool,
+    now: i64,
+    style: &Style,
+    stats: Option<&serde_json::Value>,
+    checks: Option<&serde_json::Value>,
+) -> String {
     let len = if verbose { usize::MAX } else { 8 };
     let mut out = vec![details(a, len, verbose, now)];
     if let Some(m) = a.metrics.as_ref().filter(|m| verbose && m.nodes_evaluated > 0) {
@@ -69,6 +107,10 @@ pub fn render_with_usage(a: &Allocation, verbose: bool, short: bool, now: i64, s
             vec![format!("Nodes evaluated: {}, filtered: {}, exhausted: {}", m.nodes_evaluated, m.nodes_filtered, m.nodes_exhausted)];
         lines.extend(tables::alloc_metrics(m, "  "));
         out.push(lines.join("\n"));
+    }
+    // After the alloc's details, before the tasks, as Nomad prints it.
+    if let Some(section) = checks.and_then(nomad_service_checks) {
+        out.push(format!("\n{section}"));
     }
     let states = a.task_states.clone().unwrap_or_default();
     let mut names = super::task_names(a);
@@ -225,6 +267,16 @@ mod tests {
         let with = render_with_usage(&a, false, false, 64_000_000_000, &Style::plain(), Some(&usage));
         assert!(with.contains("42/100 MHz  1.2 MiB/300 MiB  300 MiB"), "{with}");
         assert_eq!((ibytes(5), ibytes(4096), ibytes(300 << 20)), ("5 B".to_string(), "4.0 KiB".to_string(), "300 MiB".to_string()));
+        let checks = serde_json::json!({
+            "b": {"ID": "b", "Mode": "healthiness", "Status": "success", "Output": "nomad: http ok", "Timestamp": 1, "Group": "web.web[0]",
+                  "Task": "web", "Service": "web", "Check": "health"},
+            "a": {"ID": "a", "Mode": "readiness", "Status": "pending", "Output": "nomad: waiting to run", "Timestamp": 1,
+                  "Group": "web.web[0]", "Service": "api", "Check": "alive"}
+        });
+        let with = render_all(&a, false, false, 64_000_000_000, &Style::plain(), None, Some(&checks));
+        let want = "\n\nNomad Service Checks:\nService  Task     Name    Mode         Status\napi      (group)  alive   readiness    pending\nweb      web      health  healthiness  success\n\nTask \"web\"";
+        assert!(with.contains(want), "{with}");
+        assert_eq!(nomad_service_checks(&serde_json::Value::Null), None, "no section without checks");
         let started = out.find("Task started by client").unwrap();
         let received = out.find("Task received by client").unwrap();
         assert!(started < received, "newest event first:\n{out}");

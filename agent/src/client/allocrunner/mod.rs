@@ -119,6 +119,7 @@ impl AllocRunner {
         let hook_cancel = ctx.shutdown.child_token();
         let deployment_status = alloc.deployment_status.clone();
         Ok(Arc::new_cyclic(|weak: &std::sync::Weak<AllocRunner>| {
+            let weak_for_network = weak.clone();
             let weak = weak.clone();
             // Weak: a worker outliving the runner must not keep the local state open.
             let node_ctx = Arc::downgrade(&ctx);
@@ -155,6 +156,15 @@ impl AllocRunner {
                 },
                 network: ctx.network.clone(),
                 consul_config: ctx.consul_config.clone(),
+                nomad_checks: Some(ctx.nomad_checks.clone()),
+                network_status: {
+                    let weak = weak_for_network.clone();
+                    Arc::new(move || {
+                        let runner = weak.upgrade()?;
+                        let states = lock(&runner.hook_states);
+                        states.get("network").and_then(hooks::network_status_of).and_then(|s| serde_json::to_value(s).ok())
+                    })
+                },
             };
             AllocRunner {
                 id: alloc.id.clone(),

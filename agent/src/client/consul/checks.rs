@@ -13,10 +13,12 @@
 //!   `PUT /v1/agent/check/update/<check id>`, retried once after 1 s (Nomad's backoff of
 //!   1 s × 4^attempt up to 3 s); a Consul that cannot be reached only loses that result, the
 //!   next run reports again.
-//! - **check_restart**: one [`CheckWatcher`] per agent polls `/v1/agent/checks` every second
-//!   while any check is watched and publishes the statuses. Each watched check has a
-//!   [`Restarter`] fed every poll: after `grace`, `critical` (and `warning`, unless
-//!   `ignore_warnings`) is unhealthy; the task is restarted once it has been unhealthy for
+//! - **check_restart**: one [`CheckWatcher`] per source of statuses polls it every second
+//!   while any check is watched and publishes the statuses: Consul's `/v1/agent/checks` for
+//!   Consul checks, the client's own check store for Nomad checks (Nomad's
+//!   `UniversalCheckWatcher` with its two `CheckStatusGetter`s). Each watched check has a
+//!   [`Restarter`] fed every poll: after `grace`, `critical` and Nomad's `failure` and `pending`
+//!   (and `warning`, unless `ignore_warnings`) are unhealthy; the task is restarted once it has been unhealthy for
 //!   `interval × (limit − 1)` (so `limit` consecutive unhealthy polls at the check's interval),
 //!   with a `Restart Signaled` event `healthcheck: check "<name>" unhealthy`, counted as a
 //!   failure by the restart policy; the run's other watches end with it. A check Consul does not
@@ -41,8 +43,26 @@ const TTL_RETRY_BASE: Duration = Duration::from_secs(1);
 /// Nomad's `updateTTLBackoffLimit`.
 const TTL_RETRY_LIMIT: Duration = Duration::from_secs(3);
 
-/// Check statuses by check ID, as Consul lists them.
+/// Check statuses by check ID, as Consul lists them (or the Nomad check store).
 pub type Statuses = Arc<BTreeMap<String, String>>;
+
+/// Where a [`CheckWatcher`] reads statuses (Nomad's `CheckStatusGetter`).
+pub trait StatusGetter: Send + Sync {
+    /// Every check's status by ID; an error is logged and the poll skipped.
+    fn get(&self) -> futures::future::BoxFuture<'_, Result<Statuses, String>>;
+}
+
+/// Consul's agent checks.
+struct ConsulStatuses(Arc<dyn ConsulApi>);
+
+impl StatusGetter for ConsulStatuses {
+    fn get(&self) -> futures::future::BoxFuture<'_, Result<Statuses, String>> {
+        Box::pin(async move {
+            let checks = self.0.checks().await.map_err(|e| e.to_string())?;
+            Ok(Arc::new(checks.into_iter().map(|(id, c)| (id, c.status)).collect()))
+        })
+    }
+}
 
 /// The Consul status and output of one script run (Nomad's `newScriptCheckCallback`).
 pub fn script_result(result: &Result<ExecOutput, DriverError>) -> (CheckStatus, String) {
@@ -87,7 +107,8 @@ impl Restarter {
     /// One observation of the check's status; true when the task must restart now.
     pub fn observe(&mut self, now: Instant, status: &str) -> bool {
         let unhealthy = match status {
-            "critical" => true,
+            // Consul's, and Nomad's for its own checks.
+            "critical" | "failure" | "pending" => true,
             "warning" => !self.ignore_warnings,
             _ => false,
         };
@@ -103,23 +124,30 @@ impl Restarter {
     }
 }
 
-/// Polls `/v1/agent/checks` every [`POLL_PERIOD`] while anything watches (see the module docs).
+/// Polls a source of statuses every [`POLL_PERIOD`] while anything watches (see the module docs).
 pub struct CheckWatcher {
-    api: Arc<dyn ConsulApi>,
+    getter: Arc<dyn StatusGetter>,
+    api: Option<Arc<dyn ConsulApi>>,
     statuses: watch::Sender<Statuses>,
     kick: Notify,
     period: Duration,
 }
 
 impl CheckWatcher {
-    /// A watcher over `api`; call [`CheckWatcher::run`] to start it.
+    /// A watcher over Consul's `api`; call [`CheckWatcher::run`] to start it.
     pub fn new(api: Arc<dyn ConsulApi>, period: Duration) -> Arc<CheckWatcher> {
-        Arc::new(CheckWatcher { api, statuses: watch::channel(Statuses::default()).0, kick: Notify::new(), period })
+        let getter = Arc::new(ConsulStatuses(api.clone()));
+        Arc::new(CheckWatcher { getter, api: Some(api), statuses: watch::channel(Statuses::default()).0, kick: Notify::new(), period })
     }
 
-    /// The Consul API (script checks report through it).
-    pub fn api(&self) -> &Arc<dyn ConsulApi> {
-        &self.api
+    /// A watcher over another source (the Nomad check store).
+    pub fn with_getter(getter: Arc<dyn StatusGetter>, period: Duration) -> Arc<CheckWatcher> {
+        Arc::new(CheckWatcher { getter, api: None, statuses: watch::channel(Statuses::default()).0, kick: Notify::new(), period })
+    }
+
+    /// The Consul API (script checks report through it); `None` for the Nomad check store.
+    pub fn api(&self) -> Option<&Arc<dyn ConsulApi>> {
+        self.api.as_ref()
     }
 
     /// Statuses from the next poll on (polling runs while a receiver exists).
@@ -145,14 +173,13 @@ impl CheckWatcher {
                 _ = tokio::time::sleep(self.period) => {}
                 _ = shutdown.cancelled() => return,
             }
-            match self.api.checks().await {
-                Ok(checks) => {
+            match self.getter.get().await {
+                Ok(statuses) => {
                     if failing {
-                        tracing::info!("check statuses are available from Consul again");
+                        tracing::info!("check statuses are available again");
                     }
                     failing = false;
-                    let map: BTreeMap<String, String> = checks.into_iter().map(|(id, c)| (id, c.status)).collect();
-                    self.statuses.send_replace(Arc::new(map));
+                    self.statuses.send_replace(statuses);
                 }
                 Err(e) => {
                     if !failing {
@@ -182,8 +209,10 @@ pub async fn run_task_checks(
 ) {
     let started = Instant::now();
     let mut set = tokio::task::JoinSet::new();
-    for c in checks.iter().filter(|c| c.script.is_some()) {
-        set.spawn(run_script(watcher.api().clone(), driver.clone(), handle.clone(), c.clone(), stop.clone()));
+    if let Some(api) = watcher.api() {
+        for c in checks.iter().filter(|c| c.script.is_some()) {
+            set.spawn(run_script(api.clone(), driver.clone(), handle.clone(), c.clone(), stop.clone()));
+        }
     }
     let mut rules: Vec<(String, String, Restarter)> = checks
         .iter()
@@ -319,6 +348,19 @@ mod tests {
         let mut r = Restarter::new(t0, 10 * S, 1, 2 * S, false);
         assert!(!r.observe(t0 + S, "critical"));
         assert!(r.observe(t0 + 2 * S, "critical"));
+    }
+
+    #[test]
+    fn nomad_failure_and_pending_are_unhealthy_and_success_is_not() {
+        let t0 = Instant::now();
+        let mut r = Restarter::new(t0, S, 2, Duration::ZERO, false);
+        assert!(!r.observe(t0, "pending"));
+        assert!(r.observe(t0 + S, "failure"), "pending then failure: two unhealthy polls");
+        let mut r = Restarter::new(t0, S, 2, Duration::ZERO, false);
+        assert!(!r.observe(t0, "failure"));
+        assert!(!r.observe(t0 + S, "success"), "success resets the count");
+        assert!(!r.observe(t0 + 2 * S, "failure"));
+        assert!(r.observe(t0 + 3 * S, "failure"));
     }
 
     #[test]

@@ -252,6 +252,7 @@ fn check(
             let scheme = if c.protocol.is_empty() { "http" } else { c.protocol.as_str() };
             out.http = http_check_url(scheme, &host_port, &c.path)?;
             out.tls_skip_verify = c.tls_skip_verify;
+            out.tls_server_name = c.tls_server_name.clone();
             out.method = c.method.clone();
             out.header = c.header.clone();
             out.body = c.body.clone();
@@ -261,6 +262,7 @@ fn check(
             out.grpc = format!("{host_port}/{}", c.grpc_service);
             out.grpc_use_tls = c.grpc_use_tls;
             out.tls_skip_verify = c.tls_skip_verify;
+            out.tls_server_name = c.tls_server_name.clone();
         }
         other => return Err(format!("check type {other:?} not valid")),
     }
@@ -338,13 +340,13 @@ pub fn task_checks(alloc: &Allocation, node: &Node, region: &str, task: &Task) -
 }
 
 /// Go's `net.JoinHostPort`: IPv6 hosts in brackets.
-fn join_host_port(host: &str, port: i64) -> String {
+pub(crate) fn join_host_port(host: &str, port: i64) -> String {
     if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") }
 }
 
 /// The check URL: `path` resolved against `<scheme>://<host:port>` as Go's
 /// `url.ResolveReference` does for the paths a check has (absolute or relative, with a query).
-fn http_check_url(scheme: &str, host_port: &str, path: &str) -> Result<String, String> {
+pub(crate) fn http_check_url(scheme: &str, host_port: &str, path: &str) -> Result<String, String> {
     if path.contains("://") {
         // An absolute URL replaces the base, as ResolveReference does.
         return Ok(path.to_string());

@@ -3,6 +3,8 @@
 //! - `GET /v1/client/fs/logs/<alloc_id>`: a task's stdout or stderr ([`logs`]).
 //! - `PUT|POST /v1/client/allocation/<alloc_id>/restart`: restart tasks ([`restart`]).
 //! - `GET /v1/client/allocation/<alloc_id>/stats`: resource usage ([`stats`]).
+//! - `GET /v1/client/allocation/<alloc_id>/checks` and `/v1/allocation/<alloc_id>/checks`:
+//!   Nomad service check results ([`checks`], [`with_alloc_checks_alias`]).
 //! - `GET /v1/client/fs/{ls,stat,cat,readat,stream}/<alloc_id>`: the alloc dir ([`fs`]).
 //! - `PUT|POST /v1/client/allocation/<alloc_id>/signal`: signal tasks ([`signal`]).
 //! - `GET /v1/client/allocation/<alloc_id>/exec`: a command in a task, over a websocket ([`exec`]).
@@ -18,6 +20,7 @@
 //! can do neither answers 400 and says where to send it. `alloc exec`'s websocket is relayed
 //! message by message along the same hops.
 
+mod checks;
 mod exec;
 mod forward;
 pub mod fs;
@@ -62,6 +65,7 @@ pub fn router(state: ClientHttp) -> Router {
         .route("/v1/client/fs/logs/{alloc_id}", any(logs::handle))
         .route("/v1/client/allocation/{alloc_id}/restart", any(restart::handle))
         .route("/v1/client/allocation/{alloc_id}/stats", any(stats::handle))
+        .route("/v1/client/allocation/{alloc_id}/checks", any(checks::handle))
         .route("/v1/client/allocation/{alloc_id}/signal", any(signal::handle))
         .route("/v1/client/allocation/{alloc_id}/exec", any(exec::handle))
         .route("/v1/client/allocation/{alloc_id}/gc", any(gc::alloc))
@@ -74,6 +78,25 @@ pub fn router(state: ClientHttp) -> Router {
         .route("/v1/client/fs/stream/{alloc_id}", any(fs::stream))
         .route("/v1/client/{*rest}", any(other))
         .with_state(state)
+}
+
+/// The agent's whole router, with `/v1/allocation/<id>/checks` routed to the client route that
+/// serves it (Nomad's one `allocChecks` handler answers both paths; the server role's
+/// `/v1/allocation/{*rest}` would take it otherwise). The authorization table decides the
+/// rewritten path: `read-job` in the alloc's namespace, as for the original.
+pub fn with_alloc_checks_alias(router: Router) -> Router {
+    Router::new().fallback_service(router).layer(axum::middleware::map_request(|mut req: Request<Body>| async move {
+        if let Some(path) = checks::client_path_of(req.uri().path()) {
+            let uri = match req.uri().query() {
+                Some(q) => format!("{path}?{q}"),
+                None => path,
+            };
+            if let Ok(uri) = uri.parse() {
+                *req.uri_mut() = uri;
+            }
+        }
+        req
+    }))
 }
 
 /// What a handler does with a request for an alloc.

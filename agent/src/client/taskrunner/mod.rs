@@ -283,16 +283,24 @@ impl TaskRunner {
     }
 
     /// Starts the script checks and check_restart watches of this run (see
-    /// `client/consul/checks.rs`); the token ends them.
+    /// `client/consul/checks.rs`): those of its Consul checks, watched through Consul, and those
+    /// of its Nomad checks, watched through the client's check store. The token ends them (a
+    /// restart by either ends the run, and so the other's watches).
     fn start_checks(self: &Arc<Self>, driver: &Arc<dyn Driver>, handle: &TaskHandle) -> Option<CancellationToken> {
-        let watcher = self.ctx.consul_checks.clone()?;
-        let checks = crate::client::consul::services::task_checks(&self.alloc(), &self.ctx.node(), &self.ctx.region, &self.task());
-        if checks.is_empty() {
+        let alloc = self.alloc();
+        let consul = self.ctx.consul_checks.clone().map(|watcher| {
+            (watcher, crate::client::consul::services::task_checks(&alloc, &self.ctx.node(), &self.ctx.region, &self.task()))
+        });
+        let nomad = (self.ctx.nomad_check_watcher.clone(), crate::client::checks::task_restart_checks(&alloc, &self.name));
+        let sources: Vec<_> = consul.into_iter().chain([nomad]).filter(|(_, checks)| !checks.is_empty()).collect();
+        if sources.is_empty() {
             return None;
         }
         let stop = CancellationToken::new();
-        let me: Arc<dyn crate::client::consul::checks::TaskRestarter> = Arc::new(Restarting(Arc::downgrade(self)));
-        tokio::spawn(crate::client::consul::checks::run_task_checks(watcher, driver.clone(), handle.clone(), checks, me, stop.clone()));
+        for (watcher, checks) in sources {
+            let me: Arc<dyn crate::client::consul::checks::TaskRestarter> = Arc::new(Restarting(Arc::downgrade(self)));
+            tokio::spawn(crate::client::consul::checks::run_task_checks(watcher, driver.clone(), handle.clone(), checks, me, stop.clone()));
+        }
         Some(stop)
     }
 

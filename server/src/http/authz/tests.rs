@@ -30,6 +30,7 @@ const CLIENT_ROUTE_PATHS: &[&str] = &[
     "/v1/client/fs/logs/{alloc_id}",
     "/v1/client/allocation/{alloc_id}/restart",
     "/v1/client/allocation/{alloc_id}/stats",
+    "/v1/client/allocation/{alloc_id}/checks",
     "/v1/client/allocation/{alloc_id}/signal",
     "/v1/client/allocation/{alloc_id}/exec",
     "/v1/client/allocation/{alloc_id}/gc",

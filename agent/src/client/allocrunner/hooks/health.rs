@@ -9,10 +9,13 @@
 //!   lets a check pass while `warning`, `"ignore"` leaves its status out (it must still be
 //!   registered), `"require_healthy"` needs `passing`. Statuses come from the agent's
 //!   [`CheckWatcher`] (`/v1/agent/checks`);
+//! - with `health_check = "checks"` and no Consul checks in the group, its Nomad checks
+//!   (`client/checks/`, the store polled every 500 ms, Nomad's `watchNomadEvents`): every one
+//!   `success` for `min_healthy_time` too; a readiness check's `failure` passes, `pending` never
+//!   does. A group with Consul checks is judged by those alone, as Nomad does;
 //! - unhealthy when a task fails or `healthy_deadline` passes first.
 //!
-//! `task_states` judges tasks only; `manual` reports nothing. Nomad-provider checks are refused
-//! at admission, so only Consul checks are judged.
+//! `task_states` judges tasks only; `manual` reports nothing.
 //!
 //! Prerun starts the watcher; it ends with its verdict, or when the alloc stops or is
 //! destroyed.
@@ -29,6 +32,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{AllocHook, AllocHookError, AllocHookRequest, HookEnv, NodeFn, PostrunHook, PrerunHook};
+use crate::client::checks::{CheckResults, NomadCheck, alloc_checks, nomad_checks_pass};
 use crate::client::consul::checks::{CheckWatcher, Statuses};
 use crate::client::consul::services::{build_consul, is_consul};
 use crate::client::services::Which;
@@ -182,6 +186,9 @@ fn expected_checks(alloc: &Allocation, node: &nomad_proto::Node, region: &str) -
     Some(expected)
 }
 
+/// Nomad's poll period of the check store for health.
+const NOMAD_CHECKS_POLL: Duration = Duration::from_millis(500);
+
 /// Tasks that must keep running: main tasks and sidecars.
 fn required_tasks(alloc: &Allocation) -> BTreeSet<String> {
     let Some(group) = alloc.job.as_ref().and_then(|j| j.lookup_task_group(&alloc.task_group)) else { return BTreeSet::new() };
@@ -208,6 +215,7 @@ pub struct HealthHook {
     cancel: CancellationToken,
     watcher: Mutex<Option<CancellationToken>>,
     consul_checks: Option<Arc<CheckWatcher>>,
+    nomad_checks: Option<Arc<dyn CheckResults>>,
     node: NodeFn,
     region: String,
 }
@@ -221,6 +229,7 @@ impl HealthHook {
             cancel: env.cancel,
             watcher: Mutex::new(None),
             consul_checks: env.consul_checks,
+            nomad_checks: env.nomad_checks.map(|s| s as Arc<dyn CheckResults>),
             node: env.node,
             region: env.region,
         }
@@ -258,6 +267,11 @@ impl HealthHook {
         let expected = if cfg.use_checks { expected_checks(req.alloc, &(self.node)(), &self.region) } else { None };
         // Without a Consul to ask, the checks never pass (Nomad keeps asking until the deadline).
         let mut statuses: Option<watch::Receiver<Statuses>> = expected.as_ref().and(self.consul_checks.as_ref()).map(|w| w.subscribe());
+        // Nomad checks count only where no Consul check does.
+        let nomad: Option<BTreeMap<String, NomadCheck>> =
+            if cfg.use_checks && expected.is_none() { Some(alloc_checks(req.alloc)).filter(|c| !c.is_empty()) } else { None };
+        let store = self.nomad_checks.clone();
+        let alloc_id = req.alloc.id.clone();
         let mut rx = self.task_states.clone();
         let report = self.report.clone();
         tokio::spawn(async move {
@@ -265,9 +279,11 @@ impl HealthHook {
             let mut clocks = Clocks::default();
             loop {
                 let states = rx.borrow_and_update().clone();
-                let checks = expected
-                    .as_ref()
-                    .map(|expected| statuses.as_mut().is_some_and(|s| consul_checks_pass(expected, &s.borrow_and_update())));
+                let checks = match (&expected, &nomad) {
+                    (Some(expected), _) => Some(statuses.as_mut().is_some_and(|s| consul_checks_pass(expected, &s.borrow_and_update()))),
+                    (None, Some(nomad)) => Some(nomad_checks_pass(nomad, store.as_ref().and_then(|s| s.alloc_results(&alloc_id)).as_ref())),
+                    (None, None) => None,
+                };
                 let verdict = evaluate(&states, &required, checks, &mut clocks, started, Instant::now(), cfg);
                 let recheck = match verdict {
                     Verdict::Healthy => return report(deployment_status(true)),
@@ -285,6 +301,7 @@ impl HealthHook {
                     _ = stop.cancelled() => return,
                     changed = rx.changed() => if changed.is_err() { return },
                     ok = polled => watcher_gone = !ok,
+                    _ = tokio::time::sleep(NOMAD_CHECKS_POLL), if nomad.is_some() => {}
                     _ = tokio::time::sleep_until(recheck) => {}
                 }
                 if watcher_gone {

@@ -13,6 +13,7 @@
 //!   may run without prerun (an alloc that never started).
 
 mod alloc_dir;
+mod checks;
 pub mod consul_socket;
 pub mod csi;
 mod health;
@@ -30,6 +31,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use alloc_dir::{AllocDirHook, unmount_all_under};
+pub use checks::ChecksHook;
 pub use consul_socket::{ConsulSocketHook, Endpoint as ConsulEndpoint};
 pub use csi::{CsiClaimRpc, CsiHook, CsiMounts, RpcCsiClaims, SaveState};
 pub use health::{HealthConfig, HealthHook, Verdict, evaluate};
@@ -138,6 +140,10 @@ pub struct HookEnv {
     pub network: Arc<dyn crate::client::network::NetworkManager>,
     /// The agent's `consul {}` (where the Consul sockets lead); `None` without Consul.
     pub consul_config: Option<crate::config::consul::ConsulSettings>,
+    /// The results of Nomad service checks (`client/checks/`); `None` in tests that run none.
+    pub nomad_checks: Option<Arc<crate::client::checks::CheckStore>>,
+    /// The alloc's network status as this client reports it (checks in `alloc` address mode).
+    pub network_status: crate::client::checks::runner::NetworkStatusFn,
 }
 
 /// What the `csi` hook gets besides the common parts.
@@ -176,7 +182,10 @@ pub struct CsiDeps {
 /// 6. `csi` after `services`, as in Nomad: its prerun may wait for a claim (and the mounts),
 ///    and the tasks need its mounts, so it is the last hook of prerun; its postrun releases the
 ///    volumes in the background, once every task is dead.
-/// 7. `shutdown_delay` last: it only acts in prekill, where it waits the group's
+/// 7. `checks` after `csi`, as in Nomad: its observers start before any task (a check fails
+///    until its task listens); in prekill it stops them and purges their results before
+///    `shutdown_delay` waits, as Nomad's PreKill does.
+/// 8. `shutdown_delay` last: it only acts in prekill, where it waits the group's
 ///    `shutdown_delay` between "the alloc stops" and the first kill signal.
 pub fn init_hooks(env: HookEnv) -> Vec<Box<dyn AllocHook>> {
     let cancel = env.cancel.clone();
@@ -194,6 +203,7 @@ pub fn init_hooks(env: HookEnv) -> Vec<Box<dyn AllocHook>> {
     let network = NetworkHook::new(env.network.clone());
     let socket = |endpoint| ConsulSocketHook::new(endpoint, env.consul_config.clone(), env.node.clone(), env.cancel.clone());
     let (grpc_socket, http_socket) = (socket(ConsulEndpoint::Grpc), socket(ConsulEndpoint::Http));
+    let checks = ChecksHook::new(&env);
     vec![
         Box::new(AllocDirHook),
         Box::new(HealthHook::new(env)),
@@ -202,6 +212,7 @@ pub fn init_hooks(env: HookEnv) -> Vec<Box<dyn AllocHook>> {
         Box::new(grpc_socket),
         Box::new(http_socket),
         Box::new(csi),
+        Box::new(checks),
         Box::new(ShutdownDelayHook::new(cancel)),
     ]
 }
@@ -350,7 +361,7 @@ mod tests {
         let names: Vec<_> = init_hooks(env).iter().map(|h| h.name()).collect();
         assert_eq!(
             names,
-            ["alloc_dir", "health", "network", "services", "consul_grpc_socket", "consul_http_socket", "csi", "shutdown_delay"]
+            ["alloc_dir", "health", "network", "services", "consul_grpc_socket", "consul_http_socket", "csi", "checks", "shutdown_delay"]
         );
     }
 }

@@ -120,6 +120,8 @@ pub(crate) fn env(task_states: watch::Receiver<BTreeMap<String, TaskState>>, reg
             std::path::Path::new("/nonexistent"),
         )),
         consul_config: None,
+        nomad_checks: None,
+        network_status: Arc::new(|| None),
     }
 }
 
