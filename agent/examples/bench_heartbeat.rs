@@ -40,7 +40,7 @@ fn main() {
         node.secret_id = uuid::Uuid::new_v4().to_string();
         node.datacenter = "bench-none".into();
         let (node_id, secret_id) = (node.id.clone(), node.secret_id.clone());
-        let reg = NodeRegisterRequest { node, region: "global".into(), ..NodeRegisterRequest::default() };
+        let reg = NodeRegisterRequest { node, region: "global".into() };
         servers.node(Duration::from_secs(10), |mut c| async move { c.register(reg).await }).await.expect("Node.Register");
         let mut times = Vec::with_capacity(count);
         for _ in 0..count {
@@ -48,7 +48,6 @@ fn main() {
                 node_id: node_id.clone(),
                 secret_id: secret_id.clone(),
                 status: NodeStatus::Ready,
-                region: "global".into(),
                 ..NodeUpdateStatusRequest::default()
             };
             let t0 = Instant::now();
