@@ -74,6 +74,8 @@ pub struct ClientContext {
     pub consul_api: Option<Arc<dyn crate::consul::ConsulApi>>,
     /// How long an Envoy bootstrap waits for its proxy's registration (Nomad's, except in tests).
     pub envoy_retry: crate::client::taskrunner::hooks::envoy_bootstrap::Retry,
+    /// Fetches tasks' artifacts (`client { artifact {} }` limits).
+    pub artifacts: Arc<dyn crate::client::artifact::ArtifactGetter>,
 }
 
 impl ClientContext {

@@ -18,6 +18,7 @@
 
 pub mod acl;
 pub mod allocrunner;
+pub mod artifact;
 pub mod base64;
 pub mod connect;
 pub mod consul;
@@ -265,6 +266,7 @@ impl Client {
             consul_config: config.consul.clone(),
             consul_api: consul.clone(),
             envoy_retry: Default::default(),
+            artifacts: Arc::new(artifact::HttpGetter::new(s.artifact)),
             network: Arc::new(network::CniNetworks::new(s.cni.clone(), &s.state_dir).with_maker(netns_maker)),
         });
         let inner = Arc::new(ClientInner {

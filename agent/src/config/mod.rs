@@ -130,6 +130,8 @@ pub struct ClientSettings {
     /// `chroot_env`: the exec driver's chroot (host path to path in the chroot); `None`: its
     /// defaults.
     pub chroot_env: Option<BTreeMap<PathBuf, PathBuf>>,
+    /// `artifact {}`: the limits of artifact downloads.
+    pub artifact: crate::client::artifact::ArtifactConfig,
 }
 
 /// `cni_path`, `cni_config_dir` and the `bridge_network_*` keys.
@@ -195,6 +197,39 @@ impl CniSettings {
     }
 }
 
+/// `client { artifact {} }` with Nomad's defaults and checks (`ArtifactConfig.Validate`).
+fn artifact_config(b: Option<&file::ArtifactBlock>) -> Result<crate::client::artifact::ArtifactConfig, ConfigError> {
+    let invalid = |key: &str, message: String| ConfigError::Invalid {
+        path: "agent configuration".into(),
+        key: format!("client.artifact.{key}"),
+        message,
+    };
+    let mut c = crate::client::artifact::ArtifactConfig::default();
+    let Some(b) = b else { return Ok(c) };
+    if let Some(t) = &b.http_read_timeout {
+        c.http_read_timeout = nomad_proto::time::parse_go_duration(t)
+            .map_err(|e| invalid("http_read_timeout", format!("http_read_timeout not a valid duration: {e}")))
+            .and_then(|ns| u64::try_from(ns).map_err(|_| invalid("http_read_timeout", "http_read_timeout must be > 0".into())))
+            .map(Duration::from_nanos)?;
+    }
+    let size = |key: &str, v: &Option<String>, default: u64| -> Result<u64, ConfigError> {
+        match v {
+            None => Ok(default),
+            Some(s) => nomad_proto::jobspec::volume::parse_bytes(s)
+                .map(|n| n.max(0) as u64)
+                .map_err(|e| invalid(key, format!("{key} not a valid size: {e}"))),
+        }
+    };
+    c.http_max_size = size("http_max_size", &b.http_max_size, c.http_max_size)?;
+    c.decompression_size_limit = size("decompression_size_limit", &b.decompression_size_limit, c.decompression_size_limit)?;
+    if let Some(n) = b.decompression_file_count_limit {
+        c.decompression_file_count_limit = u64::try_from(n).map_err(|_| {
+            invalid("decompression_file_count_limit", format!("decompression_file_count_limit must be >= 0 but found {n}"))
+        })?;
+    }
+    Ok(c)
+}
+
 /// What `f` sets that nomad-rs reads but does not act on (see [`AgentConfig::unused`]).
 fn unused_keys(f: &FileConfig) -> Vec<String> {
     let mut unused = Vec::new();
@@ -236,6 +271,26 @@ fn unused_keys(f: &FileConfig) -> Vec<String> {
         "client.gc_interval",
         "the client does not garbage-collect alloc dirs on an interval yet",
     );
+    if let Some(a) = f.client.as_ref().and_then(|c| c.artifact.as_ref()) {
+        for (set, key) in [
+            (a.gcs_timeout.is_some(), "gcs_timeout"),
+            (a.git_timeout.is_some(), "git_timeout"),
+            (a.hg_timeout.is_some(), "hg_timeout"),
+            (a.s3_timeout.is_some(), "s3_timeout"),
+        ] {
+            note(set, &format!("client.artifact.{key}"), "nomad-rs fetches only http and https artifacts; other sources are refused at admission");
+        }
+        note(
+            a.disable_filesystem_isolation.is_some(),
+            "client.artifact.disable_filesystem_isolation",
+            "downloads run inside the agent, confined beneath the task's dirs by openat2, not in a Landlock subprocess, so there is no isolation to turn off",
+        );
+        note(
+            a.set_environment_variables.is_some(),
+            "client.artifact.set_environment_variables",
+            "downloads run inside the agent, not in a subprocess whose environment these would set",
+        );
+    }
     for (name, plugin) in f.plugin.iter().flatten() {
         note(plugin.args.is_some(), &format!("plugin \"{name}\" args"), "drivers are built in, not external plugin processes");
     }
@@ -546,6 +601,7 @@ impl AgentConfig {
                 network_interface: cb.network_interface.filter(|i| !i.is_empty()),
                 cni,
                 chroot_env,
+                artifact: artifact_config(cb.artifact.as_ref())?,
             })
         } else {
             None

@@ -14,6 +14,7 @@
 //! prestart phase as [`AsyncPrestartHook`], which the runner awaits and abandons when the task is
 //! killed or the agent shuts down.
 
+pub mod artifact;
 pub mod consul_si_token;
 pub mod csi_plugin_supervisor;
 mod dispatch_payload;
@@ -28,6 +29,7 @@ use std::collections::BTreeMap;
 
 use nomad_proto::{Allocation, Task, TaskEvent};
 
+pub use artifact::ArtifactHook;
 pub use consul_si_token::ConsulSiTokenHook;
 pub use csi_plugin_supervisor::CsiPluginSupervisorHook;
 pub use dispatch_payload::DispatchPayloadHook;
@@ -77,17 +79,19 @@ pub struct HookError {
     pub recoverable: bool,
     /// The event to record instead of a generic `Setup Failure`.
     pub event: Option<Box<TaskEvent>>,
+    /// Hook data to persist despite the failure (what it finished before failing).
+    pub data: Option<BTreeMap<String, String>>,
 }
 
 impl HookError {
     /// A failure that retrying will not fix.
     pub fn fatal(message: impl Into<String>) -> HookError {
-        HookError { message: message.into(), recoverable: false, event: None }
+        HookError { message: message.into(), recoverable: false, event: None, data: None }
     }
 
     /// A failure that may pass on retry.
     pub fn recoverable(message: impl Into<String>) -> HookError {
-        HookError { message: message.into(), recoverable: true, event: None }
+        HookError { message: message.into(), recoverable: true, event: None, data: None }
     }
 
     /// Recorded as Nomad records a failed hook: a `Task hook failed` event naming the hook.
@@ -165,15 +169,18 @@ pub trait StopHook {
 /// 4. `dispatch_payload`: it writes into the task's `local/` dir, so it needs `task_dir`.
 /// 5. `volumes` (for a task with `volume_mount`s): checks that every mounted CSI volume is
 ///    mounted and that the driver takes mounts; the binds themselves are in the task config.
-/// 6. `consul_si_token` (given for a Connect task when the agent has a Consul token, Nomad's
+/// 6. `artifacts` (for a task with `artifact` blocks), Nomad's place: after `volumes`, before
+///    the Consul and Envoy hooks; it writes into the task dir, so it needs `task_dir`, and it
+///    downloads, so it is async (abandoned on kill).
+/// 7. `consul_si_token` (given for a Connect task when the agent has a Consul token, Nomad's
 ///    condition): it writes `secrets/si_token`, so it needs `task_dir`; it comes after the
 ///    local file work so a task that cannot be set up fails before the servers are asked for a
 ///    token. In Nomad it also comes before the Envoy bootstrap, which reads the token.
-/// 7. `envoy_version` then `envoy_bootstrap` (given for a Connect sidecar or gateway task), as in
+/// 8. `envoy_version` then `envoy_bootstrap` (given for a Connect sidecar or gateway task), as in
 ///    Nomad: after `consul_si_token`, because the bootstrap carries the SI token it wrote, and
 ///    after `task_dir` (the bootstrap goes in `secrets/`); last of the local work since both
 ///    may wait on Consul (the bootstrap until the services sync registered the proxy).
-/// 8. `csi_plugin_supervisor` (given for a task with `csi_plugin`) last: its poststart probes
+/// 9. `csi_plugin_supervisor` (given for a task with `csi_plugin`) last: its poststart probes
 ///    the started plugin, and nothing after it depends on it.
 pub fn init_hooks(
     task: &Task,
@@ -181,6 +188,7 @@ pub fn init_hooks(
     csi_mounts: crate::client::allocrunner::hooks::CsiMounts,
     si_token: Option<ConsulSiTokenHook>,
     envoy: Option<EnvoyHooks>,
+    artifacts: Option<ArtifactHook>,
 ) -> Vec<Box<dyn TaskHook>> {
     let mut hooks: Vec<Box<dyn TaskHook>> = vec![Box::new(ValidateHook), Box::new(TaskDirHook), Box::new(DnsHook::new())];
     if task.dispatch_payload.is_some() {
@@ -188,6 +196,9 @@ pub fn init_hooks(
     }
     if !task.volume_mounts.is_empty() {
         hooks.push(Box::new(VolumesHook::new(csi_mounts)));
+    }
+    if let Some(h) = artifacts.filter(|_| !task.artifacts.is_empty()) {
+        hooks.push(Box::new(h));
     }
     if let Some(h) = si_token {
         hooks.push(Box::new(h));
@@ -246,7 +257,15 @@ pub async fn run_prestart(
         } else {
             continue;
         };
-        let resp = result.map_err(|e| PrestartError::Failed(hook.name(), e))?;
+        let resp = match result {
+            Ok(resp) => resp,
+            Err(mut e) => {
+                if let Some(data) = e.data.take() {
+                    states.insert(hook.name().to_string(), HookState { done: false, data });
+                }
+                return Err(PrestartError::Failed(hook.name(), e));
+            }
+        };
         events.extend(resp.events);
         states.insert(hook.name().to_string(), HookState { done: resp.done, data: resp.data });
     }
@@ -374,7 +393,7 @@ mod tests {
 
     #[test]
     fn the_hook_list_is_fixed_plus_conditional_hooks() {
-        let names = |t: &Task| init_hooks(t, None, Default::default(), None, None).iter().map(|h| h.name()).collect::<Vec<_>>();
+        let names = |t: &Task| init_hooks(t, None, Default::default(), None, None, None).iter().map(|h| h.name()).collect::<Vec<_>>();
         assert_eq!(names(&Task::default()), ["validate", "task_dir", "dns"]);
         let t = Task { dispatch_payload: Some(serde_json::json!({"File": "in.txt"})), ..Task::default() };
         assert_eq!(names(&t), ["validate", "task_dir", "dns", "dispatch_payload"]);
@@ -389,7 +408,7 @@ mod tests {
             }),
         };
         let sidecar = Task { kind: "connect-proxy:web".into(), ..Task::default() };
-        let names: Vec<_> = init_hooks(&sidecar, None, Default::default(), None, Some(envoy)).iter().map(|h| h.name()).collect();
+        let names: Vec<_> = init_hooks(&sidecar, None, Default::default(), None, Some(envoy), None).iter().map(|h| h.name()).collect();
         assert_eq!(names, ["validate", "task_dir", "dns", "envoy_version", "envoy_bootstrap"]);
     }
 }
