@@ -251,7 +251,11 @@ pub fn describe_event(e: &TaskEvent) -> String {
         t::RESTART_SIGNAL => "User requested task to restart".to_string(),
         t::DOWNLOADING_ARTIFACTS => "Client is downloading artifacts".to_string(),
         t::ARTIFACT_DOWNLOAD_FAILED => {
-            if e.download_error.is_empty() { "Failed to download artifacts".to_string() } else { e.download_error.clone() }
+            if e.download_error.is_empty() {
+                "Failed to download artifacts".to_string()
+            } else {
+                e.download_error.clone()
+            }
         }
         _ => String::new(),
     };

@@ -223,9 +223,8 @@ fn artifact_config(b: Option<&file::ArtifactBlock>) -> Result<crate::client::art
     c.http_max_size = size("http_max_size", &b.http_max_size, c.http_max_size)?;
     c.decompression_size_limit = size("decompression_size_limit", &b.decompression_size_limit, c.decompression_size_limit)?;
     if let Some(n) = b.decompression_file_count_limit {
-        c.decompression_file_count_limit = u64::try_from(n).map_err(|_| {
-            invalid("decompression_file_count_limit", format!("decompression_file_count_limit must be >= 0 but found {n}"))
-        })?;
+        c.decompression_file_count_limit = u64::try_from(n)
+            .map_err(|_| invalid("decompression_file_count_limit", format!("decompression_file_count_limit must be >= 0 but found {n}")))?;
     }
     Ok(c)
 }
@@ -278,7 +277,11 @@ fn unused_keys(f: &FileConfig) -> Vec<String> {
             (a.hg_timeout.is_some(), "hg_timeout"),
             (a.s3_timeout.is_some(), "s3_timeout"),
         ] {
-            note(set, &format!("client.artifact.{key}"), "nomad-rs fetches only http and https artifacts; other sources are refused at admission");
+            note(
+                set,
+                &format!("client.artifact.{key}"),
+                "nomad-rs fetches only http and https artifacts; other sources are refused at admission",
+            );
         }
         note(
             a.disable_filesystem_isolation.is_some(),
@@ -901,6 +904,37 @@ mod tests {
         let keys: Vec<&str> = unused.iter().map(|u| u.split(':').next().unwrap()).collect();
         assert_eq!(keys, vec!["telemetry", "leave_on_terminate", "ports.serf", "client.gc_interval"], "{unused:?}");
         assert!(unused[0].ends_with("accepted for compatibility and not used: metrics are not exported yet"), "{unused:?}");
+    }
+
+    #[test]
+    fn the_artifact_block_takes_nomads_defaults_limits_and_warns_about_the_other_getters() {
+        let dev = AgentFlags { dev: true, ..Default::default() };
+        let d = resolve("", dev.clone()).unwrap().client.unwrap().artifact;
+        assert_eq!(d, crate::client::artifact::ArtifactConfig::default());
+        assert_eq!(
+            (d.http_read_timeout, d.http_max_size, d.decompression_file_count_limit),
+            (Duration::from_secs(1800), 100_000_000_000, 4096)
+        );
+        let src = "client {\n  artifact {\n    http_read_timeout = \"5m\"\n    http_max_size = \"1GiB\"\n    decompression_size_limit = \"0\"\n    \
+                   decompression_file_count_limit = 10\n    git_timeout = \"1m\"\n    disable_filesystem_isolation = true\n  }\n}\n";
+        let cfg = resolve(src, dev.clone()).unwrap();
+        let a = cfg.client.as_ref().unwrap().artifact;
+        assert_eq!(a.http_read_timeout, Duration::from_secs(300));
+        assert_eq!(a.http_max_size, 1 << 30);
+        assert_eq!((a.decompression_size_limit, a.decompression_file_count_limit), (0, 10));
+        let keys: Vec<&str> = cfg.unused.iter().map(|u| u.split(':').next().unwrap()).collect();
+        assert_eq!(keys, ["client.artifact.git_timeout", "client.artifact.disable_filesystem_isolation"], "{:?}", cfg.unused);
+        assert!(cfg.unused[0].contains("nomad-rs fetches only http and https artifacts"), "{:?}", cfg.unused);
+        for (bad, key, why) in [
+            ("http_read_timeout = \"soon\"", "client.artifact.http_read_timeout", "not a valid duration"),
+            ("http_read_timeout = \"-1s\"", "client.artifact.http_read_timeout", "must be > 0"),
+            ("http_max_size = \"lots\"", "client.artifact.http_max_size", "not a valid size"),
+            ("decompression_file_count_limit = -1", "client.artifact.decompression_file_count_limit", "must be >= 0 but found -1"),
+            ("s3_region = \"x\"", "client.artifact.s3_region", "unknown field"),
+        ] {
+            let e = resolve(&format!("client {{\n  artifact {{\n    {bad}\n  }}\n}}\n"), dev.clone()).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains(why), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -99,7 +99,8 @@ impl Fetcher {
         let mut url = url.clone();
         let mut redirects = 0;
         let resp = loop {
-            let mut req = http::Request::get(url.as_str()).body(Empty::<Bytes>::new()).map_err(|e| format!("GET {}: {e}", redacted(&url)))?;
+            let mut req =
+                http::Request::get(url.as_str()).body(Empty::<Bytes>::new()).map_err(|e| format!("GET {}: {e}", redacted(&url)))?;
             *req.headers_mut() = header_map.clone();
             let resp = self.client().request(req).await.map_err(|e| format!("GET {}: {}", redacted(&url), error_chain(&e)))?;
             let status = resp.status();

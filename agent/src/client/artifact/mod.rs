@@ -132,13 +132,16 @@ impl HttpGetter {
         let done = tokio::task::spawn_blocking(move || -> Result<(), String> {
             match (archive, target) {
                 (None, Target::File(dest)) => {
-                    download.file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644)).map_err(|e| format!("chmod: {e}"))?;
+                    download
+                        .file
+                        .set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
+                        .map_err(|e| format!("chmod: {e}"))?;
                     download.move_to(&root, &dest)
                 }
-                (Some(kind), Target::Dir(dest)) => unpack::unpack_dir(kind, &download.file, &root, &dest, limits, &file_name),
+                (Some(kind), Target::Dir(dest)) => unpack::unpack_dir(kind, &download.reopen()?, &root, &dest, limits, &file_name),
                 (Some(kind), Target::File(dest)) => {
                     let mut single = TempFile::create(&tmp_dir)?;
-                    unpack::unpack_single(kind, &download.file, &mut single.file, limits, &file_name)?;
+                    unpack::unpack_single(kind, &download.reopen()?, &mut single.file, limits, &file_name)?;
                     single.move_to(&root, &dest)
                 }
                 (None, Target::Dir(_)) => Err("a directory needs an archive".into()),
@@ -170,6 +173,11 @@ impl TempFile {
         Ok(TempFile { dir, name, file, moved: false })
     }
 
+    /// The file opened again for reading (it was created write-only).
+    fn reopen(&self) -> Result<File, String> {
+        self.dir.read(&self.name, Links::Refuse).map_err(|e| e.to_string())
+    }
+
     /// Moves the file to `dest` beneath `root` (its parent made if missing). Across file
     /// systems (a destination on another mount) it is copied into the destination's directory
     /// first, so the destination still changes in one rename.
@@ -184,8 +192,7 @@ impl TempFile {
             Err(FsError::Io { source, .. }) if source.raw_os_error() == Some(libc::EXDEV) => {
                 let near = root.open_dir(parent, Links::Refuse).map_err(|e| e.to_string())?;
                 let mut copy = TempFile::create(&near)?;
-                let mut from = self.file.try_clone().map_err(|e| format!("temp file: {e}"))?;
-                std::io::Seek::rewind(&mut from).map_err(|e| format!("temp file: {e}"))?;
+                let mut from = self.reopen()?;
                 std::io::copy(&mut from, &mut copy.file).map_err(|e| format!("copying into {}: {e}", parent.display()))?;
                 let mode = self.file.metadata().map_err(|e| format!("temp file: {e}"))?.permissions();
                 copy.file.set_permissions(mode).map_err(|e| format!("chmod: {e}"))?;

@@ -94,9 +94,10 @@ pub fn plan(source: &str, options: &BTreeMap<String, String>, mode: Mode, destin
         None | Some("") => Archive::by_suffix(&path),
         // Go's strconv.ParseBool false values turn unpacking off.
         Some("0" | "f" | "F" | "false" | "FALSE" | "False") => None,
-        Some(kind) => Some(Archive::named(kind).ok_or_else(|| {
-            format!("unknown archive type {kind:?} in options: one of {}, or false", Archive::names().join(", "))
-        })?),
+        Some(kind) => Some(
+            Archive::named(kind)
+                .ok_or_else(|| format!("unknown archive type {kind:?} in options: one of {}, or false", Archive::names().join(", ")))?,
+        ),
     };
     let checksum = match checksum_opt.as_deref() {
         None | Some("") => None,
@@ -108,11 +109,16 @@ pub fn plan(source: &str, options: &BTreeMap<String, String>, mode: Mode, destin
         (Some(_), _) => Target::Dir(destination.to_path_buf()),
         (None, Mode::File) => Target::File(destination.to_path_buf()),
         (None, Mode::Dir) => {
-            return Err("mode \"dir\" over http needs an archive to unpack: point the source at one (or set options { archive = \"<type>\" })".into());
+            return Err(
+                "mode \"dir\" over http needs an archive to unpack: point the source at one (or set options { archive = \"<type>\" })"
+                    .into(),
+            );
         }
         (None, Mode::Any) => {
             if path.ends_with('/') {
-                return Err("the source URL names a directory (it ends in /), which http cannot list: point it at a file or an archive".into());
+                return Err(
+                    "the source URL names a directory (it ends in /), which http cannot list: point it at a file or an archive".into()
+                );
             }
             let name = match take(&mut query, "filename") {
                 Some(f) if !f.is_empty() => {
@@ -126,7 +132,9 @@ pub fn plan(source: &str, options: &BTreeMap<String, String>, mode: Mode, destin
             }
             let name = name.trim_start_matches('/');
             if name.is_empty() || name == "." {
-                return Err("the source URL has no file name to save it under: add options { filename = \"...\" } or use mode = \"file\"".into());
+                return Err(
+                    "the source URL has no file name to save it under: add options { filename = \"...\" } or use mode = \"file\"".into()
+                );
             }
             Target::File(destination.join(name))
         }
@@ -171,11 +179,8 @@ pub fn destination_beneath_alloc(dest: &str, alloc_dir: &Path, task: &str) -> Re
     let shared = clean(&alloc_dir.join("alloc"));
     let within = |p: &Path| p.starts_with(&task_dir) || p.starts_with(&shared);
     let given = Path::new(dest);
-    let path = if given.is_absolute() && within(&clean(given)) {
-        clean(given)
-    } else {
-        clean(&task_dir.join(dest.trim_start_matches('/')))
-    };
+    let path =
+        if given.is_absolute() && within(&clean(given)) { clean(given) } else { clean(&task_dir.join(dest.trim_start_matches('/'))) };
     if !within(&path) {
         return Err("artifact destination path escapes alloc directory".into());
     }

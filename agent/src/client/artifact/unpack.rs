@@ -226,7 +226,12 @@ fn decoder<'a>(kind: Archive, input: &'a mut File) -> Result<Box<dyn Read + 'a>,
 }
 
 /// Calls `f` with every entry of the archive, checked, and its data.
-fn each_entry(kind: Archive, archive: &File, name: &str, f: &mut dyn FnMut(Entry, &mut dyn Read) -> Result<(), String>) -> Result<(), String> {
+fn each_entry(
+    kind: Archive,
+    archive: &File,
+    name: &str,
+    f: &mut dyn FnMut(Entry, &mut dyn Read) -> Result<(), String>,
+) -> Result<(), String> {
     let bad = |e: &dyn std::fmt::Display| format!("reading {} archive {name}: {e}", family(kind));
     let mut input = rewound(archive)?;
     if kind == Archive::Zip {
@@ -311,7 +316,8 @@ fn finish_file(f: &File, rel: &Path, mode: u32, mtime: Option<u64>) -> Result<()
     f.set_permissions(std::fs::Permissions::from_mode(mode & 0o777)).map_err(|e| format!("chmod {}: {e}", rel.display()))?;
     if let Some(secs) = mtime {
         let t = UNIX_EPOCH + Duration::from_secs(secs);
-        f.set_times(std::fs::FileTimes::new().set_accessed(t).set_modified(t)).map_err(|e| format!("set times of {}: {e}", rel.display()))?;
+        f.set_times(std::fs::FileTimes::new().set_accessed(t).set_modified(t))
+            .map_err(|e| format!("set times of {}: {e}", rel.display()))?;
     }
     Ok(())
 }

@@ -9,8 +9,8 @@ use std::sync::{Arc, Weak};
 use blake2::Digest;
 use futures::StreamExt;
 use futures::future::BoxFuture;
-use nomad_proto::job::TaskArtifact;
 use nomad_proto::Node;
+use nomad_proto::job::TaskArtifact;
 
 use super::csi_plugin_supervisor::TaskControl;
 use super::{AsyncPrestartHook, HookError, HookRequest, PrestartResponse, TaskHook};
@@ -133,7 +133,8 @@ impl AsyncPrestartHook for ArtifactHook {
                     })
                 })
                 .collect();
-            let results: Vec<(usize, String, Result<(), String>)> = futures::stream::iter(fetches).buffer_unordered(PARALLEL).collect().await;
+            let results: Vec<(usize, String, Result<(), String>)> =
+                futures::stream::iter(fetches).buffer_unordered(PARALLEL).collect().await;
             let mut data = BTreeMap::new();
             let mut first_error: Option<(usize, String)> = None;
             for (i, hash, result) in results {
@@ -155,5 +156,105 @@ impl AsyncPrestartHook for ArtifactHook {
             }
             Ok(PrestartResponse { done: true, data, events: Vec::new() })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::sync::Mutex;
+
+    use nomad_proto::{Allocation, Task, TaskEvent};
+
+    use super::*;
+    use crate::client::state::HookState;
+
+    /// Fails the sources it is told to, records what it was asked.
+    #[derive(Default)]
+    struct FakeGetter {
+        fail: Vec<String>,
+        asked: Mutex<Vec<Request>>,
+    }
+
+    impl ArtifactGetter for FakeGetter {
+        fn get<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Result<(), String>> {
+            self.asked.lock().unwrap().push(req.clone());
+            let fail = self.fail.contains(&req.source);
+            Box::pin(async move { if fail { Err("bad response code: 500".into()) } else { Ok(()) } })
+        }
+    }
+
+    #[derive(Default)]
+    struct Events(Mutex<Vec<TaskEvent>>);
+
+    impl TaskControl for Events {
+        fn emit_event(&self, event: TaskEvent) {
+            self.0.lock().unwrap().push(event);
+        }
+        fn kill_failed(&self, _: TaskEvent) {}
+    }
+
+    fn artifact(source: &str, dest: &str) -> TaskArtifact {
+        TaskArtifact { getter_source: source.into(), getter_mode: "any".into(), relative_dest: dest.into(), ..TaskArtifact::default() }
+    }
+
+    #[tokio::test]
+    async fn finished_artifacts_are_remembered_through_a_failure_and_skipped_on_retry() {
+        let mut task = Task { name: "web".into(), ..Task::default() };
+        task.artifacts = vec![
+            artifact("https://x/${NOMAD_META_a}.tgz", "local/a"),
+            artifact("https://x/b", "${NOMAD_ALLOC_DIR}/b"),
+            artifact("https://x/c", "local/c"),
+        ];
+        task.artifacts[0].getter_headers.insert("Authorization".into(), "Bearer ${NOMAD_META_token}".into());
+        let mut config = super::super::tests_support::config();
+        config.alloc_dir = "/srv/alloc/a1".into();
+        config.env.insert("NOMAD_META_a".into(), "app".into());
+        config.env.insert("NOMAD_META_token".into(), "t0k".into());
+        config.env.insert("NOMAD_ALLOC_DIR".into(), "/alloc".into());
+        let alloc = Allocation::default();
+        let events = Arc::new(Events::default());
+        let control: Arc<dyn TaskControl> = events.clone();
+        let getter = Arc::new(FakeGetter { fail: vec!["https://x/c".into()], ..FakeGetter::default() });
+        let hook = ArtifactHook::new(getter.clone(), Arc::downgrade(&control), Arc::new(|| Arc::new(Node::default())), "global".into());
+        let req = HookRequest { alloc: &alloc, task: &task, config: &config, driver: None, secrets_tmpfs: false, previous: None };
+
+        let err = AsyncPrestartHook::prestart(&hook, &req).await.unwrap_err();
+        assert!(err.recoverable);
+        assert_eq!(err.message, "failed to download artifact \"https://x/c\": bad response code: 500");
+        let event = err.event.as_deref().unwrap();
+        assert_eq!((event.event_type.as_str(), event.download_error.as_str()), ("Failed Artifact Download", err.message.as_str()));
+        assert_eq!(events.0.lock().unwrap()[0].event_type, "Downloading Artifacts");
+        let data = err.data.clone().unwrap();
+        assert_eq!(data.len(), 2, "a and b are recorded: {data:?}");
+        {
+            let asked = getter.asked.lock().unwrap();
+            let a = asked.iter().find(|r| r.source == "https://x/app.tgz").expect("the source is interpolated");
+            assert_eq!(a.headers["Authorization"], "Bearer t0k");
+            assert_eq!(a.destination, PathBuf::from("web/local/a"));
+            let b = asked.iter().find(|r| r.source == "https://x/b").unwrap();
+            assert_eq!(b.destination, PathBuf::from("alloc/b"), "the destination takes the client's alloc dir");
+        }
+
+        // The retry fetches only what is missing.
+        getter.asked.lock().unwrap().clear();
+        let previous = HookState { done: false, data };
+        let req = HookRequest { previous: Some(&previous), ..req };
+        assert!(AsyncPrestartHook::prestart(&hook, &req).await.is_err());
+        let asked: Vec<String> = getter.asked.lock().unwrap().iter().map(|r| r.source.clone()).collect();
+        assert_eq!(asked, ["https://x/c"]);
+    }
+
+    #[test]
+    fn the_hash_covers_every_field() {
+        let a = artifact("https://x/a", "local/");
+        let mut b = a.clone();
+        assert_eq!(artifact_hash(&a), artifact_hash(&b));
+        b.getter_options.insert("checksum".into(), "md5:00".into());
+        assert_ne!(artifact_hash(&a), artifact_hash(&b));
+        let mut c = a.clone();
+        c.getter_mode = "file".into();
+        assert_ne!(artifact_hash(&a), artifact_hash(&c));
+        assert_eq!(artifact_hash(&a).len(), 43, "base64 of 32 bytes, no padding");
     }
 }
