@@ -24,6 +24,9 @@ pub const NAME: &str = "artifacts";
 /// Downloads at once (Nomad's `maxConcurrency`).
 const PARALLEL: usize = 3;
 
+/// One artifact's fetch: its index, its hash, how it went.
+type Outcome = (usize, String, Result<(), String>);
+
 /// Fetches a task's artifacts.
 pub struct ArtifactHook {
     getter: Arc<dyn ArtifactGetter>,
@@ -113,10 +116,10 @@ impl AsyncPrestartHook for ArtifactHook {
             let node = (self.node)();
             let previous = &previous;
             let node = &node;
-            let fetches: Vec<BoxFuture<'_, (usize, String, Result<(), String>)>> = artifacts
+            let fetches: Vec<BoxFuture<'_, Outcome>> = artifacts
                 .iter()
                 .enumerate()
-                .map(|(i, a)| -> BoxFuture<'_, (usize, String, Result<(), String>)> {
+                .map(|(i, a)| -> BoxFuture<'_, Outcome> {
                     Box::pin(async move {
                         let hash = artifact_hash(a);
                         if previous.contains_key(&hash) {
@@ -133,8 +136,7 @@ impl AsyncPrestartHook for ArtifactHook {
                     })
                 })
                 .collect();
-            let results: Vec<(usize, String, Result<(), String>)> =
-                futures::stream::iter(fetches).buffer_unordered(PARALLEL).collect().await;
+            let results: Vec<Outcome> = futures::stream::iter(fetches).buffer_unordered(PARALLEL).collect().await;
             let mut data = BTreeMap::new();
             let mut first_error: Option<(usize, String)> = None;
             for (i, hash, result) in results {
