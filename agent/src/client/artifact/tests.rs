@@ -275,7 +275,14 @@ fn request(dir: &Path, source: String, options: &[(&str, &str)], mode: Mode, des
 
 #[tokio::test]
 async fn the_http_getter_checks_checksums_before_anything_lands_and_skips_a_matching_file() {
-    let (base, hits) = serve(BTreeMap::from([("/f.txt", b"hello\n".to_vec()), ("/big", vec![0u8; 4096])])).await;
+    let one = tar_bytes(&[T("tool", tar::EntryType::Regular, 0o755, b"tool\n")]);
+    let (base, hits) = serve(BTreeMap::from([
+        ("/f.txt", b"hello\n".to_vec()),
+        ("/big", vec![0u8; 4096]),
+        ("/app.tgz", compress(Archive::TarGz, &good_tar())),
+        ("/tool.tar.gz", compress(Archive::TarGz, &one)),
+    ]))
+    .await;
     let (dir, _root, _f) = fixture(b"");
     std::fs::remove_file(dir.path().join("web/tmp/archive")).unwrap();
     let getter = HttpGetter::new(ArtifactConfig::default());
@@ -295,6 +302,13 @@ async fn the_http_getter_checks_checksums_before_anything_lands_and_skips_a_matc
 
     let e = getter.get(&request(dir.path(), format!("{base}/missing"), &[], Mode::Any, "web/local")).await.unwrap_err();
     assert_eq!(e, "bad response code: 404");
+
+    // Archives: unpacked into the destination, or their one file at it in file mode.
+    getter.get(&request(dir.path(), format!("{base}/app.tgz"), &[], Mode::Any, "web/local/app")).await.unwrap();
+    assert_eq!(std::fs::read_to_string(dir.path().join("web/local/app/bin/tool")).unwrap(), "#!/bin/sh\necho hi\n");
+    getter.get(&request(dir.path(), format!("{base}/tool.tar.gz"), &[], Mode::File, "web/local/bin/tool")).await.unwrap();
+    assert_eq!(std::fs::read_to_string(dir.path().join("web/local/bin/tool")).unwrap(), "tool\n");
+    assert!(listing(&dir.path().join("web/tmp")).is_empty(), "no temp file left");
 
     let small = HttpGetter::new(ArtifactConfig { http_max_size: 1000, ..ArtifactConfig::default() });
     let e = small.get(&request(dir.path(), format!("{base}/big"), &[], Mode::File, "web/local/big")).await.unwrap_err();

@@ -391,6 +391,12 @@ mod tests {
         assert_eq!(*log.lock().unwrap(), ["stop a", "stop b", "stop c"], "stop runs every hook despite b's error");
     }
 
+    struct Noop;
+    impl csi_plugin_supervisor::TaskControl for Noop {
+        fn emit_event(&self, _: TaskEvent) {}
+        fn kill_failed(&self, _: TaskEvent) {}
+    }
+
     #[test]
     fn the_hook_list_is_fixed_plus_conditional_hooks() {
         let names = |t: &Task| init_hooks(t, None, Default::default(), None, None, None).iter().map(|h| h.name()).collect::<Vec<_>>();
@@ -407,6 +413,13 @@ mod tests {
                 retry: Default::default(),
             }),
         };
+        let t = Task { artifacts: vec![Default::default()], volume_mounts: vec![Default::default()], ..Task::default() };
+        let getter = std::sync::Arc::new(crate::client::artifact::HttpGetter::new(Default::default()));
+        let control: std::sync::Weak<dyn csi_plugin_supervisor::TaskControl> = std::sync::Weak::<Noop>::new();
+        let artifacts =
+            ArtifactHook::new(getter, control, std::sync::Arc::new(|| std::sync::Arc::new(nomad_proto::Node::default())), "global".into());
+        let names: Vec<_> = init_hooks(&t, None, Default::default(), None, None, Some(artifacts)).iter().map(|h| h.name()).collect();
+        assert_eq!(names, ["validate", "task_dir", "dns", "volumes", "artifacts"], "after volumes, as Nomad");
         let sidecar = Task { kind: "connect-proxy:web".into(), ..Task::default() };
         let names: Vec<_> = init_hooks(&sidecar, None, Default::default(), None, Some(envoy), None).iter().map(|h| h.name()).collect();
         assert_eq!(names, ["validate", "task_dir", "dns", "envoy_version", "envoy_bootstrap"]);
