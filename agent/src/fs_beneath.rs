@@ -555,6 +555,18 @@ impl Beneath {
         unlinkat(dir, name.as_c_str(), UnlinkatFlags::NoRemoveDir).map_err(|e| self.io_err("remove", rel, io(e)))
     }
 
+    /// Moves the entry at `rel` to `to_rel` beneath `to` (replacing what is there, as
+    /// `rename(2)` does: a symlink in the way is replaced, never followed). Both parents are
+    /// resolved without symlinks; a move across file systems fails with `EXDEV`.
+    pub fn rename(&self, rel: &Path, to: &Beneath, to_rel: &Path) -> Result<(), FsError> {
+        let (from_parent, from_name) = self.parent_of("rename", rel)?;
+        let (to_parent, to_name) = to.parent_of("rename", to_rel)?;
+        let from_dir = from_parent.as_ref().map_or(self.fd.as_fd(), |p| p.fd.as_fd());
+        let to_dir = to_parent.as_ref().map_or(to.fd.as_fd(), |p| p.fd.as_fd());
+        renameat2(from_dir, from_name.as_c_str(), to_dir, to_name.as_c_str(), RenameFlags::empty())
+            .map_err(|e| self.io_err("rename", rel, io(e)))
+    }
+
     /// Creates a symlink at `rel` pointing to `target` (stored as given, never resolved here).
     pub fn symlink(&self, rel: &Path, target: &Path) -> Result<(), FsError> {
         let (parent, name) = self.parent_of("create symlink", rel)?;

@@ -185,7 +185,8 @@ table! {
     LogsDisabled: Attribute "disabled" in "logs" => R("the executor always collects logs"),
     Vault: Block "vault" in "group, task" => R(""),
     Template: Block "template" in "task" => R(""),
-    Artifact: Block "artifact" in "task" => R(""),
+    Artifact: Block "artifact" in "task" => H("fetched by the client before the task starts, over http and https (headers, options as query parameters, checksum, zip and tar/gz/bz2/xz/zst unpacking), written beneath the task's dirs"),
+    ArtifactSource: Value "source other than http:// or https://" in "artifact" => R("nomad-rs fetches only http and https artifacts (no git, hg, s3, gcs or local files)"),
     DispatchPayload: Block "dispatch_payload" in "task" => R("jobs cannot be dispatched"),
     VolumeMount: Block "volume_mount" in "task" => R("only CSI volumes are mounted into tasks: host volumes are not"),
     VolumeMountCsi: Value "volume_mount of a type = \"csi\" volume" in "task" => H("bound at destination (read_only and propagation_mode honoured) for exec and oci tasks; refused when the task's driver takes no mounts (raw_exec)"),
@@ -837,8 +838,13 @@ impl Walk {
         let LogConfig { max_files: _, max_file_size_mb: _, disabled } = log_config;
         self.decide(Feature::Logs, true);
         self.within("logs".into(), |w| w.decide(Feature::LogsDisabled, *disabled));
-        for TaskArtifact { getter_source: _, getter_options: _, getter_headers: _, getter_mode: _, relative_dest: _ } in artifacts {}
         self.decide(Feature::Artifact, !artifacts.is_empty());
+        self.decide(Feature::ArtifactSource, false);
+        for TaskArtifact { getter_source, getter_options: _, getter_headers: _, getter_mode: _, relative_dest: _ } in artifacts {
+            if !artifact_source_supported(getter_source) {
+                self.within("artifact".into(), |w| w.refuse_value(Feature::ArtifactSource, "source", getter_source));
+            }
+        }
         self.decide(Feature::Leader, *leader);
         self.decide(Feature::ShutdownDelay, *shutdown_delay != 0);
         for VolumeMount { volume: _, destination: _, read_only: _, propagation_mode: _ } in volume_mounts {}
@@ -873,6 +879,15 @@ impl Walk {
         for RequestedDevice { name: _, count: _, constraints: _, affinities: _ } in devices {}
         self.decide(Feature::Device, !devices.is_empty());
     }
+}
+
+/// Whether nomad-rs fetches an artifact `source`: an `http://` or `https://` URL (an
+/// `http::`/`https::` forced getter allowed). A source whose scheme is interpolated (it starts
+/// with `${`) is accepted here and checked by the client once interpolated. Everything else
+/// (`git::`, `s3::`, the github.com, bitbucket and S3/GCS shorthands, which have no scheme,
+/// local paths) is refused.
+pub fn artifact_source_supported(source: &str) -> bool {
+    crate::job::artifact_unforced_source(source).is_some_and(|url| crate::job::is_http_url(url) || url.starts_with("${"))
 }
 
 /// Whether the proxy has upstreams.
@@ -1106,6 +1121,9 @@ pub fn sample_job_using(feature: Feature) -> Job {
         }
         Feature::Artifact => {
             t.artifacts = vec![TaskArtifact { getter_source: "https://example.com/x.tgz".into(), ..TaskArtifact::default() }]
+        }
+        Feature::ArtifactSource => {
+            t.artifacts = vec![TaskArtifact { getter_source: "git::https://example.com/repo.git".into(), ..TaskArtifact::default() }]
         }
         Feature::DispatchPayload => t.dispatch_payload = Some(json!({"File": "input.txt"})),
         Feature::VolumeMountCsi => {

@@ -327,6 +327,8 @@ pub struct TaskEvent {
     pub restart_reason: String,
     /// Driver error.
     pub driver_error: String,
+    /// Why an artifact could not be fetched (`Failed Artifact Download`).
+    pub download_error: String,
     /// Exit code.
     pub exit_code: i64,
     /// Signal.
@@ -371,6 +373,10 @@ pub mod task_event {
     pub const LEADER_DEAD: &str = "Leader Task Dead";
     /// Driver message.
     pub const DRIVER_MESSAGE: &str = "Driver";
+    /// The client is fetching the task's artifacts.
+    pub const DOWNLOADING_ARTIFACTS: &str = "Downloading Artifacts";
+    /// An artifact could not be fetched.
+    pub const ARTIFACT_DOWNLOAD_FAILED: &str = "Failed Artifact Download";
 }
 
 /// History of reschedules.

@@ -122,6 +122,15 @@ impl Job {
                         m.propagation_mode = "private".to_string();
                     }
                 }
+                for a in &mut t.artifacts {
+                    // Nomad's API defaults, for jobs submitted as JSON without them.
+                    if a.getter_mode.is_empty() {
+                        a.getter_mode = crate::job::getter_mode::ANY.to_string();
+                    }
+                    if a.relative_dest.is_empty() {
+                        a.relative_dest = crate::job::TaskArtifact::default_destination(&a.getter_mode, &a.getter_source);
+                    }
+                }
                 let task_name = t.name.clone();
                 for s in &mut t.services {
                     canonicalize_service(s, &format!("{job_id}-{group_name}-{task_name}"), Some(&task_name));

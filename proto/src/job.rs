@@ -911,6 +911,45 @@ pub struct TaskArtifact {
     pub relative_dest: String,
 }
 
+/// `getter_mode` values.
+pub mod getter_mode {
+    /// A file or an archive unpacked into a directory (Nomad's default).
+    pub const ANY: &str = "any";
+    /// One file (an archive must hold exactly one).
+    pub const FILE: &str = "file";
+    /// A directory (over http: an archive).
+    pub const DIR: &str = "dir";
+}
+
+impl TaskArtifact {
+    /// Nomad's default destination: `local/`, or `local/<file name of the URL path>` in
+    /// `file` mode.
+    pub fn default_destination(mode: &str, source: &str) -> String {
+        if mode == getter_mode::FILE {
+            let path = source.split(['?', '#']).next().unwrap_or_default();
+            format!("local/{}", path.rsplit('/').next().unwrap_or_default())
+        } else {
+            "local/".to_string()
+        }
+    }
+}
+
+/// The URL an `http::`/`https::` forced getter prefix (go-getter's `<getter>::<url>`) wraps, or
+/// the source itself; `None` when another getter is forced (`git::`, `s3::`, ...).
+pub fn artifact_unforced_source(source: &str) -> Option<&str> {
+    match source.split_once("::") {
+        Some((getter, rest)) if !getter.is_empty() && getter.bytes().all(|b| b.is_ascii_alphanumeric()) => {
+            (getter.eq_ignore_ascii_case("http") || getter.eq_ignore_ascii_case("https")).then_some(rest)
+        }
+        _ => Some(source),
+    }
+}
+
+/// Whether `url` has an `http://` or `https://` scheme (case-insensitive, as URL schemes are).
+pub fn is_http_url(url: &str) -> bool {
+    url.split_once("://").is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https"))
+}
+
 /// A task that serves as a CSI plugin.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "PascalCase")]

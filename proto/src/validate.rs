@@ -814,6 +814,11 @@ fn validate_task(job: &Job, t: &Task, g: &TaskGroup) -> Vec<String> {
         if path_escapes_alloc(&["task"], &a.relative_dest) {
             fail("destination escapes allocation directory".to_string());
         }
+        if let Some(check) = a.getter_options.get("checksum")
+            && let Err(e) = validate_artifact_checksum(check)
+        {
+            fail(e);
+        }
     }
     let mut destinations: BTreeMap<&str, usize> = BTreeMap::new();
     for (i, tmpl) in t.templates.iter().enumerate() {
@@ -928,6 +933,74 @@ fn validate_resources(t: &Task, errs: &mut Vec<String>) {
 /// Whether `path`, taken relative to `base` (directories under the alloc dir), leaves the
 /// alloc dir once cleaned. Nomad's `escapingfs.PathEscapesAllocViaRelative`: absolute paths
 /// count as relative, and a path may climb from the task dir into the alloc dir, not above.
+/// Whether `s` holds a `${name}` reference Nomad's client would interpolate (its
+/// `args.ContainsEnv`: letters, digits, `_`, `-` and `.` between the braces).
+pub fn contains_env_reference(s: &str) -> bool {
+    s.match_indices("${").any(|(i, _)| {
+        let rest = &s[i + 2..];
+        let name_len = rest.bytes().take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.')).count();
+        name_len > 0 && rest.as_bytes().get(name_len) == Some(&b'}')
+    })
+}
+
+/// The digest length in bytes of an artifact checksum type.
+pub fn checksum_len(kind: &str) -> Option<usize> {
+    match kind {
+        "md5" => Some(16),
+        "sha1" => Some(20),
+        "sha256" => Some(32),
+        "sha512" => Some(64),
+        _ => None,
+    }
+}
+
+/// Go's `hex.DecodeString`, with its error texts.
+pub fn decode_hex(s: &str) -> Result<Vec<u8>, String> {
+    fn nibble(b: u8) -> Option<u8> {
+        (b as char).to_digit(16).map(|d| d as u8)
+    }
+    let invalid = |b: u8| {
+        let c = char::from(b);
+        if c.is_control() {
+            format!("encoding/hex: invalid byte: U+{:04X}", b)
+        } else {
+            format!("encoding/hex: invalid byte: U+{:04X} {c:?}", b)
+        }
+    };
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len() / 2);
+    for pair in bytes.chunks(2) {
+        let hi = nibble(pair[0]).ok_or_else(|| invalid(pair[0]))?;
+        let Some(&lo) = pair.get(1) else {
+            return Err("encoding/hex: odd length hex string".to_string());
+        };
+        out.push(hi << 4 | nibble(lo).ok_or_else(|| invalid(lo))?);
+    }
+    Ok(out)
+}
+
+/// Nomad's `TaskArtifact.validateChecksum`: `md5|sha1|sha256|sha512:<hex>` of the right length,
+/// unless the value is interpolated at run time.
+fn validate_artifact_checksum(check: &str) -> Result<(), String> {
+    if contains_env_reference(check) {
+        return Ok(());
+    }
+    let check = check.trim();
+    if check.is_empty() {
+        return Err("checksum value cannot be empty".to_string());
+    }
+    let parts: Vec<&str> = check.split(':').collect();
+    let [kind, value] = parts[..] else {
+        return Err(format!("checksum must be given as \"type:value\"; got {check:?}"));
+    };
+    let bytes = decode_hex(value).map_err(|e| format!("invalid checksum: {e}"))?;
+    let want = checksum_len(kind).ok_or_else(|| format!("unsupported checksum type: {kind}"))?;
+    if bytes.len() != want {
+        return Err(format!("invalid {kind} checksum: {value}"));
+    }
+    Ok(())
+}
+
 fn path_escapes_alloc(base: &[&str], path: &str) -> bool {
     // The components below the alloc dir. Nomad cleans the path under a placeholder alloc
     // dir, so one that climbs out and back in by the placeholder's name passes there; here

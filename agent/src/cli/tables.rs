@@ -249,6 +249,14 @@ pub fn describe_event(e: &TaskEvent) -> String {
         t::SETUP_FAILURE => format!("Task setup failed: {}", e.message),
         t::SIBLING_FAILED => "Task's sibling failed".to_string(),
         t::RESTART_SIGNAL => "User requested task to restart".to_string(),
+        t::DOWNLOADING_ARTIFACTS => "Client is downloading artifacts".to_string(),
+        t::ARTIFACT_DOWNLOAD_FAILED => {
+            if e.download_error.is_empty() {
+                "Failed to download artifacts".to_string()
+            } else {
+                e.download_error.clone()
+            }
+        }
         _ => String::new(),
     };
     if built.is_empty() { e.message.clone() } else { built }

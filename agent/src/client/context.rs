@@ -82,6 +82,8 @@ pub struct ClientContext {
     pub nomad_checks: Arc<crate::client::checks::CheckStore>,
     /// The Nomad check statuses `check_restart` watches (polled from `nomad_checks`).
     pub nomad_check_watcher: Arc<crate::client::consul::checks::CheckWatcher>,
+    /// Fetches tasks' artifacts (`client { artifact {} }` limits).
+    pub artifacts: Arc<dyn crate::client::artifact::ArtifactGetter>,
 }
 
 impl ClientContext {

@@ -18,6 +18,7 @@
 
 pub mod acl;
 pub mod allocrunner;
+pub mod artifact;
 pub mod base64;
 pub mod checks;
 pub mod connect;
@@ -273,6 +274,7 @@ impl Client {
             envoy_retry: Default::default(),
             nomad_checks,
             nomad_check_watcher: nomad_check_watcher.clone(),
+            artifacts: Arc::new(artifact::HttpGetter::new(s.artifact)),
             network: Arc::new(network::CniNetworks::new(s.cni.clone(), &s.state_dir).with_maker(netns_maker)),
         });
         let inner = Arc::new(ClientInner {

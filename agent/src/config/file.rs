@@ -237,6 +237,34 @@ pub struct ClientBlock {
     /// What the exec driver's chroot holds: host path to path in the chroot (replaces the
     /// defaults).
     pub chroot_env: Option<BTreeMap<String, String>>,
+    /// Artifact download limits.
+    pub artifact: Option<ArtifactBlock>,
+}
+
+/// `client { artifact {} }`, Nomad's keys (sizes and durations as strings).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ArtifactBlock {
+    /// The whole HTTP exchange of one download.
+    pub http_read_timeout: Option<String>,
+    /// Most bytes one download may be.
+    pub http_max_size: Option<String>,
+    /// Accepted; only http is fetched.
+    pub gcs_timeout: Option<String>,
+    /// Accepted; only http is fetched.
+    pub git_timeout: Option<String>,
+    /// Accepted; only http is fetched.
+    pub hg_timeout: Option<String>,
+    /// Accepted; only http is fetched.
+    pub s3_timeout: Option<String>,
+    /// Most entries in one archive.
+    pub decompression_file_count_limit: Option<i64>,
+    /// Most bytes unpacked from one archive.
+    pub decompression_size_limit: Option<String>,
+    /// Accepted; there is no subprocess.
+    pub disable_filesystem_isolation: Option<bool>,
+    /// Accepted; there is no subprocess.
+    pub set_environment_variables: Option<String>,
 }
 
 /// `client { reserved {} }`.

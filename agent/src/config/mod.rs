@@ -133,6 +133,8 @@ pub struct ClientSettings {
     /// `chroot_env`: the exec driver's chroot (host path to path in the chroot); `None`: its
     /// defaults.
     pub chroot_env: Option<BTreeMap<PathBuf, PathBuf>>,
+    /// `artifact {}`: the limits of artifact downloads.
+    pub artifact: crate::client::artifact::ArtifactConfig,
 }
 
 /// `cni_path`, `cni_config_dir` and the `bridge_network_*` keys.
@@ -198,6 +200,38 @@ impl CniSettings {
     }
 }
 
+/// `client { artifact {} }` with Nomad's defaults and checks (`ArtifactConfig.Validate`).
+fn artifact_config(b: Option<&file::ArtifactBlock>) -> Result<crate::client::artifact::ArtifactConfig, ConfigError> {
+    let invalid = |key: &str, message: String| ConfigError::Invalid {
+        path: "agent configuration".into(),
+        key: format!("client.artifact.{key}"),
+        message,
+    };
+    let mut c = crate::client::artifact::ArtifactConfig::default();
+    let Some(b) = b else { return Ok(c) };
+    if let Some(t) = &b.http_read_timeout {
+        c.http_read_timeout = nomad_proto::time::parse_go_duration(t)
+            .map_err(|e| invalid("http_read_timeout", format!("http_read_timeout not a valid duration: {e}")))
+            .and_then(|ns| u64::try_from(ns).map_err(|_| invalid("http_read_timeout", "http_read_timeout must be > 0".into())))
+            .map(Duration::from_nanos)?;
+    }
+    let size = |key: &str, v: &Option<String>, default: u64| -> Result<u64, ConfigError> {
+        match v {
+            None => Ok(default),
+            Some(s) => nomad_proto::jobspec::volume::parse_bytes(s)
+                .map(|n| n.max(0) as u64)
+                .map_err(|e| invalid(key, format!("{key} not a valid size: {e}"))),
+        }
+    };
+    c.http_max_size = size("http_max_size", &b.http_max_size, c.http_max_size)?;
+    c.decompression_size_limit = size("decompression_size_limit", &b.decompression_size_limit, c.decompression_size_limit)?;
+    if let Some(n) = b.decompression_file_count_limit {
+        c.decompression_file_count_limit = u64::try_from(n)
+            .map_err(|_| invalid("decompression_file_count_limit", format!("decompression_file_count_limit must be >= 0 but found {n}")))?;
+    }
+    Ok(c)
+}
+
 /// What `f` sets that nomad-rs reads but does not act on (see [`AgentConfig::unused`]).
 fn unused_keys(f: &FileConfig) -> Vec<String> {
     let mut unused = Vec::new();
@@ -239,6 +273,30 @@ fn unused_keys(f: &FileConfig) -> Vec<String> {
         "client.gc_interval",
         "the client does not garbage-collect alloc dirs on an interval yet",
     );
+    if let Some(a) = f.client.as_ref().and_then(|c| c.artifact.as_ref()) {
+        for (set, key) in [
+            (a.gcs_timeout.is_some(), "gcs_timeout"),
+            (a.git_timeout.is_some(), "git_timeout"),
+            (a.hg_timeout.is_some(), "hg_timeout"),
+            (a.s3_timeout.is_some(), "s3_timeout"),
+        ] {
+            note(
+                set,
+                &format!("client.artifact.{key}"),
+                "nomad-rs fetches only http and https artifacts; other sources are refused at admission",
+            );
+        }
+        note(
+            a.disable_filesystem_isolation.is_some(),
+            "client.artifact.disable_filesystem_isolation",
+            "downloads run inside the agent, confined beneath the task's dirs by openat2, not in a Landlock subprocess, so there is no isolation to turn off",
+        );
+        note(
+            a.set_environment_variables.is_some(),
+            "client.artifact.set_environment_variables",
+            "downloads run inside the agent, not in a subprocess whose environment these would set",
+        );
+    }
     for (name, plugin) in f.plugin.iter().flatten() {
         note(plugin.args.is_some(), &format!("plugin \"{name}\" args"), "drivers are built in, not external plugin processes");
     }
@@ -563,6 +621,7 @@ impl AgentConfig {
                 network_interface: cb.network_interface.filter(|i| !i.is_empty()),
                 cni,
                 chroot_env,
+                artifact: artifact_config(cb.artifact.as_ref())?,
             })
         } else {
             None
@@ -862,6 +921,37 @@ mod tests {
         let keys: Vec<&str> = unused.iter().map(|u| u.split(':').next().unwrap()).collect();
         assert_eq!(keys, vec!["telemetry", "leave_on_terminate", "ports.serf", "client.gc_interval"], "{unused:?}");
         assert!(unused[0].ends_with("accepted for compatibility and not used: metrics are not exported yet"), "{unused:?}");
+    }
+
+    #[test]
+    fn the_artifact_block_takes_nomads_defaults_limits_and_warns_about_the_other_getters() {
+        let dev = AgentFlags { dev: true, ..Default::default() };
+        let d = resolve("", dev.clone()).unwrap().client.unwrap().artifact;
+        assert_eq!(d, crate::client::artifact::ArtifactConfig::default());
+        assert_eq!(
+            (d.http_read_timeout, d.http_max_size, d.decompression_file_count_limit),
+            (Duration::from_secs(1800), 100_000_000_000, 4096)
+        );
+        let src = "client {\n  artifact {\n    http_read_timeout = \"5m\"\n    http_max_size = \"1GiB\"\n    decompression_size_limit = \"0\"\n    \
+                   decompression_file_count_limit = 10\n    git_timeout = \"1m\"\n    disable_filesystem_isolation = true\n  }\n}\n";
+        let cfg = resolve(src, dev.clone()).unwrap();
+        let a = cfg.client.as_ref().unwrap().artifact;
+        assert_eq!(a.http_read_timeout, Duration::from_secs(300));
+        assert_eq!(a.http_max_size, 1 << 30);
+        assert_eq!((a.decompression_size_limit, a.decompression_file_count_limit), (0, 10));
+        let keys: Vec<&str> = cfg.unused.iter().map(|u| u.split(':').next().unwrap()).collect();
+        assert_eq!(keys, ["client.artifact.git_timeout", "client.artifact.disable_filesystem_isolation"], "{:?}", cfg.unused);
+        assert!(cfg.unused[0].contains("nomad-rs fetches only http and https artifacts"), "{:?}", cfg.unused);
+        for (bad, key, why) in [
+            ("http_read_timeout = \"soon\"", "client.artifact.http_read_timeout", "not a valid duration"),
+            ("http_read_timeout = \"-1s\"", "client.artifact.http_read_timeout", "must be > 0"),
+            ("http_max_size = \"lots\"", "client.artifact.http_max_size", "not a valid size"),
+            ("decompression_file_count_limit = -1", "client.artifact.decompression_file_count_limit", "must be >= 0 but found -1"),
+            ("s3_region = \"x\"", "client.artifact.s3_region", "unknown field"),
+        ] {
+            let e = resolve(&format!("client {{\n  artifact {{\n    {bad}\n  }}\n}}\n"), dev.clone()).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains(why), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -220,13 +220,53 @@ fn connect_jobs_are_judged_after_the_servers_add_their_tasks() {
 #[test]
 fn every_use_is_reported_once_with_its_count() {
     let mut job = sample_job_using(Feature::Template);
-    job.task_groups[0].tasks[0].artifacts = sample_job_using(Feature::Artifact).task_groups[0].tasks[0].artifacts.clone();
+    job.task_groups[0].tasks[0].artifacts = sample_job_using(Feature::ArtifactSource).task_groups[0].tasks[0].artifacts.clone();
     let mut second = job.task_groups[0].clone();
     second.name = "other".into();
     job.task_groups.push(second);
     let msg = admitted(job).unwrap_err();
     assert!(msg.starts_with("4 errors occurred:\n"), "{msg}");
-    assert!(msg.contains("\t* group \"other\" task \"redis\": the \"artifact\" block"), "{msg}");
+    assert!(msg.contains("\t* group \"other\" task \"redis\" artifact: source = \"git::"), "{msg}");
+}
+
+#[test]
+fn artifacts_are_fetched_only_over_http_and_https() {
+    let with_source = |source: &str| {
+        let mut job = sample_job_using(Feature::Artifact);
+        job.task_groups[0].tasks[0].artifacts[0].getter_source = source.into();
+        admitted(job)
+    };
+    for ok in [
+        "https://example.com/x.tgz",
+        "HTTP://example.com/x",
+        "https::https://example.com/x",
+        "${NOMAD_META_url}",
+        "https://${NOMAD_META_host}/x",
+        "http::${NOMAD_META_url}",
+    ] {
+        with_source(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+    }
+    let msg = with_source("git::https://github.com/hashicorp/nomad").unwrap_err();
+    assert_eq!(
+        msg,
+        "group \"cache\" task \"redis\" artifact: source = \"git::https://github.com/hashicorp/nomad\" is not supported by nomad-rs yet; nomad-rs fetches only http and https artifacts (no git, hg, s3, gcs or local files)"
+    );
+    for refused in [
+        "s3::https://s3.amazonaws.com/bucket/x",
+        "bucket.s3.amazonaws.com/x",
+        "github.com/hashicorp/nomad",
+        "git@github.com:hashicorp/nomad.git",
+        "hg::http://example.com/repo",
+        "gcs::https://www.googleapis.com/storage/v1/b/x",
+        "s3://bucket/x",
+        "file:///etc/passwd",
+        "/etc/passwd",
+        "ftp://example.com/x",
+        "git::${NOMAD_META_url}",
+    ] {
+        let msg = with_source(refused).unwrap_err();
+        assert!(msg.contains("artifact: source = ") && msg.contains("nomad-rs fetches only http and https artifacts"), "{refused}: {msg}");
+    }
 }
 
 #[test]

@@ -215,11 +215,7 @@ fn artifact(r: &Reader<'_>) -> DResult<TaskArtifact> {
     r.set_string_map("headers", &mut a.getter_headers)?;
     a.relative_dest = match r.string("destination")? {
         Some(dest) => dest,
-        None if a.getter_mode == "file" => {
-            let path = a.getter_source.split(['?', '#']).next().unwrap_or_default();
-            format!("local/{}", path.rsplit('/').next().unwrap_or_default())
-        }
-        None => "local/".to_string(),
+        None => TaskArtifact::default_destination(&a.getter_mode, &a.getter_source),
     };
     r.finish()?;
     Ok(a)

@@ -148,7 +148,7 @@ fn full_job_decodes_every_block() {
     assert_eq!((tmpl.splay, tmpl.perms.as_str()), (5 * SECOND, "0644"), "template defaults");
     let artifact = &redis.artifacts[0];
     assert_eq!((artifact.getter_source.as_str(), artifact.relative_dest.as_str()), ("https://example.com/redis.tar.gz", "local/redis"));
-    assert_eq!(artifact.getter_options["checksum"], "sha256:abc");
+    assert_eq!(artifact.getter_options["checksum"], "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
     assert_eq!((redis.log_config.max_files, redis.log_config.max_file_size_mb, redis.log_config.disabled), (3, 5, false));
     assert_eq!((redis.kill_timeout, redis.kill_signal.as_str()), (20 * SECOND, "SIGTERM"));
     assert_eq!(redis.meta["team.name"], "cache", "meta as a map attribute allows dotted keys");

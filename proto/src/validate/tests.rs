@@ -383,6 +383,55 @@ fn destinations_stay_inside_the_alloc_dir() {
 }
 
 #[test]
+fn artifact_checksums_take_nomads_format_unless_interpolated() {
+    let with_checksum = |c: &str| {
+        job_with(|j| {
+            let mut a = crate::job::TaskArtifact { getter_source: "https://x/f".into(), ..Default::default() };
+            a.getter_options.insert("checksum".into(), c.into());
+            j.task_groups[0].tasks[0].artifacts = vec![a];
+        })
+    };
+    let md5 = "d41d8cd98f00b204e9800998ecf8427e";
+    let sha256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+    for ok in [
+        format!("md5:{md5}"),
+        format!("sha256:{sha256}"),
+        " sha1:da39a3ee5e6b4b0d3255bfef95601890afd80709 ".into(),
+        "${NOMAD_META_sum}".into(),
+    ] {
+        assert_eq!(errors_of(&with_checksum(&ok)), "", "{ok}");
+    }
+    for (bad, why) in [
+        ("", "checksum value cannot be empty"),
+        (md5, "checksum must be given as \"type:value\"; got \"d41d8cd98f00b204e9800998ecf8427e\""),
+        ("file:https://x/SHA256SUMS", "checksum must be given as \"type:value\"; got \"file:https://x/SHA256SUMS\""),
+        ("file:00ff", "unsupported checksum type: file"),
+        ("md5:zz", "invalid checksum: encoding/hex: invalid byte: U+007A 'z'"),
+        ("sha256:abc", "invalid checksum: encoding/hex: odd length hex string"),
+        ("crc32:abcd", "unsupported checksum type: crc32"),
+        (&format!("sha256:{md5}"), &format!("invalid sha256 checksum: {md5}")),
+    ] {
+        assert_refused(&with_checksum(bad), &format!("Artifact 1 validation failed: {why}"));
+    }
+    // A `${` that is no reference is checked.
+    assert_refused(&with_checksum("md5:${}"), "Artifact 1 validation failed: invalid checksum");
+    assert!(contains_env_reference("sha256:${NOMAD_META_sum}") && !contains_env_reference("${a b}"));
+}
+
+#[test]
+fn json_artifacts_get_nomads_mode_and_destination_defaults() {
+    let j = job_with(|j| {
+        j.task_groups[0].tasks[0].artifacts = vec![
+            crate::job::TaskArtifact { getter_source: "https://x/a.tgz".into(), ..Default::default() },
+            crate::job::TaskArtifact { getter_source: "https://x/bin/run.sh?x=1".into(), getter_mode: "file".into(), ..Default::default() },
+        ];
+    });
+    let a = &j.task_groups[0].tasks[0].artifacts;
+    assert_eq!((a[0].getter_mode.as_str(), a[0].relative_dest.as_str()), ("any", "local/"));
+    assert_eq!((a[1].getter_mode.as_str(), a[1].relative_dest.as_str()), ("file", "local/run.sh"));
+}
+
+#[test]
 fn go_durations_print_like_go() {
     for (ns, want) in [
         (0i64, "0s"),

@@ -89,6 +89,7 @@ mod tests {
             network_interface: None,
             cni: crate::config::CniSettings::default(),
             chroot_env: None,
+            artifact: Default::default(),
         }
     }
 

@@ -138,6 +138,18 @@ pub fn failed_validation(err: &str) -> TaskEvent {
     e
 }
 
+/// The artifacts are being fetched.
+pub fn downloading_artifacts() -> TaskEvent {
+    event(task_event::DOWNLOADING_ARTIFACTS, "Client is downloading artifacts")
+}
+
+/// An artifact could not be fetched (`SetDownloadError`); the restart policy retries.
+pub fn artifact_download_failed(err: &str) -> TaskEvent {
+    let mut e = with(event(task_event::ARTIFACT_DOWNLOAD_FAILED, err), &[("download_error", err.to_string())]);
+    e.download_error = err.to_string();
+    e
+}
+
 /// The client reconnected to the servers and kept the task.
 pub fn reconnected() -> TaskEvent {
     event(task_event::CLIENT_RECONNECTED, "Client reconnected")

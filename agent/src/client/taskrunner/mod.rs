@@ -175,6 +175,11 @@ impl TaskRunner {
                     )
                 }),
                 task.uses_connect_sidecar().then(|| envoy_hooks(&ctx)),
+                (!task.artifacts.is_empty()).then(|| {
+                    let control: std::sync::Weak<dyn TaskControl> = me.clone();
+                    let node_ctx = ctx.clone();
+                    hooks::ArtifactHook::new(ctx.artifacts.clone(), control, Arc::new(move || node_ctx.node()), ctx.region.clone())
+                }),
             ),
             csi_mounts,
             ctx,

@@ -290,7 +290,7 @@ job "example" {
         source      = "https://example.com/redis.tar.gz"
         destination = "local/redis"
         options {
-          checksum = "sha256:abc"
+          checksum = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
         }
       }
 

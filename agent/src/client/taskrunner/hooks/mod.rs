@@ -14,6 +14,7 @@
 //! prestart phase as [`AsyncPrestartHook`], which the runner awaits and abandons when the task is
 //! killed or the agent shuts down.
 
+pub mod artifact;
 pub mod consul_si_token;
 pub mod csi_plugin_supervisor;
 mod dispatch_payload;
@@ -29,6 +30,7 @@ use std::collections::BTreeMap;
 
 use nomad_proto::{Allocation, Task, TaskEvent};
 
+pub use artifact::ArtifactHook;
 pub use consul_si_token::ConsulSiTokenHook;
 pub use csi_plugin_supervisor::CsiPluginSupervisorHook;
 pub use dispatch_payload::DispatchPayloadHook;
@@ -79,17 +81,19 @@ pub struct HookError {
     pub recoverable: bool,
     /// The event to record instead of a generic `Setup Failure`.
     pub event: Option<Box<TaskEvent>>,
+    /// Hook data to persist despite the failure (what it finished before failing).
+    pub data: Option<BTreeMap<String, String>>,
 }
 
 impl HookError {
     /// A failure that retrying will not fix.
     pub fn fatal(message: impl Into<String>) -> HookError {
-        HookError { message: message.into(), recoverable: false, event: None }
+        HookError { message: message.into(), recoverable: false, event: None, data: None }
     }
 
     /// A failure that may pass on retry.
     pub fn recoverable(message: impl Into<String>) -> HookError {
-        HookError { message: message.into(), recoverable: true, event: None }
+        HookError { message: message.into(), recoverable: true, event: None, data: None }
     }
 
     /// Recorded as Nomad records a failed hook: a `Task hook failed` event naming the hook.
@@ -167,17 +171,20 @@ pub trait StopHook {
 /// 4. `dispatch_payload`: it writes into the task's `local/` dir, so it needs `task_dir`.
 /// 5. `volumes` (for a task with `volume_mount`s): checks that every mounted CSI volume is
 ///    mounted and that the driver takes mounts; the binds themselves are in the task config.
-/// 6. `consul_si_token` (given for a Connect task when the agent has a Consul token, Nomad's
+/// 6. `artifacts` (for a task with `artifact` blocks), Nomad's place: after `volumes`, before
+///    the Consul and Envoy hooks; it writes into the task dir, so it needs `task_dir`, and it
+///    downloads, so it is async (abandoned on kill).
+/// 7. `consul_si_token` (given for a Connect task when the agent has a Consul token, Nomad's
 ///    condition): it writes `secrets/si_token`, so it needs `task_dir`; it comes after the
 ///    local file work so a task that cannot be set up fails before the servers are asked for a
 ///    token. In Nomad it also comes before the Envoy bootstrap, which reads the token.
 ///    Then `identity` (a task with an `identity` block), for the same reasons: it asks the
 ///    servers for the task's workload identity and writes `secrets/nomad_token`.
-/// 7. `envoy_version` then `envoy_bootstrap` (given for a Connect sidecar or gateway task), as in
+/// 8. `envoy_version` then `envoy_bootstrap` (given for a Connect sidecar or gateway task), as in
 ///    Nomad: after `consul_si_token`, because the bootstrap carries the SI token it wrote, and
 ///    after `task_dir` (the bootstrap goes in `secrets/`); last of the local work since both
 ///    may wait on Consul (the bootstrap until the services sync registered the proxy).
-/// 8. `csi_plugin_supervisor` (given for a task with `csi_plugin`) last: its poststart probes
+/// 9. `csi_plugin_supervisor` (given for a task with `csi_plugin`) last: its poststart probes
 ///    the started plugin, and nothing after it depends on it.
 pub fn init_hooks(
     task: &Task,
@@ -186,6 +193,7 @@ pub fn init_hooks(
     si_token: Option<ConsulSiTokenHook>,
     identity: Option<IdentityHook>,
     envoy: Option<EnvoyHooks>,
+    artifacts: Option<ArtifactHook>,
 ) -> Vec<Box<dyn TaskHook>> {
     let mut hooks: Vec<Box<dyn TaskHook>> = vec![Box::new(ValidateHook), Box::new(TaskDirHook), Box::new(DnsHook::new())];
     if task.dispatch_payload.is_some() {
@@ -193,6 +201,9 @@ pub fn init_hooks(
     }
     if !task.volume_mounts.is_empty() {
         hooks.push(Box::new(VolumesHook::new(csi_mounts)));
+    }
+    if let Some(h) = artifacts.filter(|_| !task.artifacts.is_empty()) {
+        hooks.push(Box::new(h));
     }
     if let Some(h) = si_token {
         hooks.push(Box::new(h));
@@ -254,7 +265,15 @@ pub async fn run_prestart(
         } else {
             continue;
         };
-        let resp = result.map_err(|e| PrestartError::Failed(hook.name(), e))?;
+        let resp = match result {
+            Ok(resp) => resp,
+            Err(mut e) => {
+                if let Some(data) = e.data.take() {
+                    states.insert(hook.name().to_string(), HookState { done: false, data });
+                }
+                return Err(PrestartError::Failed(hook.name(), e));
+            }
+        };
         events.extend(resp.events);
         states.insert(hook.name().to_string(), HookState { done: resp.done, data: resp.data });
     }
@@ -380,9 +399,15 @@ mod tests {
         assert_eq!(*log.lock().unwrap(), ["stop a", "stop b", "stop c"], "stop runs every hook despite b's error");
     }
 
+    struct Noop;
+    impl csi_plugin_supervisor::TaskControl for Noop {
+        fn emit_event(&self, _: TaskEvent) {}
+        fn kill_failed(&self, _: TaskEvent) {}
+    }
+
     #[test]
     fn the_hook_list_is_fixed_plus_conditional_hooks() {
-        let names = |t: &Task| init_hooks(t, None, Default::default(), None, None, None).iter().map(|h| h.name()).collect::<Vec<_>>();
+        let names = |t: &Task| init_hooks(t, None, Default::default(), None, None, None, None).iter().map(|h| h.name()).collect::<Vec<_>>();
         assert_eq!(names(&Task::default()), ["validate", "task_dir", "dns"]);
         let t = Task { dispatch_payload: Some(serde_json::json!({"File": "in.txt"})), ..Task::default() };
         assert_eq!(names(&t), ["validate", "task_dir", "dns", "dispatch_payload"]);
@@ -396,8 +421,16 @@ mod tests {
                 retry: Default::default(),
             }),
         };
+        let t = Task { artifacts: vec![Default::default()], volume_mounts: vec![Default::default()], ..Task::default() };
+        let getter = std::sync::Arc::new(crate::client::artifact::HttpGetter::new(Default::default()));
+        let control: std::sync::Weak<dyn csi_plugin_supervisor::TaskControl> = std::sync::Weak::<Noop>::new();
+        let artifacts =
+            ArtifactHook::new(getter, control, std::sync::Arc::new(|| std::sync::Arc::new(nomad_proto::Node::default())), "global".into());
+        let names: Vec<_> = init_hooks(&t, None, Default::default(), None, None, None, Some(artifacts)).iter().map(|h| h.name()).collect();
+        assert_eq!(names, ["validate", "task_dir", "dns", "volumes", "artifacts"], "after volumes, as Nomad");
         let sidecar = Task { kind: "connect-proxy:web".into(), ..Task::default() };
-        let names: Vec<_> = init_hooks(&sidecar, None, Default::default(), None, None, Some(envoy)).iter().map(|h| h.name()).collect();
+        let names: Vec<_> =
+            init_hooks(&sidecar, None, Default::default(), None, None, Some(envoy), None).iter().map(|h| h.name()).collect();
         assert_eq!(names, ["validate", "task_dir", "dns", "envoy_version", "envoy_bootstrap"]);
     }
 }
