@@ -121,7 +121,7 @@ table! {
     GroupCount: Attribute "count" in "group" => H("the reconciler keeps this many allocs"),
     Migrate: Block "migrate" in "group" => H("the drainer migrates max_parallel at a time, health judged as health_check says (Consul checks included with \"checks\")"),
     Scaling: Block "scaling" in "group, task" => R(""),
-    Restart: Block "restart" in "group, task" => H("the task runner's restart tracker (render_templates: templates are refused)"),
+    Restart: Block "restart" in "group, task" => H("the task runner's restart tracker (render_templates: templates are rendered afresh before a restart)"),
     Reschedule: Block "reschedule" in "group" => H("the reconciler's reschedule tracker"),
     EphemeralDiskSize: Attribute "size" in "ephemeral_disk" => H("disk the scheduler reserves"),
     EphemeralDiskSticky: Attribute "sticky" in "ephemeral_disk" => R("the alloc's data is not carried to its replacement"),
@@ -184,7 +184,7 @@ table! {
     Logs: Block "logs" in "task" => H("max_files and max_file_size rotate the task's logs"),
     LogsDisabled: Attribute "disabled" in "logs" => R("the executor always collects logs"),
     Vault: Block "vault" in "group, task" => R(""),
-    Template: Block "template" in "task" => R(""),
+    Template: Block "template" in "task" => H("rendered by the client before the task starts and again when its data changes (Go text/template with consul-template's functions: Nomad variables and services, env, file and the pure helpers; Consul and Vault functions fail the task with a message naming them), change_mode restart, signal, script or noop with splay, env = true into the task's environment, destinations beneath the alloc dir"),
     Artifact: Block "artifact" in "task" => H("fetched by the client before the task starts, over http and https (headers, options as query parameters, checksum, zip and tar/gz/bz2/xz/zst unpacking), written beneath the task's dirs"),
     ArtifactSource: Value "source other than http:// or https://" in "artifact" => R("nomad-rs fetches only http and https artifacts (no git, hg, s3, gcs or local files)"),
     DispatchPayload: Block "dispatch_payload" in "task" => R("jobs cannot be dispatched"),
@@ -826,6 +826,12 @@ impl Walk {
             envvars: _,
             left_delim: _,
             right_delim: _,
+            change_script: _,
+            uid: _,
+            gid: _,
+            err_missing_key: _,
+            wait: _,
+            vault_grace: _,
         } in templates
         {}
         self.decide(Feature::Template, !templates.is_empty());

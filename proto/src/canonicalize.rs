@@ -131,6 +131,13 @@ impl Job {
                         a.relative_dest = crate::job::TaskArtifact::default_destination(&a.getter_mode, &a.getter_source);
                     }
                 }
+                for tmpl in &mut t.templates {
+                    // Nomad's `Template.Canonicalize`: signals upper-cased, SIGHUP for `signal`.
+                    tmpl.change_signal = tmpl.change_signal.to_uppercase();
+                    if tmpl.change_mode == crate::job::template_change_mode::SIGNAL && tmpl.change_signal.is_empty() {
+                        tmpl.change_signal = "SIGHUP".to_string();
+                    }
+                }
                 let task_name = t.name.clone();
                 for s in &mut t.services {
                     canonicalize_service(s, &format!("{job_id}-{group_name}-{task_name}"), Some(&task_name));

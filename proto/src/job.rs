@@ -869,8 +869,9 @@ pub struct ParameterizedJobConfig {
     pub meta_optional: Vec<String>,
 }
 
-/// A template rendered into the task dir.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// A template rendered into the task dir. Fields missing from a JSON job take Nomad's API
+/// defaults (`api/tasks.go` `Template.Canonicalize`), as the HCL decoder's do.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "PascalCase")]
 pub struct Template {
     /// Source path.
@@ -879,20 +880,98 @@ pub struct Template {
     pub dest_path: String,
     /// Inline template.
     pub embedded_tmpl: String,
-    /// What to do on change.
+    /// What to do on change: `restart`, `signal`, `script` or `noop`.
     pub change_mode: String,
     /// Signal for the `signal` change mode.
     pub change_signal: String,
+    /// The script of the `script` change mode.
+    pub change_script: Option<ChangeScript>,
     /// Splay, ns.
     pub splay: i64,
     /// File mode.
     pub perms: String,
+    /// File owner; `None` (or negative) is the agent's user.
+    pub uid: Option<i64>,
+    /// File group; `None` (or negative) is the agent's group.
+    pub gid: Option<i64>,
     /// Export as environment.
     pub envvars: bool,
     /// The delimiter that opens an action (`{{` unless the job file sets `left_delimiter`).
     pub left_delim: String,
     /// The delimiter that closes an action (`}}` unless the job file sets `right_delimiter`).
     pub right_delim: String,
+    /// A missing map key is an error instead of `<no value>`.
+    #[serde(rename = "ErrMissingKey")]
+    pub err_missing_key: bool,
+    /// Quiescence bounds for re-renders.
+    pub wait: Option<WaitConfig>,
+    /// Vault lease grace (Vault is refused at admission; kept for the job's round trip).
+    pub vault_grace: i64,
+}
+
+impl Default for Template {
+    fn default() -> Self {
+        Template {
+            source_path: String::new(),
+            dest_path: String::new(),
+            embedded_tmpl: String::new(),
+            change_mode: template_change_mode::RESTART.to_string(),
+            change_signal: String::new(),
+            change_script: None,
+            splay: 5 * 1_000_000_000,
+            perms: "0644".to_string(),
+            uid: None,
+            gid: None,
+            envvars: false,
+            left_delim: "{{".to_string(),
+            right_delim: "}}".to_string(),
+            err_missing_key: false,
+            wait: None,
+            vault_grace: 0,
+        }
+    }
+}
+
+/// `change_mode` values of a template.
+pub mod template_change_mode {
+    /// Do nothing.
+    pub const NOOP: &str = "noop";
+    /// Restart the task.
+    pub const RESTART: &str = "restart";
+    /// Send `change_signal`.
+    pub const SIGNAL: &str = "signal";
+    /// Run `change_script` in the task.
+    pub const SCRIPT: &str = "script";
+}
+
+/// A template's `change_script {}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct ChangeScript {
+    /// The command, run in the task's context.
+    pub command: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// How long it may run, ns (5s).
+    pub timeout: i64,
+    /// A failing script kills the task.
+    pub fail_on_error: bool,
+}
+
+impl Default for ChangeScript {
+    fn default() -> Self {
+        ChangeScript { command: String::new(), args: Vec::new(), timeout: 5 * 1_000_000_000, fail_on_error: false }
+    }
+}
+
+/// A template's `wait {}`: re-render only after the data was stable for `min`, or at `max`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+pub struct WaitConfig {
+    /// ns.
+    pub min: Option<i64>,
+    /// ns.
+    pub max: Option<i64>,
 }
 
 /// An artifact fetched into the task dir.

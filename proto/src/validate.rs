@@ -832,7 +832,13 @@ fn validate_task(job: &Job, t: &Task, g: &TaskGroup) -> Vec<String> {
             fail("destination escapes allocation directory".to_string());
         }
         match tmpl.change_mode.as_str() {
-            "" | "noop" | "restart" | "script" => {}
+            "" | "noop" | "restart" => {}
+            "script" => match &tmpl.change_script {
+                None => fail("must specify change script configuration value when change mode is script".to_string()),
+                Some(c) if c.command.is_empty() => fail("must specify script path value when change mode is script".to_string()),
+                Some(c) if c.timeout < 0 => fail("change script timeout must be positive".to_string()),
+                Some(_) => {}
+            },
             "signal" => {
                 if tmpl.change_signal.is_empty() {
                     fail("Must specify signal value when change mode is signal".to_string());
@@ -848,6 +854,16 @@ fn validate_task(job: &Job, t: &Task, g: &TaskGroup) -> Vec<String> {
         }
         if !tmpl.perms.is_empty() && u16::from_str_radix(&tmpl.perms, 8).map_or(true, |p| p > 0o7777) {
             fail(format!("Failed to parse {:?} as octal", &tmpl.perms));
+        }
+        if let Some(w) = &tmpl.wait {
+            if w.min.is_some_and(|m| m < 0) || w.max.is_some_and(|m| m < 0) {
+                fail("wait min and max must be positive".to_string());
+            }
+            if let (Some(min), Some(max)) = (w.min, w.max)
+                && min > max
+            {
+                fail(format!("wait min {} is greater than max {}", go_duration(min), go_duration(max)));
+            }
         }
         if let Some(other) = destinations.insert(tmpl.dest_path.as_str(), i + 1) {
             errs.push(format!("Template {} has same destination as {other}", i + 1));

@@ -84,6 +84,8 @@ pub struct ClientContext {
     pub nomad_check_watcher: Arc<crate::client::consul::checks::CheckWatcher>,
     /// Fetches tasks' artifacts (`client { artifact {} }` limits).
     pub artifacts: Arc<dyn crate::client::artifact::ArtifactGetter>,
+    /// The client's `template {}`.
+    pub template: crate::client::template::TemplateConfig,
 }
 
 impl ClientContext {

@@ -41,6 +41,7 @@ pub mod state;
 pub mod sync;
 pub mod task_api;
 pub mod taskrunner;
+pub mod template;
 pub mod watch;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -275,6 +276,7 @@ impl Client {
             nomad_checks,
             nomad_check_watcher: nomad_check_watcher.clone(),
             artifacts: Arc::new(artifact::HttpGetter::new(s.artifact)),
+            template: s.template.clone(),
             network: Arc::new(network::CniNetworks::new(s.cni.clone(), &s.state_dir).with_maker(netns_maker)),
         });
         let inner = Arc::new(ClientInner {

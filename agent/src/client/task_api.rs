@@ -50,6 +50,17 @@ impl TaskApi {
         self.router.send_replace(Some(router.layer(axum::middleware::from_fn(require_workload_identity))));
     }
 
+    /// Serves one request in process (the template runner's reads), once the router exists.
+    pub async fn call(&self, req: axum::http::Request<axum::body::Body>) -> Result<Response, String> {
+        use tower::ServiceExt;
+        let router = {
+            let mut rx = self.router.subscribe();
+            let r = rx.wait_for(Option::is_some).await.map_err(|_| "the agent is shutting down".to_string())?;
+            r.clone().ok_or("the agent has no HTTP router")?
+        };
+        router.oneshot(req).await.map_err(|e| match e {})
+    }
+
     /// Binds `secrets/api.sock` beneath `task_dir` (never through a symlink) and serves it until
     /// `stop`.
     pub fn serve(&self, task_dir: &Beneath, stop: CancellationToken) -> Result<(), String> {

@@ -239,6 +239,56 @@ pub struct ClientBlock {
     pub chroot_env: Option<BTreeMap<String, String>>,
     /// Artifact download limits.
     pub artifact: Option<ArtifactBlock>,
+    /// How templates are rendered.
+    pub template: Option<TemplateBlock>,
+}
+
+/// `client { template {} }`, Nomad's keys.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateBlock {
+    /// Functions templates may not call.
+    pub function_denylist: Option<Vec<String>>,
+    /// The old name of `function_denylist`.
+    pub function_blacklist: Option<Vec<String>>,
+    /// Let templates reach outside the task's dirs.
+    pub disable_file_sandbox: Option<bool>,
+    /// Accepted; reads are consistent.
+    pub max_stale: Option<String>,
+    /// How long one blocking query waits.
+    pub block_query_wait: Option<String>,
+    /// The default quiescence of re-renders.
+    pub wait: Option<TemplateWaitBlock>,
+    /// What a template's own `wait` is clamped to.
+    pub wait_bounds: Option<TemplateWaitBlock>,
+    /// Accepted; templates do not read Consul.
+    pub consul_retry: Option<TemplateRetryBlock>,
+    /// Accepted; there is no Vault.
+    pub vault_retry: Option<TemplateRetryBlock>,
+    /// Retries of Nomad reads.
+    pub nomad_retry: Option<TemplateRetryBlock>,
+}
+
+/// `wait {}` / `wait_bounds {}` of `client { template {} }`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateWaitBlock {
+    /// Duration.
+    pub min: Option<String>,
+    /// Duration.
+    pub max: Option<String>,
+}
+
+/// `*_retry {}` of `client { template {} }`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateRetryBlock {
+    /// Attempts (0: unlimited).
+    pub attempts: Option<i64>,
+    /// The first wait.
+    pub backoff: Option<String>,
+    /// The longest wait.
+    pub max_backoff: Option<String>,
 }
 
 /// `client { artifact {} }`, Nomad's keys (sizes and durations as strings).

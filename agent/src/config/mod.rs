@@ -135,6 +135,8 @@ pub struct ClientSettings {
     pub chroot_env: Option<BTreeMap<PathBuf, PathBuf>>,
     /// `artifact {}`: the limits of artifact downloads.
     pub artifact: crate::client::artifact::ArtifactConfig,
+    /// `template {}`: how templates are rendered.
+    pub template: crate::client::template::TemplateConfig,
 }
 
 /// `cni_path`, `cni_config_dir` and the `bridge_network_*` keys.
@@ -232,6 +234,55 @@ fn artifact_config(b: Option<&file::ArtifactBlock>) -> Result<crate::client::art
     Ok(c)
 }
 
+/// `client { template {} }` with Nomad's defaults (`DefaultTemplateConfig`) and checks.
+fn template_config(b: Option<&file::TemplateBlock>) -> Result<crate::client::template::TemplateConfig, ConfigError> {
+    use crate::client::template::Wait;
+    let invalid = |key: &str, message: String| ConfigError::Invalid {
+        path: "agent configuration".into(),
+        key: format!("client.template.{key}"),
+        message,
+    };
+    let mut c = crate::client::template::TemplateConfig::default();
+    let Some(b) = b else { return Ok(c) };
+    let duration = |key: &str, v: &str| -> Result<Duration, ConfigError> {
+        nomad_proto::time::parse_go_duration(v)
+            .ok()
+            .and_then(|ns| u64::try_from(ns).ok())
+            .map(Duration::from_nanos)
+            .ok_or_else(|| invalid(key, format!("{key}: {v:?} is not a valid positive duration")))
+    };
+    let wait = |key: &str, w: &file::TemplateWaitBlock, default: Wait| -> Result<Wait, ConfigError> {
+        let min = w.min.as_deref().map(|v| duration(&format!("{key}.min"), v)).transpose()?.unwrap_or(default.min);
+        let max = w.max.as_deref().map(|v| duration(&format!("{key}.max"), v)).transpose()?.unwrap_or(default.max);
+        if min > max {
+            return Err(invalid(key, format!("{key}: min ({min:?}) is greater than max ({max:?})")));
+        }
+        Ok(Wait { min, max })
+    };
+    if let Some(list) = b.function_denylist.clone().or_else(|| b.function_blacklist.clone()) {
+        c.function_denylist = list;
+    }
+    c.disable_file_sandbox = b.disable_file_sandbox.unwrap_or(false);
+    if let Some(v) = &b.block_query_wait {
+        c.block_query_wait = duration("block_query_wait", v)?;
+    }
+    if let Some(w) = &b.wait {
+        c.wait = wait("wait", w, c.wait)?;
+    }
+    if let Some(w) = &b.wait_bounds {
+        c.wait_bounds = Some(wait("wait_bounds", w, Wait { min: Duration::ZERO, max: Duration::MAX })?);
+    }
+    if let Some(r) = &b.nomad_retry {
+        if let Some(v) = &r.backoff {
+            c.nomad_retry.0 = duration("nomad_retry.backoff", v)?;
+        }
+        if let Some(v) = &r.max_backoff {
+            c.nomad_retry.1 = duration("nomad_retry.max_backoff", v)?;
+        }
+    }
+    Ok(c)
+}
+
 /// What `f` sets that nomad-rs reads but does not act on (see [`AgentConfig::unused`]).
 fn unused_keys(f: &FileConfig) -> Vec<String> {
     let mut unused = Vec::new();
@@ -273,6 +324,16 @@ fn unused_keys(f: &FileConfig) -> Vec<String> {
         "client.gc_interval",
         "the client does not garbage-collect alloc dirs on an interval yet",
     );
+    if let Some(t) = f.client.as_ref().and_then(|c| c.template.as_ref()) {
+        note(t.max_stale.is_some(), "client.template.max_stale", "templates read Nomad data from the servers' consistent state");
+        note(t.consul_retry.is_some(), "client.template.consul_retry", "templates do not read Consul data yet");
+        note(t.vault_retry.is_some(), "client.template.vault_retry", "nomad-rs has no Vault integration");
+        note(
+            t.nomad_retry.as_ref().is_some_and(|r| r.attempts.is_some()),
+            "client.template.nomad_retry.attempts",
+            "Nomad data is fetched again until it arrives, as with Nomad's default of 0 (unlimited)",
+        );
+    }
     if let Some(a) = f.client.as_ref().and_then(|c| c.artifact.as_ref()) {
         for (set, key) in [
             (a.gcs_timeout.is_some(), "gcs_timeout"),
@@ -622,6 +683,7 @@ impl AgentConfig {
                 cni,
                 chroot_env,
                 artifact: artifact_config(cb.artifact.as_ref())?,
+                template: template_config(cb.template.as_ref())?,
             })
         } else {
             None

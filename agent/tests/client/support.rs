@@ -367,6 +367,7 @@ pub fn client_config(root: &Path, servers: Vec<String>) -> ClientConfig {
         cni: nomad_agent::config::CniSettings::default(),
         chroot_env: None,
         artifact: Default::default(),
+        template: Default::default(),
     };
     let mut c = ClientConfig::new(settings, "test-node", "dc1", "global", "127.0.0.1:4646");
     c.dev_mode = true;

@@ -25,6 +25,7 @@ mod python_nomad;
 mod server_restart;
 mod servers;
 mod services;
+mod templates;
 mod tls;
 mod workload_identity;
 

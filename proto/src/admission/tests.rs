@@ -69,8 +69,8 @@ fn a_plain_job_is_admitted() {
 
 #[test]
 fn messages_name_the_path_as_the_issue_shows() {
-    let msg = admitted(sample_job_using(Feature::Template)).unwrap_err();
-    assert_eq!(msg, "group \"cache\" task \"redis\": the \"template\" block is not supported by nomad-rs yet");
+    let msg = admitted(sample_job_using(Feature::Vault)).unwrap_err();
+    assert_eq!(msg, "group \"cache\" task \"redis\": the \"vault\" block is not supported by nomad-rs yet");
     let msg = admitted(sample_job_using(Feature::Periodic)).unwrap_err();
     assert_eq!(msg, "job \"sample\": the \"periodic\" block is not supported by nomad-rs yet; nothing would ever launch it");
     let msg = admitted(sample_job_using(Feature::NetworkMode)).unwrap_err();
@@ -219,7 +219,7 @@ fn connect_jobs_are_judged_after_the_servers_add_their_tasks() {
 
 #[test]
 fn every_use_is_reported_once_with_its_count() {
-    let mut job = sample_job_using(Feature::Template);
+    let mut job = sample_job_using(Feature::Vault);
     job.task_groups[0].tasks[0].artifacts = sample_job_using(Feature::ArtifactSource).task_groups[0].tasks[0].artifacts.clone();
     let mut second = job.task_groups[0].clone();
     second.name = "other".into();
@@ -282,7 +282,7 @@ fn update_defaults_pass_and_only_changed_deadlines_are_refused() {
 
 #[test]
 fn names_in_messages_are_escaped() {
-    let mut job = sample_job_using(Feature::Template);
+    let mut job = sample_job_using(Feature::Vault);
     job.task_groups[0].name = "ca\u{1b}[2Jche".into();
     let msg = admitted(job).unwrap_err();
     assert!(msg.contains("group \"ca\\u{1b}[2Jche\""), "{msg}");
@@ -293,7 +293,7 @@ fn names_in_messages_are_escaped() {
 fn the_markdown_table_lists_every_entry() {
     let md = markdown_table();
     assert_eq!(md.lines().count(), TABLE.len() + 2);
-    assert!(md.contains("| `template {}` | task | refused |"), "{md}");
+    assert!(md.contains("| `vault {}` | group, task | refused |"), "{md}");
     assert!(md.contains("constrained: placed only where it can run, else \"missing compatible host volumes\""), "{md}");
 }
 

@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use crate::job::{CsiPluginConfig, LogConfig, RestartPolicy, Task, TaskArtifact, TaskLifecycle, Template};
+use crate::job::{ChangeScript, CsiPluginConfig, LogConfig, RestartPolicy, Task, TaskArtifact, TaskLifecycle, Template, WaitConfig};
 use crate::resources::{RequestedDevice, Resources};
 use crate::volume::VolumeMount;
 
@@ -168,14 +168,7 @@ pub(crate) fn log_config(r: &Reader<'_>) -> DResult<LogConfig> {
 /// `$${`/`%%{` unescaped, runtime `${...}` left literal, everything else
 /// (Go template actions in any delimiters) byte for byte.
 fn template(r: &Reader<'_>) -> DResult<Template> {
-    let mut t = Template {
-        change_mode: "restart".to_string(),
-        perms: "0644".to_string(),
-        splay: 5 * NS_PER_SEC,
-        left_delim: "{{".to_string(),
-        right_delim: "}}".to_string(),
-        ..Template::default()
-    };
+    let mut t = Template::default();
     r.set_string("source", &mut t.source_path)?;
     r.set_string("destination", &mut t.dest_path)?;
     r.set_string("data", &mut t.embedded_tmpl)?;
@@ -184,22 +177,26 @@ fn template(r: &Reader<'_>) -> DResult<Template> {
     r.set_duration("splay", &mut t.splay)?;
     r.set_string("perms", &mut t.perms)?;
     r.set_bool("env", &mut t.envvars)?;
-    // Accepted for compatibility; our template type has no field for them and
-    // ignoring them does not change what is rendered.
-    let _uid = r.int("uid")?;
-    let _gid = r.int("gid")?;
-    let _vault_grace = r.duration("vault_grace")?;
-    let _error_on_missing_key = r.bool("error_on_missing_key")?;
+    t.uid = r.int("uid")?;
+    t.gid = r.int("gid")?;
+    r.set_duration("vault_grace", &mut t.vault_grace)?;
+    r.set_bool("error_on_missing_key", &mut t.err_missing_key)?;
     if let Some(w) = r.block("wait")? {
         let wr = r.child(&w)?;
-        let _ = (wr.duration("min")?, wr.duration("max")?);
+        t.wait = Some(WaitConfig { min: wr.duration("min")?, max: wr.duration("max")? });
         wr.finish()?;
     }
     r.set_string("left_delimiter", &mut t.left_delim)?;
     r.set_string("right_delimiter", &mut t.right_delim)?;
-    // Ignoring it would change how changes are handled, so it is refused rather than dropped.
     if let Some(b) = r.block("change_script")? {
-        return Err(Diag::new(ErrorKind::InvalidValue, b.offset, format!("change_script in {} is not supported by nomad-rs", r.context())));
+        let cr = r.child(&b)?;
+        let mut script = ChangeScript::default();
+        cr.set_string("command", &mut script.command)?;
+        cr.set_strings("args", &mut script.args)?;
+        cr.set_duration("timeout", &mut script.timeout)?;
+        cr.set_bool("fail_on_error", &mut script.fail_on_error)?;
+        cr.finish()?;
+        t.change_script = Some(script);
     }
     r.finish()?;
     Ok(t)

@@ -41,7 +41,9 @@ impl Endpoints {
         let now = nomad_proto::Timestamp::now().unix_nanos() / 1_000_000_000;
         let mut out = SignIdentitiesResponse::default();
         for task in &req.tasks {
-            if group.lookup_task(task).is_none_or(|t| t.identity.is_none()) {
+            // An `identity` block asks for it; templates read Nomad data with it (Nomad signs
+            // one for every task; we sign only for tasks that use it).
+            if group.lookup_task(task).is_none_or(|t| t.identity.is_none() && t.templates.is_empty()) {
                 return Ok(refused(format!("task {task:?} asks for no workload identity"), false));
             }
             let claims = serde_json::json!({

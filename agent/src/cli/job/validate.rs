@@ -111,14 +111,14 @@ mod tests {
     }
 
     #[test]
-    fn a_template_in_a_job_file_is_refused_with_its_path() {
+    fn a_refused_block_in_a_job_file_is_named_with_its_path() {
         let (_d, args) = file(
-            "job \"x\" {\n  group \"cache\" {\n    task \"redis\" {\n      driver = \"raw_exec\"\n      config {\n        command = \"/bin/true\"\n      }\n      template {\n        data        = \"x\"\n        destination = \"local/x\"\n      }\n    }\n  }\n}\n",
+            "job \"x\" {\n  group \"cache\" {\n    task \"redis\" {\n      driver = \"raw_exec\"\n      config {\n        command = \"/bin/true\"\n      }\n      vault {\n        policies = [\"x\"]\n      }\n    }\n  }\n}\n",
         );
         let e = check(&args).unwrap_err();
         assert_eq!(
             e.message,
-            "Job validation errors:\ngroup \"cache\" task \"redis\": the \"template\" block is not supported by nomad-rs yet"
+            "Job validation errors:\ngroup \"cache\" task \"redis\": the \"vault\" block is not supported by nomad-rs yet"
         );
     }
 

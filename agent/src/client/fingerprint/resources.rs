@@ -90,6 +90,7 @@ mod tests {
             cni: crate::config::CniSettings::default(),
             chroot_env: None,
             artifact: Default::default(),
+            template: Default::default(),
         }
     }
 

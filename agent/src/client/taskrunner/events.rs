@@ -17,6 +17,10 @@ pub const FAILED_VALIDATION: &str = "Failed Validation";
 pub const MAIN_DEAD: &str = "Main Tasks Dead";
 /// A user sent the task a signal.
 pub const SIGNALING: &str = "Signaling";
+/// What templates report (`structs.TaskTemplate`).
+pub const TEMPLATE: &str = "Template";
+/// A hook's message (`structs.TaskHookMessage`).
+pub const HOOK_MESSAGE: &str = "Task hook message";
 /// A task hook failed (`structs.TaskHookFailed`).
 pub const HOOK_FAILED: &str = "Task hook failed";
 
@@ -148,6 +152,31 @@ pub fn artifact_download_failed(err: &str) -> TaskEvent {
     let mut e = with(event(task_event::ARTIFACT_DOWNLOAD_FAILED, err), &[("download_error", err.to_string())]);
     e.download_error = err.to_string();
     e
+}
+
+/// A template event: `Missing: …` while the first render waits for data (Nomad's
+/// `TaskTemplate` type, `Template`).
+pub fn template(message: &str) -> TaskEvent {
+    event(TEMPLATE, message)
+}
+
+/// A re-rendered template signals the task (`change_mode = "signal"`).
+pub fn template_signaling(signal: &str) -> TaskEvent {
+    let mut e = with(event(SIGNALING, "Template re-rendered"), &[("signal", signal.to_string())]);
+    e.display_message = "Template re-rendered".into();
+    e
+}
+
+/// A template failed after the task started: it is killed and fails.
+pub fn template_failed(err: &str) -> TaskEvent {
+    let mut e = event(task_event::KILLING, format!("Template failed: {err}"));
+    e.fails_task = true;
+    e
+}
+
+/// A hook reports something (Nomad's `TaskHookMessage`).
+pub fn hook_message(message: &str) -> TaskEvent {
+    event(HOOK_MESSAGE, message)
 }
 
 /// The client reconnected to the servers and kept the task.

@@ -48,6 +48,7 @@ use super::allocrunner::lifecycle::{Gates, Stage};
 use super::context::ClientContext;
 use super::driver::{Driver, DriverError, ExitResult, LogConfig, Recovered, TaskConfig, TaskHandle, TaskResources, parse_signal};
 use super::state::{Durability, LocalTaskState};
+use crate::client::template::TemplateControl;
 use crate::fs_beneath::{Beneath, Links};
 
 /// Nomad's default kill signal for process drivers (a driver may have its own).
@@ -179,6 +180,17 @@ impl TaskRunner {
                     let control: std::sync::Weak<dyn TaskControl> = me.clone();
                     let node_ctx = ctx.clone();
                     hooks::ArtifactHook::new(ctx.artifacts.clone(), control, Arc::new(move || node_ctx.node()), ctx.region.clone())
+                }),
+                (!task.templates.is_empty()).then(|| {
+                    let control: std::sync::Weak<dyn TemplateControl> = me.clone();
+                    let deps = hooks::template::TemplateDeps {
+                        signer: ctx.identities.clone(),
+                        backoff: ctx.si_backoff,
+                        api: ctx.task_api.clone(),
+                        config: ctx.template.clone(),
+                        host_env: Arc::new(ctx.host_env.clone()),
+                    };
+                    hooks::TemplateHook::new(deps, control, &alloc.id, &task.name, ctx.alloc_dir(&alloc.id))
                 }),
             ),
             csi_mounts,
@@ -657,6 +669,10 @@ impl TaskRunner {
         if let Some(image) = resolved {
             config.driver_config.insert("image".into(), serde_json::Value::String(image));
         }
+        // The variables of its `env = true` templates, over the task's own (as Nomad's).
+        for (k, v) in hooks::template::env_of(lock(&self.local).hooks.get(hooks::template::NAME)) {
+            config.env.insert(k.to_string(), v.to_string());
+        }
         // The workload identity the `identity` hook holds, for a task that asked for it in its env.
         if hooks::identity::IdentityRequest::of(&task).is_some_and(|w| w.env)
             && let Some(token) = hooks::identity::token_of(lock(&self.local).hooks.get(hooks::identity::NAME))
@@ -864,6 +880,36 @@ impl TaskControl for TaskRunner {
     fn kill_failed(&self, event: TaskEvent) {
         self.update(Durability::Durable, |l| l.state.failed = true);
         self.kill(Some(event));
+    }
+}
+
+impl TemplateControl for TaskRunner {
+    fn emit_event(&self, event: TaskEvent) {
+        self.append_event(event);
+    }
+
+    fn kill_failed(&self, event: TaskEvent) {
+        TaskControl::kill_failed(self, event);
+    }
+
+    fn restart(&self, event: TaskEvent) {
+        // Not running (between runs): the next start renders from the same files anyway.
+        let _ = TaskRunner::restart(self, event);
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) -> futures::future::BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            let (driver, handle) = self.running_driver().ok_or("the task is not running")?;
+            driver.signal(&handle, signal).await.map_err(|e| e.to_string())
+        })
+    }
+
+    fn exec(&self, command: String, args: Vec<String>, timeout: Duration) -> futures::future::BoxFuture<'_, Result<i32, String>> {
+        Box::pin(async move {
+            let (driver, handle) = self.running_driver().ok_or("the task is not running")?;
+            let out = driver.exec_task(&handle, &command, &args, timeout).await.map_err(|e| e.to_string())?;
+            Ok(out.exit_code)
+        })
     }
 }
 

@@ -52,6 +52,32 @@ pub fn token_of(state: Option<&HookState>) -> Option<&str> {
     state.and_then(|s| s.data.get(TOKEN_KEY)).map(String::as_str).filter(|t| !t.is_empty())
 }
 
+/// Asks the servers for the workload identity of `task`, retrying an unreachable server with
+/// `backoff` (a refusal is final).
+pub async fn sign_identity(signer: &dyn SiTokenDeriver, backoff: Backoff, alloc_id: &str, task: &str) -> Result<String, HookError> {
+    let attempts = async {
+        let mut attempt = 0u32;
+        loop {
+            tokio::time::sleep(backoff.before(attempt)).await;
+            match signer.derive(alloc_id.to_string(), vec![task.to_string()]).await {
+                Ok(mut ids) => {
+                    return ids.remove(task).ok_or_else(|| "response does not include an identity for the task".to_string());
+                }
+                Err(DeriveError::Refused(e)) => return Err(e),
+                Err(DeriveError::Unreachable(e)) => {
+                    tracing::warn!(alloc_id, task, attempt, error = %e, "failed attempt to get a workload identity");
+                }
+            }
+            attempt = attempt.saturating_add(1);
+        }
+    };
+    match tokio::time::timeout(backoff.timeout, attempts).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("no server answered within {:?}", backoff.timeout)),
+    }
+    .map_err(|e| HookError::recoverable(format!("failed to get a workload identity: {e}")))
+}
+
 /// See the module docs.
 pub struct IdentityHook {
     signer: Arc<dyn SiTokenDeriver>,
@@ -105,27 +131,7 @@ impl IdentityHook {
     }
 
     async fn sign(&self) -> Result<String, HookError> {
-        let attempts = async {
-            let mut attempt = 0u32;
-            loop {
-                tokio::time::sleep(self.backoff.before(attempt)).await;
-                match self.signer.derive(self.alloc_id.clone(), vec![self.task.clone()]).await {
-                    Ok(mut ids) => {
-                        return ids.remove(&self.task).ok_or_else(|| "response does not include an identity for the task".to_string());
-                    }
-                    Err(DeriveError::Refused(e)) => return Err(e),
-                    Err(DeriveError::Unreachable(e)) => {
-                        tracing::warn!(alloc_id = %self.alloc_id, task = %self.task, attempt, error = %e, "failed attempt to get a workload identity");
-                    }
-                }
-                attempt = attempt.saturating_add(1);
-            }
-        };
-        match tokio::time::timeout(self.backoff.timeout, attempts).await {
-            Ok(r) => r,
-            Err(_) => Err(format!("no server answered within {:?}", self.backoff.timeout)),
-        }
-        .map_err(|e| HookError::recoverable(format!("failed to get a workload identity: {e}")))
+        sign_identity(self.signer.as_ref(), self.backoff, &self.alloc_id, &self.task).await
     }
 
     fn write_file(&self, token: &str) -> Result<(), String> {

@@ -23,6 +23,7 @@ pub mod envoy_bootstrap;
 pub mod envoy_version;
 pub mod identity;
 mod task_dir;
+pub mod template;
 mod validate;
 mod volumes;
 
@@ -39,6 +40,7 @@ pub use envoy_bootstrap::{EnvoyBootstrapDeps, EnvoyBootstrapHook};
 pub use envoy_version::EnvoyVersionHook;
 pub use identity::IdentityHook;
 pub use task_dir::{TaskDirHook, mount_secrets_tmpfs};
+pub use template::TemplateHook;
 pub use validate::ValidateHook;
 pub use volumes::{VolumesHook, volume_mounts};
 
@@ -180,12 +182,15 @@ pub trait StopHook {
 ///    token. In Nomad it also comes before the Envoy bootstrap, which reads the token.
 ///    Then `identity` (a task with an `identity` block), for the same reasons: it asks the
 ///    servers for the task's workload identity and writes `secrets/nomad_token`.
+///    Then `template` (a task with templates), Nomad's place: after the artifacts (a template's
+///    `source` may be one) and before the services; it blocks until the first render.
 /// 8. `envoy_version` then `envoy_bootstrap` (given for a Connect sidecar or gateway task), as in
 ///    Nomad: after `consul_si_token`, because the bootstrap carries the SI token it wrote, and
 ///    after `task_dir` (the bootstrap goes in `secrets/`); last of the local work since both
 ///    may wait on Consul (the bootstrap until the services sync registered the proxy).
 /// 9. `csi_plugin_supervisor` (given for a task with `csi_plugin`) last: its poststart probes
 ///    the started plugin, and nothing after it depends on it.
+#[allow(clippy::too_many_arguments)] // one optional hook each; a struct would only rename them
 pub fn init_hooks(
     task: &Task,
     csi_supervisor: Option<CsiPluginSupervisorHook>,
@@ -194,6 +199,7 @@ pub fn init_hooks(
     identity: Option<IdentityHook>,
     envoy: Option<EnvoyHooks>,
     artifacts: Option<ArtifactHook>,
+    template: Option<TemplateHook>,
 ) -> Vec<Box<dyn TaskHook>> {
     let mut hooks: Vec<Box<dyn TaskHook>> = vec![Box::new(ValidateHook), Box::new(TaskDirHook), Box::new(DnsHook::new())];
     if task.dispatch_payload.is_some() {
@@ -209,6 +215,9 @@ pub fn init_hooks(
         hooks.push(Box::new(h));
     }
     if let Some(h) = identity {
+        hooks.push(Box::new(h));
+    }
+    if let Some(h) = template.filter(|_| !task.templates.is_empty()) {
         hooks.push(Box::new(h));
     }
     if let Some(h) = envoy {
@@ -407,7 +416,8 @@ mod tests {
 
     #[test]
     fn the_hook_list_is_fixed_plus_conditional_hooks() {
-        let names = |t: &Task| init_hooks(t, None, Default::default(), None, None, None, None).iter().map(|h| h.name()).collect::<Vec<_>>();
+        let names =
+            |t: &Task| init_hooks(t, None, Default::default(), None, None, None, None, None).iter().map(|h| h.name()).collect::<Vec<_>>();
         assert_eq!(names(&Task::default()), ["validate", "task_dir", "dns"]);
         let t = Task { dispatch_payload: Some(serde_json::json!({"File": "in.txt"})), ..Task::default() };
         assert_eq!(names(&t), ["validate", "task_dir", "dns", "dispatch_payload"]);
@@ -426,11 +436,12 @@ mod tests {
         let control: std::sync::Weak<dyn csi_plugin_supervisor::TaskControl> = std::sync::Weak::<Noop>::new();
         let artifacts =
             ArtifactHook::new(getter, control, std::sync::Arc::new(|| std::sync::Arc::new(nomad_proto::Node::default())), "global".into());
-        let names: Vec<_> = init_hooks(&t, None, Default::default(), None, None, None, Some(artifacts)).iter().map(|h| h.name()).collect();
+        let names: Vec<_> =
+            init_hooks(&t, None, Default::default(), None, None, None, Some(artifacts), None).iter().map(|h| h.name()).collect();
         assert_eq!(names, ["validate", "task_dir", "dns", "volumes", "artifacts"], "after volumes, as Nomad");
         let sidecar = Task { kind: "connect-proxy:web".into(), ..Task::default() };
         let names: Vec<_> =
-            init_hooks(&sidecar, None, Default::default(), None, None, Some(envoy), None).iter().map(|h| h.name()).collect();
+            init_hooks(&sidecar, None, Default::default(), None, None, Some(envoy), None, None).iter().map(|h| h.name()).collect();
         assert_eq!(names, ["validate", "task_dir", "dns", "envoy_version", "envoy_bootstrap"]);
     }
 }
