@@ -76,6 +76,8 @@ pub struct ClientContext {
     pub consul_config: Option<crate::config::consul::ConsulSettings>,
     /// The agent's Consul client (Envoy versions and proxy registrations), with `consul_config`.
     pub consul_api: Option<Arc<dyn crate::consul::ConsulApi>>,
+    /// The same client's blocking reads (templates' Consul functions), with `consul_config`.
+    pub consul_query: Option<Arc<dyn crate::consul::ConsulQuery>>,
     /// How long an Envoy bootstrap waits for its proxy's registration (Nomad's, except in tests).
     pub envoy_retry: crate::client::taskrunner::hooks::envoy_bootstrap::Retry,
     /// The results of Nomad service checks (`client/checks/`).

@@ -222,7 +222,8 @@ impl Client {
         let identity = register::load_or_create_identity(&state)?;
         let driver_infos = drivers.fingerprint_all().await;
         let mut node = register::node(&config, &identity, &driver_infos);
-        let consul: Option<Arc<dyn ConsulApi>> = config.consul.as_ref().map(|c| Arc::new(ConsulClient::new(c)) as Arc<dyn ConsulApi>);
+        let consul_client = config.consul.as_ref().map(|c| Arc::new(ConsulClient::new(c)));
+        let consul: Option<Arc<dyn ConsulApi>> = consul_client.clone().map(|c| c as Arc<dyn ConsulApi>);
         // The first Consul fingerprint is part of the first registration, as in Nomad.
         let consul_seen = match &consul {
             Some(api) => {
@@ -272,6 +273,7 @@ impl Client {
             si_backoff: Default::default(),
             consul_config: config.consul.clone(),
             consul_api: consul.clone(),
+            consul_query: consul_client.map(|c| c as Arc<dyn crate::consul::ConsulQuery>),
             envoy_retry: Default::default(),
             nomad_checks,
             nomad_check_watcher: nomad_check_watcher.clone(),

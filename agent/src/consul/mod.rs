@@ -327,6 +327,15 @@ pub trait ConsulApi: Send + Sync {
     fn check_update<'a>(&'a self, id: &'a str, status: CheckStatus, output: &'a str) -> BoxFuture<'a, Result<(), ConsulError>>;
 }
 
+/// Blocking reads of Consul's KV store and catalog: what templates watch (`key`, `ls`,
+/// `service`, ...). Apart from [`ConsulApi`] so the service sync's fakes need not grow.
+pub trait ConsulQuery: Send + Sync {
+    /// `GET path` (a path with its query, e.g. `/v1/kv/app?recurse`) as a blocking query from
+    /// `index` (0: at once), held by Consul for at most `wait`: the JSON answer (`None` for
+    /// Consul's 404) and its `X-Consul-Index`.
+    fn query<'a>(&'a self, path: &'a str, index: u64, wait: Duration) -> BoxFuture<'a, Result<(Option<Value>, u64), ConsulError>>;
+}
+
 /// [`ConsulApi`] over HTTP.
 #[derive(Clone)]
 pub struct ConsulClient {
@@ -402,7 +411,29 @@ impl ConsulClient {
     pub(crate) async fn call_in(&self, method: Method, path: &str, namespace: &str, body: Option<Vec<u8>>) -> Result<Bytes, ConsulError> {
         let url = self.url_in(path, namespace);
         let gm = go_method(&method);
-        let mut req = Request::builder().method(method).uri(&url);
+        let (status, _, bytes) = self.exchange(method, &url, body, self.timeout).await?;
+        if !status.is_success() {
+            return Err(ConsulError::Status {
+                method: gm,
+                url,
+                code: status.as_u16(),
+                body: String::from_utf8_lossy(&bytes).trim().to_string(),
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// One request to `url`, bounded by `timeout` from connect to the last body byte: the
+    /// status, headers and body whatever the status.
+    async fn exchange(
+        &self,
+        method: Method,
+        url: &str,
+        body: Option<Vec<u8>>,
+        timeout: Duration,
+    ) -> Result<(http::StatusCode, http::HeaderMap, Bytes), ConsulError> {
+        let gm = go_method(&method);
+        let mut req = Request::builder().method(method).uri(url);
         if !self.token.is_empty() {
             req = req.header("X-Consul-Token", &self.token);
         }
@@ -414,29 +445,21 @@ impl ConsulClient {
         }
         let req = req.body(Full::new(Bytes::from(body.unwrap_or_default()))).map_err(|e| ConsulError::Transport {
             method: gm,
-            url: url.clone(),
+            url: url.to_string(),
             error: e.to_string(),
         })?;
         let exchange = async {
-            let resp = self.http.request(req).await.map_err(|e| classify(gm, &url, &e))?;
+            let resp = self.http.request(req).await.map_err(|e| classify(gm, url, &e))?;
             let (parts, body) = resp.into_parts();
             let bytes = Limited::new(body, MAX_RESPONSE_BYTES)
                 .collect()
                 .await
-                .map_err(|e| ConsulError::Transport { method: gm, url: url.clone(), error: format!("reading the answer: {e}") })?
+                .map_err(|e| ConsulError::Transport { method: gm, url: url.to_string(), error: format!("reading the answer: {e}") })?
                 .to_bytes();
-            if !parts.status.is_success() {
-                return Err(ConsulError::Status {
-                    method: gm,
-                    url: url.clone(),
-                    code: parts.status.as_u16(),
-                    body: String::from_utf8_lossy(&bytes).trim().to_string(),
-                });
-            }
-            Ok(bytes)
+            Ok((parts.status, parts.headers, bytes))
         };
-        match tokio::time::timeout(self.timeout, exchange).await {
-            Err(_) => Err(ConsulError::Timeout { method: gm, url, after: self.timeout }),
+        match tokio::time::timeout(timeout, exchange).await {
+            Err(_) => Err(ConsulError::Timeout { method: gm, url: url.to_string(), after: timeout }),
             Ok(r) => r,
         }
     }
@@ -544,8 +567,35 @@ impl ConsulApi for ConsulClient {
     }
 }
 
+impl ConsulQuery for ConsulClient {
+    fn query<'a>(&'a self, path: &'a str, index: u64, wait: Duration) -> BoxFuture<'a, Result<(Option<Value>, u64), ConsulError>> {
+        Box::pin(async move {
+            let sep = if path.contains('?') { '&' } else { '?' };
+            let url = self.url(&format!("{path}{sep}index={index}&wait={}ms", wait.as_millis()));
+            // Consul holds a blocking query for up to `wait` plus a sixteenth of jitter.
+            let (status, headers, bytes) = self.exchange(Method::GET, &url, None, self.timeout + wait + wait / 16).await?;
+            let index = headers.get("x-consul-index").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(0);
+            if status == http::StatusCode::NOT_FOUND {
+                return Ok((None, index));
+            }
+            if !status.is_success() {
+                return Err(ConsulError::Status {
+                    method: "Get",
+                    url,
+                    code: status.as_u16(),
+                    body: String::from_utf8_lossy(&bytes).trim().to_string(),
+                });
+            }
+            let value = serde_json::from_slice(&bytes).map_err(|e| ConsulError::Decode { method: "Get", url, error: e.to_string() })?;
+            Ok((Some(value), index))
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use nomad_e2e::consul::{ConsulOptions, ConsulStandIn};
 
     use super::*;
@@ -577,6 +627,26 @@ mod tests {
             ],
             ..Default::default()
         }
+    }
+
+    /// A template's read: a 404 is an answer (the key is not there), and a blocking query from
+    /// the index seen returns when the key is written, with the new index.
+    #[tokio::test]
+    async fn a_blocking_kv_query_returns_when_the_key_changes() {
+        let standin = ConsulStandIn::start(ConsulOptions::default()).unwrap();
+        let c = Arc::new(ConsulClient::new(&settings(&standin.addr().to_string(), "")));
+        let (absent, index) = c.query("/v1/kv/app/x", 0, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(absent, None);
+        let waiter = tokio::spawn({
+            let c = c.clone();
+            async move { c.query("/v1/kv/app/x", index, Duration::from_secs(30)).await }
+        });
+        c.call(Method::PUT, "/v1/kv/app/x", Some(b"v1".to_vec())).await.unwrap();
+        let (answer, new_index) = tokio::time::timeout(Duration::from_secs(10), waiter).await.unwrap().unwrap().unwrap();
+        assert!(new_index > index, "{new_index} > {index}");
+        assert_eq!(answer.unwrap()[0]["Value"], crate::client::base64::encode(b"v1"));
+        let asked = standin.calls_to("GET", "/v1/kv/app/x");
+        assert_eq!(asked[1].query, format!("index={index}&wait=30000ms"));
     }
 
     #[tokio::test]

@@ -251,7 +251,7 @@ async fn route(shared: &Arc<Shared>, method: &str, path: &str, q: &BTreeMap<Stri
             _ => not_allowed(),
         },
         ["v1", "catalog", "services"] => match method {
-            "GET" => catalog_services(shared, who),
+            "GET" => blocking(shared, q, |st| (catalog_services(st, who), st.index)).await,
             _ => not_allowed(),
         },
         ["v1", "catalog", "service", name] => match method {
@@ -259,7 +259,10 @@ async fn route(shared: &Arc<Shared>, method: &str, path: &str, q: &BTreeMap<Stri
             _ => not_allowed(),
         },
         ["v1", "health", "service", name] => match method {
-            "GET" => health_service(shared, &path_decode(name), q, who),
+            "GET" => {
+                let name = path_decode(name);
+                blocking(shared, q, |st| (health_service(st, &name, q, who), st.index)).await
+            }
             _ => not_allowed(),
         },
         ["v1", "acl", "token"] => match method {
@@ -907,8 +910,7 @@ fn check_update(shared: &Shared, op: &str, id: &str, q: &BTreeMap<String, String
     text(StatusCode::OK, "")
 }
 
-fn catalog_services(shared: &Shared, who: &Who) -> Resp {
-    let st = shared.lock();
+fn catalog_services(st: &State, who: &Who) -> Resp {
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     if who.read() {
         out.insert("consul".into(), BTreeSet::new());
@@ -950,19 +952,21 @@ fn catalog_service(shared: &Shared, name: &str, who: &Who) -> Resp {
     json_resp(&Value::Array(out), Some(st.index))
 }
 
-/// `api/health.go` `ServiceEntry` (`?passing` keeps only entries whose checks all pass).
-fn health_service(shared: &Shared, name: &str, q: &BTreeMap<String, String>, who: &Who) -> Resp {
-    let st = shared.lock();
+/// `api/health.go` `ServiceEntry` (`?passing` keeps only entries whose checks all pass, `?tag`
+/// those with the tag).
+fn health_service(st: &State, name: &str, q: &BTreeMap<String, String>, who: &Who) -> Resp {
     let passing_only = q.get("passing").is_some_and(|v| v.is_empty() || v == "true" || v == "1");
     let serf = json!({"Node": st.opts.node_name, "CheckID": "serfHealth", "Name": "Serf Health Status", "Status": "passing", "Notes": "",
                       "Output": "Agent alive and reachable", "ServiceID": "", "ServiceName": "", "ServiceTags": [], "Type": "", "Definition": {}});
-    let out: Vec<Value> = instances(&st, name, who)
+    let tag = q.get("tag").filter(|t| !t.is_empty());
+    let out: Vec<Value> = instances(st, name, who)
         .into_iter()
+        .filter(|s| tag.is_none_or(|t| s["Tags"].as_array().is_some_and(|tags| tags.iter().any(|x| x == t.as_str()))))
         .map(|s| {
             let sid = s["ID"].as_str().unwrap_or_default();
             let mut checks = vec![serf.clone()];
-            checks.extend(st.checks.values().filter(|c| c.service_id == sid).map(|c| agent_check(&st, c)));
-            json!({"Node": node_json(&st), "Service": agent_service(&st, s), "Checks": checks})
+            checks.extend(st.checks.values().filter(|c| c.service_id == sid).map(|c| agent_check(st, c)));
+            json!({"Node": node_json(st), "Service": agent_service(st, s), "Checks": checks})
         })
         .filter(|e| !passing_only || e["Checks"].as_array().into_iter().flatten().all(|c| c["Status"] == "passing"))
         .collect();
@@ -1199,6 +1203,12 @@ async fn kv(shared: &Arc<Shared>, method: &str, key: &str, q: &BTreeMap<String, 
 }
 
 async fn kv_get(shared: &Arc<Shared>, key: &str, q: &BTreeMap<String, String>) -> Resp {
+    blocking(shared, q, |st| kv_read(st, key, q)).await
+}
+
+/// A read as Consul's blocking queries make it (`?index=&wait=`): answered once `read`'s index
+/// passes `index`, or when the wait ends.
+async fn blocking(shared: &Arc<Shared>, q: &BTreeMap<String, String>, read: impl Fn(&State) -> (Resp, u64)) -> Resp {
     let min_index = match q.get("index").map(|i| i.parse::<u64>()) {
         None => None,
         Some(Ok(i)) => Some(i),
@@ -1213,7 +1223,7 @@ async fn kv_get(shared: &Arc<Shared>, key: &str, q: &BTreeMap<String, String>) -
     let mut rx = shared.index_tx.subscribe();
     loop {
         rx.borrow_and_update();
-        let (resp, index) = kv_read(&shared.lock(), key, q);
+        let (resp, index) = read(&shared.lock());
         let ready = min_index.is_none_or(|m| m == 0 || index > m);
         if ready || tokio::time::timeout_at(deadline, rx.changed()).await.is_err() {
             let mut resp = resp;

@@ -132,3 +132,50 @@ fn templates_render_variables_and_services_and_react_to_changes() {
     assert_eq!(first_alloc(&mgmt, "tpl2").unwrap().1, "pending", "blocked before the first render");
     assert_eq!(cat(&alloc2, "local/other"), None, "nothing rendered from a variable the task may not read");
 }
+
+/// Consul data through the agent's `consul {}` (the stand-in here): `key` and `ls` from the KV
+/// store and `service` from the health API render, and a KV write or a new instance re-renders
+/// by the blocking queries the template holds open.
+#[test]
+fn templates_render_consul_keys_and_services_and_follow_them() {
+    let consul = nomad_e2e::consul::ConsulStandIn::start(nomad_e2e::consul::ConsulOptions::default()).unwrap();
+    let c = nomad_e2e::HttpClient::new(&consul.addr().to_string());
+    let kv = |key: &str, value: &str| assert_eq!(c.request("PUT", &format!("/v1/kv/{key}"), Some(value.as_bytes())).unwrap().status, 200);
+    let register = |id: &str, port: u16| {
+        let body = json!({"ID": id, "Name": "db", "Address": "10.1.0.7", "Port": port}).to_string();
+        assert_eq!(c.request("PUT", "/v1/agent/service/register", Some(body.as_bytes())).unwrap().status, 200);
+    };
+    kv("app/greeting", "hello");
+    kv("app/cfg/a", "1");
+    kv("app/cfg/b", "2");
+    register("db-1", 5432);
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!("consul {{\n  address = \"{}\"\n}}\n", consul.addr());
+    let opts = nomad_e2e::AgentOptions { args: vec!["-dev".into()], config: Some(config), ..Default::default() };
+    let agent = nomad_e2e::Agent::start("dev", &dir.path().join("agent"), opts).expect("start dev agent");
+    agent.wait_for_leader(SETTLE).unwrap();
+    let http = agent.http();
+    let data = "greeting={{ key \"app/greeting\" }}\n{{ range ls \"app/cfg\" }}{{ .Key }}={{ .Value }}\n{{ end }}\
+                {{ range service \"db\" }}db={{ .Address }}:{{ .Port }}\n{{ end }}";
+    let mut spec = job("ctpl", "exec sleep 300", json!([template(data, "local/app.conf", json!({"ChangeMode": "noop"}))]));
+    spec["Job"]["TaskGroups"][0]["Services"] = json!([]);
+    wait_for("the job to be accepted", SETTLE, || http.put_json("/v1/jobs", &spec).ok()).unwrap();
+    let alloc = wait_for("the alloc to run", SETTLE, || first_alloc(&http, "ctpl").filter(|(_, s)| s == "running").map(|(id, _)| id))
+        .unwrap_or_else(|e| panic!("{e}\n{}", agent.logs()));
+    let cat = || {
+        let r = http.request("GET", &format!("/v1/client/fs/cat/{alloc}?path=t/local/app.conf"), None).ok()?;
+        (r.status == 200).then(|| r.text())
+    };
+    let read = |want: &str| {
+        wait_for(&format!("app.conf to read {want:?}"), SETTLE, || cat().filter(|t| t == want).map(|_| ()))
+            .unwrap_or_else(|e| panic!("{e}: {:?}\n{:?}\n{}", cat(), events(&http, &alloc), agent.logs()));
+    };
+    read("greeting=hello\na=1\nb=2\ndb=10.1.0.7:5432\n");
+    kv("app/greeting", "bye");
+    read("greeting=bye\na=1\nb=2\ndb=10.1.0.7:5432\n");
+    register("db-2", 5433);
+    read("greeting=bye\na=1\nb=2\ndb=10.1.0.7:5432\ndb=10.1.0.7:5433\n");
+    let asked: Vec<String> = consul.calls_to("GET", "/v1/health/service/db").iter().map(|c| c.query.clone()).collect();
+    assert!(asked.iter().any(|q| q.contains("passing=true") && q.contains("index=")), "blocking queries for passing instances: {asked:?}");
+}

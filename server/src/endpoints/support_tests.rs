@@ -154,10 +154,10 @@ async fn the_http_api_answers_400_with_the_message_for_every_refused_entry() {
     assert_eq!(status, StatusCode::OK, "{text}");
 }
 
-/// What a Nomad user sends: a service with no provider (Nomad's default, Consul) and a
-/// template, in Nomad's JSON: the service is admitted, the template is what is refused.
+/// What a Nomad user sends: a service with no provider (Nomad's default, Consul), a template
+/// and a vault block, in Nomad's JSON: the service and template are admitted, vault is refused.
 #[tokio::test]
-async fn a_nomad_json_job_with_a_default_provider_service_and_a_template_is_refused_for_the_template() {
+async fn a_nomad_json_job_with_a_default_provider_service_and_vault_is_refused_for_vault() {
     let ts = server();
     let body = json!({ "Job": {
         "ID": "cache", "Datacenters": ["dc1"],
@@ -165,20 +165,21 @@ async fn a_nomad_json_job_with_a_default_provider_service_and_a_template_is_refu
             "Services": [{ "Name": "redis-cache", "PortLabel": "db" }],
             "Networks": [{ "DynamicPorts": [{ "Label": "db" }] }],
             "Tasks": [{ "Name": "redis", "Driver": "raw_exec", "Config": { "command": "/bin/sleep" },
-                "Templates": [{ "EmbeddedTmpl": "x", "DestPath": "local/x" }] }] }] } });
+                "Templates": [{ "EmbeddedTmpl": "x", "DestPath": "local/x" }],
+                "Vault": { "Policies": ["read"] } }] }] } });
     let (status, text) = put(&ts, "/v1/jobs", body).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
-    assert_eq!(text.trim(), "group \"cache\" task \"redis\": the \"template\" block is not supported by nomad-rs yet", "{text}");
+    assert_eq!(text.trim(), "group \"cache\" task \"redis\": the \"vault\" block is not supported by nomad-rs yet", "{text}");
 }
 
 /// Nomad's `/v1/validate/job`: 200 with the problems listed, the same messages as a refusal.
 #[tokio::test]
 async fn validate_job_lists_what_register_would_refuse() {
     let ts = server();
-    let (status, text) = put(&ts, "/v1/validate/job", json!({ "Job": sample_job_using(Feature::Template) })).await;
+    let (status, text) = put(&ts, "/v1/validate/job", json!({ "Job": sample_job_using(Feature::Vault) })).await;
     assert_eq!(status, StatusCode::OK, "{text}");
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let want = "group \"cache\" task \"redis\": the \"template\" block is not supported by nomad-rs yet";
+    let want = "group \"cache\" task \"redis\": the \"vault\" block is not supported by nomad-rs yet";
     assert_eq!(v["ValidationErrors"], json!([want]));
     assert_eq!(v["Error"], format!("1 error occurred:\n\t* {want}\n\n"));
     assert_eq!((v["DriverConfigValidated"].as_bool(), v["Warnings"].as_str()), (Some(true), Some("")));

@@ -189,6 +189,7 @@ impl TaskRunner {
                         api: ctx.task_api.clone(),
                         config: ctx.template.clone(),
                         host_env: Arc::new(ctx.host_env.clone()),
+                        consul: ctx.consul_query.clone(),
                     };
                     hooks::TemplateHook::new(deps, control, &alloc.id, &task.name, ctx.alloc_dir(&alloc.id))
                 }),

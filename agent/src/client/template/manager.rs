@@ -279,6 +279,7 @@ impl Runner {
             denylist: self.config.client.function_denylist.clone(),
             task_dir: self.task_dir_path(),
             sandbox_disabled: self.config.client.disable_file_sandbox,
+            consul: self.config.source.serves_consul(),
         };
         let mut out = Vec::new();
         for (i, t) in self.config.templates.iter().enumerate() {

@@ -14,6 +14,7 @@
 //! The task runner's `template` hook ([`crate::client::taskrunner::hooks::template`]) starts the
 //! manager and blocks the task until the first render.
 
+mod consul;
 pub mod funcs;
 pub mod manager;
 pub mod methods;
@@ -29,7 +30,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 pub use manager::{ManagerConfig, TemplateControl, TemplateManager};
-pub use source::{RouterSource, TemplateSource};
+pub use source::{ConsulSource, RouterSource, TaskSources, TemplateSource};
 
 /// The client's `template {}` block.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,6 +85,34 @@ pub enum Dependency {
     NomadServices { namespace: String },
     /// `file`: a file, relative to the task dir (or absolute without the sandbox).
     File { path: PathBuf },
+    /// `key` (`block`: waits until the key exists), `keyExists`, `keyOrDefault`: one Consul
+    /// KV key of datacenter `dc` (empty: the agent's).
+    ConsulKey { key: String, dc: String, block: bool },
+    /// `ls`, `tree`, `safeLs`, `safeTree`: the Consul KV keys under a prefix.
+    ConsulKeys { prefix: String, dc: String },
+    /// `service`: a service's instances from Consul's health API, kept by `filters`
+    /// (statuses, or `any`; `passing` is asked of Consul).
+    ConsulService { name: String, tag: String, dc: String, near: String, filters: Vec<String> },
+    /// `services`: Consul's catalog of services.
+    ConsulServices { dc: String },
+}
+
+impl Dependency {
+    /// Whether Consul answers it.
+    pub fn is_consul(&self) -> bool {
+        matches!(
+            self,
+            Dependency::ConsulKey { .. }
+                | Dependency::ConsulKeys { .. }
+                | Dependency::ConsulService { .. }
+                | Dependency::ConsulServices { .. }
+        )
+    }
+}
+
+/// `name@dc`, or `name` when `dc` is empty.
+fn at_dc(name: &str, dc: &str) -> String {
+    if dc.is_empty() { name.to_string() } else { format!("{name}@{dc}") }
 }
 
 impl fmt::Display for Dependency {
@@ -96,6 +125,19 @@ impl fmt::Display for Dependency {
             Dependency::NomadService { name, tag, .. } => write!(f, "nomad.service({tag}.{name})"),
             Dependency::NomadServices { namespace } => write!(f, "nomad.services(@{namespace})"),
             Dependency::File { path } => write!(f, "file({})", path.display()),
+            Dependency::ConsulKey { key, dc, block: true } => write!(f, "kv.block({})", at_dc(key, dc)),
+            Dependency::ConsulKey { key, dc, block: false } => write!(f, "kv.get({})", at_dc(key, dc)),
+            Dependency::ConsulKeys { prefix, dc } => write!(f, "kv.list({})", at_dc(prefix, dc)),
+            Dependency::ConsulService { name, tag, dc, near, filters } => {
+                let mut s = if tag.is_empty() { name.clone() } else { format!("{tag}.{name}") };
+                s = at_dc(&s, dc);
+                if !near.is_empty() {
+                    s = format!("{s}~{near}");
+                }
+                write!(f, "health.service({s}|{})", filters.join(","))
+            }
+            Dependency::ConsulServices { dc } if dc.is_empty() => write!(f, "catalog.services"),
+            Dependency::ConsulServices { dc } => write!(f, "catalog.services(@{dc})"),
         }
     }
 }

@@ -36,6 +36,8 @@ pub struct RenderContext {
     pub task_dir: PathBuf,
     /// No sandbox for `file`.
     pub sandbox_disabled: bool,
+    /// The agent has Consul: the Consul functions work.
+    pub consul: bool,
 }
 
 /// A compiled template.
@@ -54,7 +56,7 @@ pub enum Rendered {
 }
 
 /// What a compiled template's functions share: the store, and what this execution used.
-struct Scope {
+pub(super) struct Scope {
     store: Arc<Store>,
     namespace: String,
     task_dir: PathBuf,
@@ -66,7 +68,7 @@ struct Scope {
 
 impl Scope {
     /// The answer for `dep`, recording it as used, and as missing while it has none.
-    fn answer(&self, dep: Dependency) -> Option<Answer> {
+    pub(super) fn answer(&self, dep: Dependency) -> Option<Answer> {
         let answer = self.store.get(&dep);
         if answer.is_none() {
             lock(&self.missing).insert(dep.clone());
@@ -75,16 +77,16 @@ impl Scope {
         answer
     }
 
-    fn mark_missing(&self, dep: Dependency) {
+    pub(super) fn mark_missing(&self, dep: Dependency) {
         lock(&self.missing).insert(dep);
     }
 }
 
-fn err(func: &str, message: impl std::fmt::Display) -> TemplateError {
+pub(super) fn err(func: &str, message: impl std::fmt::Display) -> TemplateError {
     TemplateError::Exec(format!("error calling {func}: {message}"))
 }
 
-fn str_arg<'a>(func: &str, args: &'a [Value], i: usize) -> Result<&'a str, TemplateError> {
+pub(super) fn str_arg<'a>(func: &str, args: &'a [Value], i: usize) -> Result<&'a str, TemplateError> {
     args.get(i).and_then(Value::as_str).ok_or_else(|| err(func, format!("argument {} must be a string", i + 1)))
 }
 
@@ -111,6 +113,7 @@ impl Compiled {
         let mut map = funcs::pure_funcs();
         map.extend(funcs::env_funcs(ctx.env.clone()));
         map.extend(data_funcs(&scope));
+        map.extend(super::consul::consul_funcs(&scope, ctx.consul));
         funcs::deny(&mut map, &ctx.denylist);
         let missing_key = if error_on_missing_key { MissingKey::Error } else { MissingKey::Invalid };
         let template = super::methods::compile(name, source, left, right, missing_key, map, &METHODS, methods)?;
@@ -152,7 +155,7 @@ fn var_ref(arg: &str, default_ns: &str) -> (String, String) {
     }
 }
 
-fn json_to_value(v: &Json) -> Value {
+pub(super) fn json_to_value(v: &Json) -> Value {
     match v {
         Json::Null => Value::Nil,
         Json::Bool(b) => Value::Bool(*b),
@@ -165,11 +168,11 @@ fn json_to_value(v: &Json) -> Value {
     }
 }
 
-fn map(entries: impl IntoIterator<Item = (&'static str, Value)>) -> Value {
+pub(super) fn map(entries: impl IntoIterator<Item = (&'static str, Value)>) -> Value {
     Value::Map(Arc::new(entries.into_iter().map(|(k, v)| (Arc::from(k), v)).collect()))
 }
 
-fn field<'a>(v: &'a Json, name: &str) -> &'a Json {
+pub(super) fn field<'a>(v: &'a Json, name: &str) -> &'a Json {
     v.get(name).unwrap_or(&Json::Null)
 }
 
@@ -353,24 +356,8 @@ fn data_funcs(scope: &Arc<Scope>) -> FuncMap {
     for name in ["secret", "secrets", "pkiCert"] {
         m.insert(name.into(), Arc::new(move |_: &[Value]| Err(err(name, "Vault is not supported by nomad-rs"))));
     }
-    for name in [
-        "key",
-        "keyExists",
-        "keyOrDefault",
-        "ls",
-        "safeLs",
-        "tree",
-        "safeTree",
-        "service",
-        "services",
-        "node",
-        "nodes",
-        "datacenters",
-        "connect",
-        "caRoots",
-        "caLeaf",
-    ] {
-        m.insert(name.into(), Arc::new(move |_: &[Value]| Err(err(name, "Consul data in templates is not supported by nomad-rs yet"))));
+    for name in ["node", "nodes", "datacenters", "connect", "caRoots", "caLeaf"] {
+        m.insert(name.into(), Arc::new(move |_: &[Value]| Err(err(name, "not supported by nomad-rs yet"))));
     }
     for name in ["sockaddr", "executeTemplate", "scratch"] {
         m.insert(name.into(), Arc::new(move |_: &[Value]| Err(err(name, "not supported by nomad-rs"))));

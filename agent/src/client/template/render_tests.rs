@@ -10,6 +10,7 @@ fn ctx(store: &Arc<Store>) -> RenderContext {
         denylist: vec!["plugin".into(), "writeToFile".into()],
         task_dir: PathBuf::from("/alloc/web"),
         sandbox_disabled: false,
+        consul: false,
     }
 }
 
@@ -117,7 +118,7 @@ fn vault_consul_and_denied_functions_fail_with_a_message_naming_them() {
     let store = Arc::new(Store::default());
     let cases = [
         (r#"{{ with secret "kv/data/x" }}{{ end }}"#, "error calling secret: Vault is not supported by nomad-rs"),
-        (r#"{{ key "a/b" }}"#, "error calling key: Consul data in templates is not supported by nomad-rs yet"),
+        (r#"{{ key "a/b" }}"#, "error calling key: this client has no consul {} block to read Consul data from"),
         (r#"{{ plugin "x" }}"#, "error calling plugin: function is disabled"),
     ];
     for (src, want) in cases {

@@ -23,7 +23,8 @@ use super::{AsyncPrestartHook, HookError, HookRequest, PoststartHook, PrestartRe
 use crate::client::state::HookState;
 use crate::client::task_api::TaskApi;
 use crate::client::taskrunner::events;
-use crate::client::template::{ManagerConfig, RouterSource, TemplateConfig, TemplateControl, TemplateManager};
+use crate::client::template::{ConsulSource, ManagerConfig, RouterSource, TaskSources, TemplateConfig, TemplateControl, TemplateManager};
+use crate::consul::ConsulQuery;
 
 /// The hook's name (part of the on-disk hook state format).
 pub const NAME: &str = "template";
@@ -50,6 +51,8 @@ pub struct TemplateDeps {
     pub config: TemplateConfig,
     /// The agent's own environment, masked from templates.
     pub host_env: Arc<BTreeMap<String, String>>,
+    /// The agent's Consul, for `key`, `service` and the other Consul functions.
+    pub consul: Option<Arc<dyn ConsulQuery>>,
 }
 
 /// See the module docs.
@@ -117,7 +120,10 @@ impl TemplateHook {
             namespace,
             env: Arc::new(env),
             client: self.deps.config.clone(),
-            source: Arc::new(RouterSource::new(self.deps.api.clone(), token, self.deps.config.block_query_wait)),
+            source: Arc::new(TaskSources {
+                nomad: RouterSource::new(self.deps.api.clone(), token, self.deps.config.block_query_wait),
+                consul: self.deps.consul.clone().map(|c| ConsulSource::new(c, self.deps.config.block_query_wait)),
+            }),
             running,
         };
         TemplateManager::start(config, Arc::new(Control(self.control.clone())))
