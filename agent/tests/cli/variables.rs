@@ -217,3 +217,41 @@ async fn keyring_list_rotate_and_remove_from_the_cli() {
     let list = api.nomad(&["operator", "root", "keyring", "list", "-verbose"]).await;
     assert!(!list.expect_code(0).stdout.contains(&second), "{}", list.stdout);
 }
+
+/// `job init -list-templates` and `-template`: job templates kept in `nomad/job-templates/*`
+/// variables, as Nomad's UI saves them, with Nomad's messages for none, a missing one and one
+/// without a `template` item.
+#[tokio::test]
+async fn job_init_lists_and_writes_job_templates_kept_in_variables() {
+    let api = api_with_keyring().await;
+    let dir = tempfile::tempdir().unwrap();
+    let none = api.nomad(&["job", "init", "-list-templates"]).await;
+    none.expect_code(1);
+    assert!(none.stderr.contains("No variables in nomad/job-templates"), "{}", none.stderr);
+
+    let tiny = "job \"tiny\" {\n  group \"g\" {\n    task \"t\" {\n      driver = \"raw_exec\"\n    }\n  }\n}\n";
+    api.nomad(&["var", "put", "-out", "none", "nomad/job-templates/tiny", &format!("template={tiny}")]).await.expect_code(0);
+    api.nomad(&["var", "put", "-out", "none", "nomad/job-templates/broken", "k=v"]).await.expect_code(0);
+    let list = api.nomad(&["job", "init", "-list-templates"]).await;
+    list.expect_code(0);
+    assert_eq!(list.stdout, "Use nomad job init -template=<template> with any of the following:\n  broken\n  tiny\n");
+
+    let file = dir.path().join("tiny.nomad.hcl");
+    let file_arg = file.display().to_string();
+    let init = api.nomad(&["job", "init", "-template", "tiny", &file_arg]).await;
+    init.expect_code(0);
+    assert_eq!(init.stdout, format!("Initializing a job template from tiny\nExample job file written to {file_arg}\n"));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), tiny);
+    let again = api.nomad(&["job", "init", "-template", "tiny", &file_arg]).await;
+    again.expect_code(1);
+    assert!(again.stderr.contains(&format!("Job '{file_arg}' already exists")), "{}", again.stderr);
+
+    let other = dir.path().join("other.hcl").display().to_string();
+    let broken = api.nomad(&["job", "init", "-template", "broken", &other]).await;
+    broken.expect_code(1);
+    assert!(broken.stderr.contains("Job template \"broken\" is malformed and is missing a template field"), "{}", broken.stderr);
+    let missing = api.nomad(&["job", "init", "-template", "nope", &other]).await;
+    missing.expect_code(1);
+    assert!(missing.stderr.contains("Variable not found"), "{}", missing.stderr);
+    assert!(!std::path::Path::new(&other).exists(), "nothing written on a failure");
+}

@@ -57,7 +57,7 @@ pub async fn run(a: JobArgs) -> CmdResult {
         JobCommand::Plan(p) => plan::run(&a.api, p).await,
         JobCommand::Inspect(i) => inspect::run(&a.api, i).await,
         JobCommand::Validate(v) => validate::run(v),
-        JobCommand::Init(i) => init::run(i),
+        JobCommand::Init(i) => init::run(&a.api, i).await,
     }
 }
 

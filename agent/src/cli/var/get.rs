@@ -9,9 +9,10 @@ use clap::Args;
 use nomad_proto::variables::Variable;
 
 use super::{
-    ERR_INVALID_OUT_FORMAT, ERR_VARIABLE_NOT_FOUND, check_out, default_out, refuse_wildcard, render_hcl, render_json, render_table, var_url,
+    ERR_INVALID_OUT_FORMAT, ERR_VARIABLE_NOT_FOUND, check_out, default_out, is_absent, refuse_wildcard, render_hcl, render_json,
+    render_table, var_url,
 };
-use crate::cli::api::{ApiError, ApiFlags, Query};
+use crate::cli::api::{ApiFlags, Query};
 use crate::cli::format::safe_lines;
 use crate::cli::{CmdResult, Ctx, Failure, exit};
 
@@ -32,12 +33,6 @@ pub struct GetArgs {
     pub path: String,
 }
 
-/// Whether a read error means "no such variable" (a 404 from a server that serves variables,
-/// or a 403).
-fn absent(e: &ApiError) -> bool {
-    matches!(e, ApiError::Status { code: 403, .. }) || (e.is_not_found() && !e.is_unsupported_route())
-}
-
 /// Runs `var get`.
 pub async fn run(api: &ApiFlags, a: GetArgs) -> CmdResult {
     let out = default_out(a.out.clone(), "table");
@@ -46,7 +41,7 @@ pub async fn run(api: &ApiFlags, a: GetArgs) -> CmdResult {
     let ctx = Ctx::new(api)?;
     let v: Variable = match ctx.client.get(&var_url(&a.path), &Query::new()).await {
         Ok(answer) => answer.value,
-        Err(e) if absent(&e) => return Err(Failure::new(ERR_VARIABLE_NOT_FOUND)),
+        Err(e) if is_absent(&e) => return Err(Failure::new(ERR_VARIABLE_NOT_FOUND)),
         Err(e) => return Err(Failure::new(format!("Error retrieving variable: {e}"))),
     };
     if let Some(item) = a.item.as_deref().filter(|i| !i.is_empty()) {

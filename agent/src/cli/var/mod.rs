@@ -86,6 +86,12 @@ pub fn clean_path(path: &str) -> &str {
     path.trim_matches(|c| c == ' ' || c == '/')
 }
 
+/// Whether a read error means "no such variable" (a 404 from a server that serves variables,
+/// or a 403: Nomad's client reads both as absent).
+pub fn is_absent(e: &crate::cli::api::ApiError) -> bool {
+    matches!(e, crate::cli::api::ApiError::Status { code: 403, .. }) || (e.is_not_found() && !e.is_unsupported_route())
+}
+
 /// The API path of a variable.
 pub fn var_url(path: &str) -> String {
     format!("/v1/var/{}", encode_path(clean_path(path)))
