@@ -199,6 +199,9 @@ pub const ROWS: &[Row] = &[
     row(Get, "/v1/operator/keyring/keys", Management),
     row(Write, "/v1/operator/keyring/rotate", Management),
     row(Delete, "/v1/operator/keyring/key/:id", Management),
+    // Search: any token; the handler searches only the contexts and namespaces it may read.
+    row(Write, "/v1/search", AnyToken),
+    row(Write, "/v1/search/fuzzy", AnyToken),
     // Agent and operator.
     row(Get, "/v1/agent/self", Agent(false)),
     row(Get, "/v1/agent/members", Node(false)),

@@ -22,6 +22,7 @@ pub mod listener;
 mod namespaces;
 mod nodes;
 mod operator;
+mod search;
 mod services;
 pub mod util;
 mod variables;
@@ -108,6 +109,8 @@ server_routes! {
     "/v1/vars" => variables::list,
     "/v1/var/{*rest}" => variables::specific,
     "/v1/operator/keyring/{*rest}" => variables::keyring,
+    "/v1/search" => search::prefix,
+    "/v1/search/fuzzy" => search::fuzzy,
 }
 
 /// The `/v1` routes of the server role. The agent merges its own (client) routes. On a
