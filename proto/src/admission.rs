@@ -184,7 +184,7 @@ table! {
     Logs: Block "logs" in "task" => H("max_files and max_file_size rotate the task's logs"),
     LogsDisabled: Attribute "disabled" in "logs" => R("the executor always collects logs"),
     Vault: Block "vault" in "group, task" => R(""),
-    Template: Block "template" in "task" => H("rendered by the client before the task starts and again when its data changes (Go text/template with consul-template's functions: Nomad variables and services, Consul keys and services through the agent's consul {} block, env, file and the pure helpers; Vault functions fail the task with a message naming them), change_mode restart, signal, script or noop with splay, env = true into the task's environment, destinations beneath the alloc dir"),
+    Template: Block "template" in "task" => H("rendered by the client before the task starts and again when its data changes (Go text/template with consul-template's functions: Nomad variables and services, Consul keys and services through the agent's consul {} block, sockaddr, env, file and the pure helpers; Vault functions fail the task with a message naming them), change_mode restart, signal, script or noop with splay, env = true into the task's environment, destinations beneath the alloc dir"),
     Artifact: Block "artifact" in "task" => H("fetched by the client before the task starts, over http and https (headers, options as query parameters, checksum, zip and tar/gz/bz2/xz/zst unpacking), written beneath the task's dirs"),
     ArtifactSource: Value "source other than http:// or https://" in "artifact" => R("nomad-rs fetches only http and https artifacts (no git, hg, s3, gcs or local files)"),
     DispatchPayload: Block "dispatch_payload" in "task" => R("jobs cannot be dispatched"),

@@ -291,4 +291,45 @@ impl Endpoints {
             ..JobDeregisterResponse::default()
         })
     }
+
+    /// `Job.Evaluate`: a new eval for a job as it is (after a node or driver change, say). With
+    /// `force_reschedule`, its failed allocs that were not replaced are rescheduled now, even
+    /// when their policy would wait, in groups whose reschedule policy is on.
+    pub async fn job_evaluate(&self, namespace: &str, job_id: &str, force_reschedule: bool) -> Result<JobRegisterResponse, EndpointError> {
+        let snap = self.store.snapshot();
+        let Some(job) = snap.job(namespace, job_id).cloned() else {
+            return Err(EndpointError::NotFound("job not found".into()));
+        };
+        if job.periodic.is_some() {
+            return Err(EndpointError::BadRequest("can't evaluate periodic job".into()));
+        }
+        if job.parameterized_job.is_some() {
+            return Err(EndpointError::BadRequest("can't evaluate parameterized job".into()));
+        }
+        let mut transitions = std::collections::BTreeMap::new();
+        if force_reschedule {
+            for a in snap.allocs_by_job(namespace, job_id) {
+                let enabled = job.lookup_task_group(&a.task_group).and_then(|g| g.reschedule_policy.as_ref()).is_some_and(|p| p.enabled());
+                if enabled
+                    && a.next_allocation.is_empty()
+                    && a.client_status == nomad_proto::ClientStatus::Failed
+                    && !a.desired_transition.should_force_reschedule()
+                {
+                    let t = nomad_proto::DesiredTransition { force_reschedule: Some(true), ..nomad_proto::DesiredTransition::default() };
+                    transitions.insert(a.id.clone(), t);
+                }
+            }
+        }
+        let eval = Evaluation::for_job(&job, trigger::JOB_REGISTER, self.now());
+        let eval_id = eval.id.clone();
+        let index = self.consensus.apply(Command::AllocDesiredTransition { transitions, evals: vec![eval] }).await?;
+        Ok(JobRegisterResponse {
+            eval_id,
+            eval_create_index: index,
+            job_modify_index: job.job_modify_index,
+            index,
+            known_leader: true,
+            ..JobRegisterResponse::default()
+        })
+    }
 }

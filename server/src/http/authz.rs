@@ -172,6 +172,7 @@ pub const ROWS: &[Row] = &[
     row(Get, "/v1/job/*/evaluations", Ns(&["read-job"], Query)),
     row(Get, "/v1/job/*/summary", Ns(&["read-job"], Query)),
     row(Write, "/v1/job/*/plan", Ns(&["submit-job"], WriteBody)),
+    row(Write, "/v1/job/*/evaluate", Ns(&["read-job"], Query)),
     row(Get, "/v1/job/*", Ns(&["read-job"], Query)),
     row(Write, "/v1/job/*", Ns(&["submit-job"], WriteBody)),
     row(Delete, "/v1/job/*", Ns(&["submit-job"], Query)),

@@ -162,6 +162,35 @@ pub async fn validate_job(State(s): State<HttpState>, method: Method, uri: Uri, 
     .await
 }
 
+/// Body of `PUT /v1/job/<id>/evaluate` (`api.JobEvaluateRequest`); an empty body is allowed.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+struct JobEvaluateRequest {
+    #[serde(rename = "JobID")]
+    job_id: String,
+    eval_options: EvalOptions,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+struct EvalOptions {
+    force_reschedule: bool,
+}
+
+/// `PUT|POST /v1/job/<id>/evaluate`: a new eval for the job (`-force-reschedule`: its failed
+/// allocs are rescheduled now).
+async fn evaluate(s: &HttpState, q: &QueryOptions, id: &str, body: Body) -> HttpResult {
+    let bytes = read_body(body).await?;
+    let req: JobEvaluateRequest =
+        if bytes.iter().all(u8::is_ascii_whitespace) { JobEvaluateRequest::default() } else { decode_body(&bytes)? };
+    if !req.job_id.is_empty() && req.job_id != id {
+        return Err(HttpError::bad_request("Job ID does not match"));
+    }
+    let resp = s.endpoints.job_evaluate(&q.namespace, id, req.eval_options.force_reschedule).await?;
+    let index = resp.index;
+    json_response(&resp, Some(s.meta(index)), q.pretty)
+}
+
 /// Body of `PUT /v1/job/<id>/plan` (`api.JobPlanRequest`).
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, rename_all = "PascalCase")]
@@ -248,6 +277,10 @@ pub async fn job_specific(State(s): State<HttpState>, method: Method, uri: Uri, 
             Some("plan") => {
                 require_method(&method, &[Method::PUT, Method::POST])?;
                 plan(&s, &q, &id, body).await
+            }
+            Some("evaluate") => {
+                require_method(&method, &[Method::PUT, Method::POST])?;
+                evaluate(&s, &q, &id, body).await
             }
             Some(other) => Err(HttpError::not_found(format!("job action {other:?} is not supported by nomad-rs yet"))),
         }
@@ -389,6 +422,44 @@ mod tests {
 
     fn body_of(j: &nomad_proto::Job) -> String {
         json!({ "Job": serde_json::to_value(j).unwrap() }).to_string()
+    }
+
+    /// `job eval`: a new `job-register` eval each time; a failed alloc is marked for a forced
+    /// reschedule only when asked; an unknown job is Nomad's 404.
+    #[tokio::test]
+    async fn evaluate_creates_an_eval_and_force_reschedule_marks_failed_allocs() {
+        let ts = TestServer::new();
+        let (status, text) = call(&ts, Method::PUT, "/v1/jobs", body_of(&job("web", 1))).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let evals_before = ts.store.snapshot().evals().count();
+        let (status, text) = call(&ts, Method::PUT, "/v1/job/web/evaluate", String::new()).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let snap = ts.store.snapshot();
+        let eval = snap.eval(v["EvalID"].as_str().unwrap()).expect("the eval is stored");
+        assert_eq!((eval.job_id.as_str(), eval.triggered_by.as_str()), ("web", "job-register"));
+        assert_eq!(snap.evals().count(), evals_before + 1);
+
+        // A failed alloc of a group that reschedules: marked only with ForceReschedule.
+        let mut failed =
+            nomad_proto::Allocation { id: "a1".into(), job_id: "web".into(), namespace: "default".into(), ..Default::default() };
+        failed.task_group = "web".into();
+        failed.client_status = nomad_proto::ClientStatus::Failed;
+        failed.job = snap.job("default", "web").map(|j| (**j).clone()).map(std::sync::Arc::new);
+        let idx = ts.store.snapshot().index + 1;
+        ts.store
+            .write(idx, |tx| {
+                tx.upsert_allocs_from_plan(vec![failed]);
+                Ok(())
+            })
+            .unwrap();
+        let body = json!({"JobID": "web", "EvalOptions": {"ForceReschedule": true}}).to_string();
+        let (status, text) = call(&ts, Method::POST, "/v1/job/web/evaluate", body).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        assert!(ts.store.snapshot().alloc("a1").unwrap().desired_transition.should_force_reschedule());
+
+        let (status, text) = call(&ts, Method::PUT, "/v1/job/nope/evaluate", String::new()).await;
+        assert_eq!((status, text.trim()), (StatusCode::NOT_FOUND, "job not found"));
     }
 
     #[tokio::test]

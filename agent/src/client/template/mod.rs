@@ -19,6 +19,7 @@ pub mod funcs;
 pub mod manager;
 pub mod methods;
 pub mod render;
+mod sockaddr;
 pub mod source;
 
 use std::collections::BTreeMap;

@@ -359,7 +359,8 @@ fn data_funcs(scope: &Arc<Scope>) -> FuncMap {
     for name in ["node", "nodes", "datacenters", "connect", "caRoots", "caLeaf"] {
         m.insert(name.into(), Arc::new(move |_: &[Value]| Err(err(name, "not supported by nomad-rs yet"))));
     }
-    for name in ["sockaddr", "executeTemplate", "scratch"] {
+    m.insert("sockaddr".into(), super::sockaddr::sockaddr_func());
+    for name in ["executeTemplate", "scratch"] {
         m.insert(name.into(), Arc::new(move |_: &[Value]| Err(err(name, "not supported by nomad-rs"))));
     }
     m

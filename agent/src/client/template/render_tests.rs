@@ -152,3 +152,13 @@ fn custom_delimiters_leave_the_default_ones_as_text() {
     let t = Compiled::new("t", r#"[[ env "NOMAD_TASK_NAME" ]] {{ not an action }}"#, "[[", "]]", false, &ctx(&store)).unwrap();
     assert_eq!(t.render().unwrap(), Rendered::Complete("web {{ not an action }}".into()));
 }
+
+#[test]
+fn sockaddr_evaluates_a_go_sockaddr_template_against_the_hosts_interfaces() {
+    let store = Arc::new(Store::default());
+    let t =
+        compile(&store, r#"{{ sockaddr "GetAllInterfaces | include \"name\" \"^lo$\" | include \"type\" \"IPv4\" | attr \"address\"" }}"#);
+    assert_eq!(t.render().unwrap(), Rendered::Complete("127.0.0.1".into()));
+    let err = compile(&store, r#"{{ sockaddr "GetNothing" }}"#).render().unwrap_err();
+    assert!(err.contains("error calling sockaddr") && err.contains("GetNothing"), "{err}");
+}
