@@ -281,3 +281,18 @@ async fn a_json_job_from_job_inspect_or_job_run_output_runs_again_as_it_was() {
         .expect_code(1)
         .stderr_has("Failed to parse JSON job: Job: expected a JSON object");
 }
+
+#[tokio::test]
+async fn job_eval_detach_creates_an_eval_for_the_job_found_by_prefix() {
+    let api = Api::start().await;
+    api.nomad(&["job", "run", "-detach", &example("hello.nomad.hcl")]).await.expect_code(0);
+    let before = api.server.store.snapshot().evals().count();
+    let run = api.nomad(&["job", "eval", "-detach", "-verbose", "hel"]).await;
+    run.expect_code(0).stdout_has("Created eval ID: \"");
+    let id = run.stdout.trim().trim_start_matches("Created eval ID: \"").trim_end_matches('"').to_string();
+    let snap = api.server.store.snapshot();
+    let eval = snap.eval(&id).unwrap_or_else(|| panic!("the printed eval {id:?} exists"));
+    assert_eq!((eval.job_id.as_str(), eval.triggered_by.as_str()), ("hello", "job-register"));
+    assert_eq!(snap.evals().count(), before + 1);
+    api.nomad(&["job", "eval", "-detach", "nope"]).await.expect_code(1).stderr_has("No job(s) with prefix or id \"nope\" found");
+}

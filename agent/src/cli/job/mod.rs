@@ -1,5 +1,6 @@
 //! `nomad-rs job ...`: run, status, stop, plan, inspect, validate, init.
 
+pub mod eval;
 pub mod init;
 pub mod inspect;
 pub mod plan;
@@ -46,6 +47,8 @@ pub enum JobCommand {
     Validate(validate::ValidateArgs),
     /// Write an example job file to start from.
     Init(init::InitArgs),
+    /// Create a new evaluation for a job (`-force-reschedule`: reschedule its failed allocs now).
+    Eval(eval::EvalArgs),
 }
 
 /// Runs a job command.
@@ -58,6 +61,7 @@ pub async fn run(a: JobArgs) -> CmdResult {
         JobCommand::Inspect(i) => inspect::run(&a.api, i).await,
         JobCommand::Validate(v) => validate::run(v),
         JobCommand::Init(i) => init::run(&a.api, i).await,
+        JobCommand::Eval(e) => eval::run(&a.api, e).await,
     }
 }
 
