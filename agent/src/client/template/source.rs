@@ -11,7 +11,6 @@ use std::time::Duration;
 use axum::body::Body;
 use futures::future::BoxFuture;
 use http_body_util::BodyExt;
-
 use serde_json::json;
 
 use super::{Answer, Dependency};
