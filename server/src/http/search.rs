@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use axum::body::Body;
 use axum::extract::{Extension, State};
-use axum::http::{Method, Uri};
+use axum::http::{Method, StatusCode, Uri};
 use axum::response::Response;
 use nomad_proto::Job;
 use serde::{Deserialize, Serialize};
@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::HttpState;
 use super::authz::Caller;
 use super::util::{HttpError, QueryOptions, decode_body, json_response, read_body, require_method};
-use crate::acl::Acl;
+use crate::acl::{Acl, AuthError};
 use crate::state::State as ClusterState;
 
 /// Most matches of one context in a prefix search (Nomad's `truncateLimit`).
@@ -66,6 +66,25 @@ struct Reader<'a> {
 }
 
 impl Reader<'_> {
+    /// Nomad's `sufficientSearchPerms`: a caller with no read access of any kind in `ns`, or
+    /// one asking for a context it may not read, is refused rather than shown an empty answer.
+    fn sufficient(&self, ns: &str, context: &str) -> bool {
+        let Some(acl) = self.acl else { return true };
+        let node_read = acl.allow_node(false);
+        let allow_ns = acl.allow_namespace(ns);
+        let job_read = self.ns(ns, &["read-job"]);
+        let volume_read = self.ns(ns, &["csi-list-volume", "csi-read-volume", "list-jobs", "read-job"]);
+        if !(node_read || allow_ns || job_read || volume_read) {
+            return false;
+        }
+        match context {
+            "nodes" => node_read,
+            "namespaces" => allow_ns,
+            "jobs" | "allocs" | "evals" | "deployment" => job_read,
+            _ => true,
+        }
+    }
+
     fn ns(&self, ns: &str, caps: &[&str]) -> bool {
         self.acl.is_none_or(|a| caps.iter().any(|c| a.allow_namespace_op(ns, c)))
     }
@@ -96,6 +115,9 @@ pub async fn prefix(State(s): State<HttpState>, caller: Option<Extension<Caller>
         let reader = Reader { acl: caller.as_ref().map(|Extension(Caller(id))| id.acl.as_ref()) };
         let state = s.endpoints.store().snapshot();
         let namespaces = namespaces(&state, &q, &req, &reader);
+        if namespaces.iter().all(|ns| !reader.sufficient(ns, &req.context)) {
+            return Err(HttpError { code: StatusCode::FORBIDDEN, message: AuthError::Denied.to_string() });
+        }
         let mut resp = SearchResponse { matches: BTreeMap::new(), truncations: BTreeMap::new() };
         for ctx in contexts {
             let ids = prefix_matches(&state, ctx, term, &namespaces, &reader);
@@ -124,9 +146,17 @@ pub async fn fuzzy(State(s): State<HttpState>, caller: Option<Extension<Caller>>
         let reader = Reader { acl: caller.as_ref().map(|Extension(Caller(id))| id.acl.as_ref()) };
         let state = s.endpoints.store().snapshot();
         let namespaces = namespaces(&state, &q, &req, &reader);
+        // A wildcard search is filtered object by object instead.
+        let wildcard = namespace_of(&q, &req) == "*";
+        if !wildcard && namespaces.iter().all(|ns| !reader.sufficient(ns, &req.context)) {
+            return Err(HttpError { code: StatusCode::FORBIDDEN, message: AuthError::Denied.to_string() });
+        }
         let mut found: BTreeMap<String, Vec<FuzzyMatch>> = BTreeMap::new();
+        let mut truncations: BTreeMap<String, bool> = BTreeMap::new();
         let needle = text.to_lowercase();
         for ctx in contexts {
+            // Every context searched has a truncation entry, matches or not (as Nomad).
+            truncations.insert(ctx.to_string(), false);
             fuzzy_matches(&state, ctx, &needle, &namespaces, &reader, &mut found);
         }
         // "all" adds prefix matches of the UUID-named objects.
@@ -137,7 +167,7 @@ pub async fn fuzzy(State(s): State<HttpState>, caller: Option<Extension<Caller>>
                 found.entry(key.into()).or_default().extend(ids.into_iter().map(|id| FuzzyMatch { id, scope: Vec::new() }));
             }
         }
-        let mut resp = SearchResponse { matches: BTreeMap::new(), truncations: BTreeMap::new() };
+        let mut resp = SearchResponse { matches: BTreeMap::new(), truncations };
         for (ctx, mut list) in found {
             // Earlier matches first, then shorter IDs, then by ID.
             list.sort_by_cached_key(|m| (m.id.to_lowercase().find(&needle).unwrap_or(usize::MAX), m.id.len(), m.id.clone()));
@@ -166,25 +196,28 @@ async fn request(method: &Method, uri: &Uri, body: Body) -> Result<(QueryOptions
 fn contexts<'a>(context: &str, known: &'a [&'a str]) -> Result<Vec<&'a str>, HttpError> {
     match context {
         "" | "all" => Ok(known.to_vec()),
-        c => known
-            .iter()
-            .find(|k| **k == c)
-            .map(|k| vec![*k])
-            .ok_or_else(|| HttpError::bad_request(format!("context must be one of {} or \"all\"; got {c:?}", known.join(", ")))),
+        c => known.iter().find(|k| **k == c).map(|k| vec![*k]).ok_or_else(|| {
+            HttpError::bad_request(format!("context must be one of [{}] or 'all' for all contexts; got {c:?}", known.join(" ")))
+        }),
     }
 }
 
 /// The namespaces searched: `?namespace=` (or the body's), every one the caller may see for `*`.
 fn namespaces(state: &ClusterState, q: &QueryOptions, req: &SearchRequest, reader: &Reader<'_>) -> Vec<String> {
-    let ns = if q.params.get("namespace").is_none_or(|n| n.is_empty()) && !req.namespace.is_empty() {
-        req.namespace.clone()
-    } else {
-        q.namespace.clone()
-    };
+    let ns = namespace_of(q, req);
     if ns == "*" {
         state.namespaces().map(|n| n.name.clone()).filter(|n| reader.acl.is_none_or(|a| a.allow_namespace(n))).collect()
     } else {
         vec![ns]
+    }
+}
+
+/// The namespace asked for: `?namespace=`, else the body's, else `default`.
+fn namespace_of(q: &QueryOptions, req: &SearchRequest) -> String {
+    if q.params.get("namespace").is_none_or(|n| n.is_empty()) && !req.namespace.is_empty() {
+        req.namespace.clone()
+    } else {
+        q.namespace.clone()
     }
 }
 

@@ -58,7 +58,8 @@ async fn prefix_search_lists_matches_per_context_and_truncates_at_twenty() {
 
     let (status, v) = call(&ts, "/v1/search", None, json!({"Prefix": "x", "Context": "job"})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(v.as_str().unwrap().contains("context must be one of jobs, evals"), "{v}");
+    assert!(v.as_str().unwrap().starts_with("context must be one of [jobs evals allocs"), "{v}");
+    assert!(v.as_str().unwrap().ends_with("or 'all' for all contexts; got \"job\""), "{v}");
 }
 
 #[tokio::test]
@@ -96,11 +97,33 @@ async fn search_shows_only_what_the_token_may_read() {
     register(&ts, "example", "redis").await;
     let (status, v) = call(&ts, "/v1/search", Some(&mgmt_token), json!({"Prefix": "ex", "Context": "jobs"})).await;
     assert_eq!((status, v["Matches"]["jobs"].clone()), (StatusCode::OK, json!(["example"])));
-    // The anonymous token may read nothing: the search answers, with nothing in it.
-    let (status, v) = call(&ts, "/v1/search", None, json!({"Prefix": "ex", "Context": "all"})).await;
+    // The anonymous token may read nothing: refused, as Nomad refuses a search that cannot
+    // find anything.
+    let (status, _) = call(&ts, "/v1/search", None, json!({"Prefix": "ex", "Context": "all"})).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    // A token that reads nodes only: nodes answer, jobs are refused, `all` shows no jobs.
+    let rules = r#"node { policy = "read" }"#;
+    let policy = json!({"Name": "nodes", "Rules": rules});
+    let put = |path: &str, body: Value| {
+        let req = Request::builder()
+            .method(Method::PUT)
+            .uri(path)
+            .header("X-Nomad-Token", &mgmt_token)
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        ts.router().oneshot(req)
+    };
+    assert_eq!(put("/v1/acl/policy/nodes", policy).await.unwrap().status(), StatusCode::OK);
+    let resp = put("/v1/acl/token", json!({"Name": "n", "Type": "client", "Policies": ["nodes"]})).await.unwrap();
+    let tok: Value = serde_json::from_slice(&axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap()).unwrap();
+    let tok = tok["SecretID"].as_str().unwrap();
+    assert_eq!(call(&ts, "/v1/search", Some(tok), json!({"Prefix": "ex", "Context": "jobs"})).await.0, StatusCode::FORBIDDEN);
+    let (status, v) = call(&ts, "/v1/search", Some(tok), json!({"Prefix": "ex", "Context": "all"})).await;
+    assert_eq!((status, v["Matches"]["jobs"].clone()), (StatusCode::OK, json!([])));
+    assert_eq!(call(&ts, "/v1/search", Some(tok), json!({"Prefix": "", "Context": "nodes"})).await.0, StatusCode::OK);
+    // A fuzzy search over every namespace is filtered object by object, never refused.
+    let (status, v) = call(&ts, "/v1/search/fuzzy?namespace=*", Some(tok), json!({"Text": "exa", "Context": "all"})).await;
     assert_eq!(status, StatusCode::OK, "{v}");
-    assert_eq!(v["Matches"]["jobs"], json!([]));
-    assert_eq!(v["Matches"]["namespaces"], json!([]));
-    let (_, v) = call(&ts, "/v1/search/fuzzy", None, json!({"Text": "exa", "Context": "all"})).await;
-    assert!(v["Matches"].get("jobs").is_none_or(|j| j == &json!([])), "{v}");
+    assert!(v["Matches"].get("jobs").is_none(), "{v}");
+    assert_eq!(v["Truncations"]["jobs"], false, "every context searched has a truncation entry: {v}");
 }
