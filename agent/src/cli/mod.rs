@@ -28,6 +28,7 @@ pub mod root_keyring;
 pub mod server;
 pub mod service;
 pub mod status;
+pub mod system;
 pub mod tables;
 pub mod tls;
 pub mod var;
@@ -79,6 +80,8 @@ pub enum Command {
     Plugin(plugin::PluginArgs),
     /// Show the status of jobs, or of any object by ID prefix.
     Status(status::StatusArgs),
+    /// System maintenance: a forced garbage collection.
+    System(system::SystemArgs),
     /// Create a CA and agent certificates for TLS.
     Tls(tls::TlsArgs),
     /// Print the version.
@@ -167,6 +170,7 @@ pub async fn run(command: Command) -> u8 {
         Command::Alloc(a) => alloc::run(a).await,
         Command::Eval(a) => eval::run(a).await,
         Command::Server(a) => server::run(a).await,
+        Command::System(a) => system::run(a).await,
         Command::Service(a) => service::run(a).await,
         Command::Operator(a) => operator::run(a).await,
         Command::Var(a) => var::run(a).await,

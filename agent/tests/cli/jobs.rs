@@ -296,3 +296,23 @@ async fn job_eval_detach_creates_an_eval_for_the_job_found_by_prefix() {
     assert_eq!(snap.evals().count(), before + 1);
     api.nomad(&["job", "eval", "-detach", "nope"]).await.expect_code(1).stderr_has("No job(s) with prefix or id \"nope\" found");
 }
+
+#[tokio::test]
+async fn system_gc_purges_a_stopped_job_whose_evals_are_done() {
+    let api = Api::start().await;
+    api.nomad(&["job", "run", "-detach", &example("hello.nomad.hcl")]).await.expect_code(0);
+    api.nomad(&["job", "stop", "-detach", "hello"]).await.expect_code(0);
+    // No scheduler runs here: the evals are finished by hand.
+    let evals: Vec<_> = api
+        .server
+        .store
+        .snapshot()
+        .evals_by_job("default", "hello")
+        .map(|e| nomad_proto::Evaluation { status: EvalStatus::Complete, ..(**e).clone() })
+        .collect();
+    nomad_server::consensus::Consensus::apply(&*api.server.consensus, nomad_server::fsm::Command::EvalUpsert { evals }).await.unwrap();
+    let run = api.nomad(&["system", "gc"]).await;
+    run.expect_code(0);
+    assert_eq!(run.stdout, "", "nothing printed on success");
+    assert!(api.server.store.snapshot().job("default", "hello").is_none(), "the stopped job is collected");
+}

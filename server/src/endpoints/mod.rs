@@ -13,6 +13,7 @@ mod csi_release;
 mod drain;
 mod eligibility;
 mod error;
+mod gc;
 mod identity;
 mod job;
 mod job_diff;
@@ -30,6 +31,7 @@ pub use csi_controller::{CSI_CLIENT_RETRYABLE, UNKNOWN_NODE, controller_nodes, p
 pub use csi_release::ReleaseBy;
 pub use drain::{DrainRequest, DrainSpec, NodeWriteResponse};
 pub use error::EndpointError;
+pub use gc::GcReport;
 pub use job::{JobDeregisterResponse, JobRegisterOptions, JobRegisterResponse, JobValidateResponse};
 pub use job_plan::JobPlanResponse;
 pub use node_evals::{create_node_evals, should_create_node_eval};

@@ -203,6 +203,8 @@ pub const ROWS: &[Row] = &[
     // Search: any token; the handler searches only the contexts and namespaces it may read.
     row(Write, "/v1/search", AnyToken),
     row(Write, "/v1/search/fuzzy", AnyToken),
+    // Forced garbage collection: management only, as Nomad.
+    row(Write, "/v1/system/gc", Management),
     // Agent and operator.
     row(Get, "/v1/agent/self", Agent(false)),
     row(Get, "/v1/agent/members", Node(false)),

@@ -24,6 +24,7 @@ mod nodes;
 mod operator;
 mod search;
 mod services;
+mod system;
 pub mod util;
 mod variables;
 
@@ -111,6 +112,7 @@ server_routes! {
     "/v1/operator/keyring/{*rest}" => variables::keyring,
     "/v1/search" => search::prefix,
     "/v1/search/fuzzy" => search::fuzzy,
+    "/v1/system/gc" => system::gc,
 }
 
 /// The `/v1` routes of the server role. The agent merges its own (client) routes. On a

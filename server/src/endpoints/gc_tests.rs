@@ -1,0 +1,84 @@
+use nomad_proto::{Allocation, ClientStatus, EvalStatus, Evaluation, JobType, NodeStatus, Timestamp};
+
+use crate::consensus::Consensus as _;
+use crate::fsm::Command;
+use crate::testing::{TestServer, job};
+
+fn eval_of(job: &nomad_proto::Job, status: EvalStatus) -> Evaluation {
+    let mut e = Evaluation::for_job(job, "job-register", Timestamp::now());
+    e.status = status;
+    e
+}
+
+fn alloc_of(job: &nomad_proto::Job, eval: &Evaluation, id: &str, status: ClientStatus) -> Allocation {
+    Allocation {
+        id: id.into(),
+        namespace: job.namespace.clone(),
+        job_id: job.id.clone(),
+        task_group: "web".into(),
+        eval_id: eval.id.clone(),
+        node_id: "n1".into(),
+        client_status: status,
+        job: Some(std::sync::Arc::new(job.clone())),
+        ..Allocation::default()
+    }
+}
+
+/// `system gc`: a finished batch job goes with its eval and alloc; a running service job stays
+/// with its live alloc while its finished eval and failed alloc go; a batch job still running
+/// keeps its finished allocs; a down node with nothing left goes, a ready one stays.
+#[tokio::test]
+async fn force_gc_removes_what_is_finished_and_keeps_what_is_not() {
+    let ts = TestServer::new();
+    ts.register_node(crate::testing::node("n1")).await;
+    ts.register_node(crate::testing::node("n2")).await;
+    let mut batch = job("done", 1);
+    batch.job_type = JobType::Batch;
+    let mut running_batch = job("busy", 1);
+    running_batch.job_type = JobType::Batch;
+    let mut web = job("web", 1);
+    for j in [&mut batch, &mut running_batch, &mut web] {
+        j.namespace = "default".into();
+    }
+    for j in [&batch, &running_batch, &web] {
+        ts.consensus.apply(Command::JobRegister { job: j.clone(), eval: None, now: Timestamp::now() }).await.unwrap();
+    }
+    let (e_done, e_busy_old, e_busy, e_web_old, e_web) = (
+        eval_of(&batch, EvalStatus::Complete),
+        eval_of(&running_batch, EvalStatus::Complete),
+        eval_of(&running_batch, EvalStatus::Complete),
+        eval_of(&web, EvalStatus::Complete),
+        eval_of(&web, EvalStatus::Complete),
+    );
+    let evals = vec![e_done.clone(), e_busy_old.clone(), e_busy.clone(), e_web_old.clone(), e_web.clone()];
+    ts.consensus.apply(Command::EvalUpsert { evals }).await.unwrap();
+    let allocs = vec![
+        alloc_of(&batch, &e_done, "a-done", ClientStatus::Complete),
+        alloc_of(&running_batch, &e_busy_old, "a-busy-old", ClientStatus::Complete),
+        alloc_of(&running_batch, &e_busy, "a-busy", ClientStatus::Running),
+        alloc_of(&web, &e_web_old, "a-web-old", ClientStatus::Failed),
+        alloc_of(&web, &e_web, "a-web", ClientStatus::Running),
+    ];
+    let idx = ts.store.snapshot().index + 1;
+    ts.store
+        .write(idx, |tx| {
+            // The statuses of the jobs are left as stored: GC reads them from the allocs.
+            tx.upsert_allocs_from_plan(allocs);
+            tx.update_node_status("n2", NodeStatus::Down, None, 0).map(|_| ())
+        })
+        .unwrap();
+
+    let report = ts.endpoints.force_gc().await.unwrap();
+    assert_eq!(report.jobs, ["default/done"]);
+    assert_eq!(report.nodes, ["n2"]);
+    let snap = ts.store.snapshot();
+    assert!(snap.job("default", "done").is_none() && snap.eval(&e_done.id).is_none() && snap.alloc("a-done").is_none());
+    assert!(snap.eval(&e_web_old.id).is_none() && snap.alloc("a-web-old").is_none(), "the replaced alloc and its eval go");
+    assert!(snap.alloc("a-web").is_some() && snap.eval(&e_web.id).is_some(), "the running alloc and its eval stay");
+    assert!(snap.alloc("a-busy-old").is_some() && snap.eval(&e_busy_old.id).is_some(), "a running batch job keeps its finished allocs");
+    assert!(snap.node("n1").is_some() && snap.node("n2").is_none());
+    assert_eq!((report.evals, report.allocs), (2, 2));
+
+    // Nothing left to collect: a second run removes nothing.
+    assert_eq!(ts.endpoints.force_gc().await.unwrap(), Default::default());
+}
