@@ -163,8 +163,7 @@ pub async fn fuzzy(State(s): State<HttpState>, caller: Option<Extension<Caller>>
         if all {
             for ctx in ["evals", "deployment", "volumes"] {
                 let ids = prefix_matches(&state, ctx, text, &namespaces, &reader);
-                let key = if ctx == "deployment" { "deployments" } else { ctx };
-                found.entry(key.into()).or_default().extend(ids.into_iter().map(|id| FuzzyMatch { id, scope: Vec::new() }));
+                found.entry(ctx.into()).or_default().extend(ids.into_iter().map(|id| FuzzyMatch { id, scope: Vec::new() }));
             }
         }
         let mut resp = SearchResponse { matches: BTreeMap::new(), truncations };

@@ -76,6 +76,9 @@ async fn fuzzy_search_finds_substrings_in_jobs_groups_tasks_and_images_with_thei
     let (_, v) = call(&ts, "/v1/search/fuzzy", None, json!({"Text": "serv", "Context": "all"})).await;
     assert_eq!(v["Matches"]["tasks"].as_array().unwrap().len(), 2, "{v}");
     assert_eq!(v["Matches"]["tasks"][0]["Scope"], json!(["default", "example", "web"]));
+    for ctx in ["evals", "deployment", "volumes"] {
+        assert!(v["Matches"][ctx].is_array(), "`all` adds the prefix contexts under Nomad's names: {v}");
+    }
 
     let (status, v) = call(&ts, "/v1/search/fuzzy", None, json!({"Text": "e", "Context": "jobs"})).await;
     assert_eq!((status, v), (StatusCode::BAD_REQUEST, json!("fuzzy search query must be at least 2 characters, got 1")));
