@@ -608,8 +608,9 @@ fn docker_and_exec_tasks_of_one_group_share_the_alloc_dir() {
     let dir = tempfile::tempdir().unwrap();
     let image = TestImage::import(dir.path());
     let agent = docker_agent(&dir.path().join("agent"), NO_REAPER);
-    let from_docker = "while [ ! -e /alloc/from-exec ]; do sleep 0.1; done; echo from-docker > /alloc/from-docker; echo \"docker read: $(cat /alloc/from-exec) in $NOMAD_ALLOC_DIR\"; exec sleep 3600";
-    let from_exec = "echo from-exec > /alloc/from-exec; while [ ! -e /alloc/from-docker ]; do sleep 0.1; done; echo \"exec read: $(cat /alloc/from-docker)\"; exec sleep 3600";
+    // Each side writes a temp file and renames it: the other never sees it created but empty.
+    let from_docker = "while [ ! -e /alloc/from-exec ]; do sleep 0.1; done; echo from-docker > /alloc/from-docker.tmp; mv /alloc/from-docker.tmp /alloc/from-docker; echo \"docker read: $(cat /alloc/from-exec) in $NOMAD_ALLOC_DIR\"; exec sleep 3600";
+    let from_exec = "echo from-exec > /alloc/from-exec.tmp; mv /alloc/from-exec.tmp /alloc/from-exec; while [ ! -e /alloc/from-docker ]; do sleep 0.1; done; echo \"exec read: $(cat /alloc/from-docker)\"; exec sleep 3600";
     let job = format!(
         r#"job "mixed" {{
   datacenters = ["*"]

@@ -108,6 +108,9 @@ pub enum Need {
     /// Any valid token, the anonymous one included; the handler applies the token's
     /// `variables` path rules to the path (and to each variable a list shows).
     Variable,
+    /// Any valid token; the search handler refuses one that can read none of what it
+    /// searches and filters the rest (Nomad's `sufficientSearchPerms`, `http/search.rs`).
+    Search,
     /// A management token.
     Management,
 }
@@ -200,9 +203,9 @@ pub const ROWS: &[Row] = &[
     row(Get, "/v1/operator/keyring/keys", Management),
     row(Write, "/v1/operator/keyring/rotate", Management),
     row(Delete, "/v1/operator/keyring/key/:id", Management),
-    // Search: any token; the handler searches only the contexts and namespaces it may read.
-    row(Write, "/v1/search", AnyToken),
-    row(Write, "/v1/search/fuzzy", AnyToken),
+    // Search: the handler searches only the contexts and namespaces the token may read.
+    row(Write, "/v1/search", Search),
+    row(Write, "/v1/search/fuzzy", Search),
     // Forced garbage collection: management only, as Nomad.
     row(Write, "/v1/system/gc", Management),
     // Agent and operator.
@@ -326,7 +329,7 @@ pub async fn authorize(State(endpoints): State<Endpoints>, req: Request, next: N
     req.extensions_mut().insert(Caller(id));
     let mut after = After::Nothing;
     let allowed = match row.need {
-        Public | Handler | AnyToken | Variable => true,
+        Public | Handler | AnyToken | Variable | Search => true,
         // Nomad refuses the anonymous token here: its policy does not apply to the stream.
         EventStream => !id_is_anonymous,
         Management => acl.is_management(),

@@ -1,6 +1,7 @@
 //! `/v1/search` (prefix) and `/v1/search/fuzzy` (substring), as Nomad's `search_endpoint.go`
 //! answers them: matches per context, at most [`PREFIX_LIMIT`] (prefix) or [`FUZZY_LIMIT`]
-//! (fuzzy) each with a truncation flag, and only the contexts the caller's ACL may read.
+//! (fuzzy) each with a truncation flag, and only the contexts the caller's ACL may read (the
+//! authorization row is [`super::authz::Need::Search`]).
 
 use std::collections::BTreeMap;
 
@@ -135,12 +136,6 @@ pub async fn fuzzy(State(s): State<HttpState>, caller: Option<Extension<Caller>>
     super::respond(async {
         let (q, req) = request(&method, &uri, body).await?;
         let text = req.text.as_str();
-        if text.chars().count() < FUZZY_MIN_TERM {
-            return Err(HttpError::bad_request(format!(
-                "fuzzy search query must be at least {FUZZY_MIN_TERM} characters, got {}",
-                text.chars().count()
-            )));
-        }
         let all = req.context == "all";
         let contexts = contexts(&req.context, FUZZY_CONTEXTS)?;
         let reader = Reader { acl: caller.as_ref().map(|Extension(Caller(id))| id.acl.as_ref()) };
@@ -150,6 +145,13 @@ pub async fn fuzzy(State(s): State<HttpState>, caller: Option<Extension<Caller>>
         let wildcard = namespace_of(&q, &req) == "*";
         if !wildcard && namespaces.iter().all(|ns| !reader.sufficient(ns, &req.context)) {
             return Err(HttpError { code: StatusCode::FORBIDDEN, message: AuthError::Denied.to_string() });
+        }
+        // After the permission check, as Nomad.
+        if text.chars().count() < FUZZY_MIN_TERM {
+            return Err(HttpError::bad_request(format!(
+                "fuzzy search query must be at least {FUZZY_MIN_TERM} characters, got {}",
+                text.chars().count()
+            )));
         }
         let mut found: BTreeMap<String, Vec<FuzzyMatch>> = BTreeMap::new();
         let mut truncations: BTreeMap<String, bool> = BTreeMap::new();

@@ -192,6 +192,9 @@ fn expect_allowed(who: Who, need: Need, method: &Method, pattern: &str, ns: &str
         // Variable lists answer 200 with what the token may list (nothing here); a single
         // variable needs a `variables` rule, which no policy of the walk has.
         _ if need == Need::Variable => pattern == "/v1/vars" && who != Who::Expired,
+        // Search answers whoever can read something of what it searches (here: every context):
+        // `read` (its namespace and nodes), `write-a` in its namespace only.
+        _ if need == Need::Search => who == Who::Read || (who == Who::WriteA && ns == "a"),
         Who::Anonymous => open || need == Need::AnyToken || pattern == "/v1/namespaces",
         Who::Read => match need {
             Need::Public | Need::Handler | Need::AnyToken => true,
@@ -205,7 +208,7 @@ fn expect_allowed(who: Who, need: Need, method: &Method, pattern: &str, ns: &str
             }
             Need::AllocExec => ns == "default" && read_cap("alloc-exec"),
             // The walk asks for every topic (`*`): management only.
-            Need::EventStream | Need::Operator(_) | Need::Management | Need::Variable => false,
+            Need::EventStream | Need::Operator(_) | Need::Management | Need::Variable | Need::Search => false,
         },
         Who::WriteA => match need {
             Need::Public | Need::Handler | Need::AnyToken => true,
