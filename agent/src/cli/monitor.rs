@@ -198,6 +198,21 @@ pub struct Monitor<'a> {
     drawn: usize,
 }
 
+/// Follows eval `eval_id` on stdout until it is done, or until Ctrl-C, which leaves `what`
+/// carrying on (the tail of `job stop` and `job eval`).
+pub async fn follow_eval(client: &Client, eval_id: &str, verbose: bool, what: &str) -> CmdResult {
+    let opts =
+        MonitorOptions { id_len: super::format::id_len(verbose), wait_for_allocs: false, live: super::format::stdout_is_live_terminal() };
+    let mut monitor = Monitor::new(client, opts, Box::new(std::io::stdout()));
+    tokio::select! {
+        r = monitor.run(eval_id) => r,
+        _ = super::interrupted() => {
+            println!("\n==> Monitoring interrupted; {what} carries on");
+            Ok(exit::INTERRUPTED)
+        }
+    }
+}
+
 impl<'a> Monitor<'a> {
     /// A monitor writing to `out`.
     pub fn new(client: &'a Client, opts: MonitorOptions, out: Box<dyn Write + Send + 'a>) -> Monitor<'a> {

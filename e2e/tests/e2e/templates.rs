@@ -48,12 +48,7 @@ fn first_alloc(http: &nomad_e2e::HttpClient, job: &str) -> Option<(String, Strin
 #[test]
 fn templates_render_variables_and_services_and_react_to_changes() {
     let dir = tempfile::tempdir().unwrap();
-    let opts = nomad_e2e::AgentOptions { args: vec!["-dev".into(), "-acl-enabled".into()], ..Default::default() };
-    let agent = nomad_e2e::Agent::start("dev", &dir.path().join("agent"), opts).expect("start dev agent");
-    agent.wait_for_leader(SETTLE).unwrap();
-    let anon = agent.http();
-    let boot = anon.put_json("/v1/acl/bootstrap", &json!({})).unwrap();
-    let mgmt = anon.with_token(boot["SecretID"].as_str().unwrap());
+    let (agent, mgmt) = crate::workload_identity::acl_dev_agent(dir.path());
     let put_var = |path: &str, items: Value| {
         wait_for("the variable write", SETTLE, || mgmt.put_json(&format!("/v1/var/{path}"), &json!({"Items": items})).ok())
             .unwrap_or_else(|e| panic!("{e}\n{}", agent.logs()));

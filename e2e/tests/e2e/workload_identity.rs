@@ -8,15 +8,22 @@ use serde_json::json;
 
 use crate::SETTLE;
 
-#[test]
-fn a_tasks_identity_reads_its_own_variables_and_nothing_else_while_it_runs() {
-    let dir = tempfile::tempdir().unwrap();
+/// A dev agent with ACLs on, bootstrapped: the agent and a client with the management token.
+pub fn acl_dev_agent(dir: &std::path::Path) -> (nomad_e2e::Agent, nomad_e2e::HttpClient) {
     let opts = nomad_e2e::AgentOptions { args: vec!["-dev".into(), "-acl-enabled".into()], ..Default::default() };
-    let agent = nomad_e2e::Agent::start("dev", &dir.path().join("agent"), opts).expect("start dev agent");
+    let agent = nomad_e2e::Agent::start("dev", &dir.join("agent"), opts).expect("start dev agent");
     agent.wait_for_leader(SETTLE).unwrap();
     let anon = agent.http();
     let boot = anon.put_json("/v1/acl/bootstrap", &json!({})).unwrap();
     let mgmt = anon.with_token(boot["SecretID"].as_str().unwrap());
+    (agent, mgmt)
+}
+
+#[test]
+fn a_tasks_identity_reads_its_own_variables_and_nothing_else_while_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (agent, mgmt) = acl_dev_agent(dir.path());
+    let anon = agent.http();
     for (path, v) in [("nomad/jobs/wi", "mine"), ("nomad/jobs/wi/g/t", "task-level"), ("nomad/jobs/other", "theirs"), ("app/secret", "no")]
     {
         wait_for("the variable write (the keyring's first key)", SETTLE, || {

@@ -88,6 +88,8 @@ mod duration;
 mod error;
 mod eval;
 mod functions;
+
+pub use functions::write_go_json_string;
 mod group;
 mod heredoc;
 mod hints;

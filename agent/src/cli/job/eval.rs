@@ -5,8 +5,8 @@ use clap::Args;
 use serde::Deserialize;
 
 use crate::cli::api::{ApiFlags, Query, encode_path};
-use crate::cli::format::{id_len, safe, stdout_is_live_terminal};
-use crate::cli::monitor::{Monitor, MonitorOptions};
+use crate::cli::format::{id_len, safe};
+use crate::cli::monitor::follow_eval;
 use crate::cli::{CmdResult, Ctx, Failure, exit, prefix};
 
 /// Flags of `job eval`.
@@ -51,13 +51,5 @@ pub async fn run(api: &ApiFlags, args: EvalArgs) -> CmdResult {
         println!("Created eval ID: \"{}\"", safe(&resp.eval_id[..len.min(resp.eval_id.len())]));
         return Ok(exit::OK);
     }
-    let opts = MonitorOptions { id_len: len, wait_for_allocs: false, live: stdout_is_live_terminal() };
-    let mut monitor = Monitor::new(&ctx.client, opts, Box::new(std::io::stdout()));
-    tokio::select! {
-        r = monitor.run(&resp.eval_id) => r,
-        _ = crate::cli::interrupted() => {
-            println!("\n==> Monitoring interrupted; the evaluation carries on");
-            Ok(exit::INTERRUPTED)
-        }
-    }
+    follow_eval(&ctx.client, &resp.eval_id, args.verbose, "the evaluation").await
 }

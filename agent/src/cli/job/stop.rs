@@ -5,8 +5,7 @@ use clap::Args;
 use serde::Deserialize;
 
 use crate::cli::api::{ApiFlags, Query, encode_path};
-use crate::cli::format::{id_len, stdout_is_live_terminal};
-use crate::cli::monitor::{Monitor, MonitorOptions};
+use crate::cli::monitor::follow_eval;
 use crate::cli::{CmdResult, Ctx, Failure, confirm, exit, prefix};
 
 /// Flags of `job stop`.
@@ -71,14 +70,5 @@ pub async fn run(api: &ApiFlags, args: StopArgs) -> CmdResult {
         println!("{}", crate::cli::format::safe(&resp.eval_id));
         return Ok(exit::OK);
     }
-    let opts = MonitorOptions { id_len: id_len(args.verbose), wait_for_allocs: false, live: stdout_is_live_terminal() };
-    let mut monitor = Monitor::new(&ctx.client, opts, Box::new(std::io::stdout()));
-    let interrupt = crate::cli::interrupted();
-    tokio::select! {
-        r = monitor.run(&resp.eval_id) => r,
-        _ = interrupt => {
-            println!("\n==> Monitoring interrupted; the job stop carries on");
-            Ok(exit::INTERRUPTED)
-        }
-    }
+    follow_eval(&ctx.client, &resp.eval_id, args.verbose, "the job stop").await
 }

@@ -295,7 +295,7 @@ fn write_json(out: &mut String, v: &Value, escape_html: bool, indent: Option<&st
             let _ = write!(out, "{n}");
         }
         Value::Float(f) => out.push_str(&go_json_float(*f)?),
-        Value::String(s) => write_json_string(out, s, escape_html),
+        Value::String(s) => nomad_proto::jobspec::write_go_json_string(out, s, escape_html),
         Value::List(items) => {
             if items.is_empty() {
                 out.push_str("[]");
@@ -323,7 +323,7 @@ fn write_json(out: &mut String, v: &Value, escape_html: bool, indent: Option<&st
                     out.push(',');
                 }
                 newline(out, depth + 1);
-                write_json_string(out, k, escape_html);
+                nomad_proto::jobspec::write_go_json_string(out, k, escape_html);
                 out.push(':');
                 if indent.is_some() {
                     out.push(' ');
@@ -362,31 +362,6 @@ fn go_float_word(f: f64) -> &'static str {
     } else {
         "-Inf"
     }
-}
-
-fn write_json_string(out: &mut String, s: &str, escape_html: bool) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '<' | '>' | '&' if escape_html => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            // Go escapes the JavaScript line terminators even without HTML escaping.
-            '\u{2028}' | '\u{2029}' => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
 }
 
 // ------------------------------------------------------------------ YAML

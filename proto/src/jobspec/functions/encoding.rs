@@ -100,7 +100,7 @@ fn write_json(v: &Value, out: &mut String) {
         Value::Null => out.push_str("null"),
         Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
         Value::Number(n) => out.push_str(&number_text(n)),
-        Value::String(s) => json_string(s, out),
+        Value::String(s) => write_go_json_string(out, s, true),
         Value::Array(items) => {
             out.push('[');
             for (i, item) in items.iter().enumerate() {
@@ -117,7 +117,7 @@ fn write_json(v: &Value, out: &mut String) {
                 if i > 0 {
                     out.push(',');
                 }
-                json_string(k, out);
+                write_go_json_string(out, k, true);
                 out.push(':');
                 write_json(item, out);
             }
@@ -126,7 +126,11 @@ fn write_json(v: &Value, out: &mut String) {
     }
 }
 
-fn json_string(s: &str, out: &mut String) {
+/// `s` as a JSON string the way Go's `encoding/json` writes it: `<`, `>` and `&` escaped when
+/// `escape_html` (as `json.Marshal` does), the JavaScript line terminators and other control
+/// characters always.
+pub fn write_go_json_string(out: &mut String, s: &str, escape_html: bool) {
+    use std::fmt::Write as _;
     out.push('"');
     for c in s.chars() {
         match c {
@@ -135,8 +139,15 @@ fn json_string(s: &str, out: &mut String) {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
-            '<' | '>' | '&' | '\u{2028}' | '\u{2029}' => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            '<' | '>' | '&' if escape_html => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            '\u{2028}' | '\u{2029}' => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
             c => out.push(c),
         }
     }

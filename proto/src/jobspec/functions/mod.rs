@@ -26,6 +26,8 @@ mod numeric;
 mod strings;
 mod uuid;
 
+pub use encoding::write_go_json_string;
+
 #[cfg(test)]
 mod tests;
 
