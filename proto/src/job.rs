@@ -215,9 +215,21 @@ impl Job {
         self.task_groups.iter().find(|g| g.name == name)
     }
 
-    /// Periodic or parameterized jobs are templates: registering them creates no eval.
+    /// Periodic or parameterized jobs are templates: registering them creates no eval (a
+    /// disabled periodic job too, as Nomad's `IsPeriodic`).
     pub fn is_periodic_or_parameterized(&self) -> bool {
-        self.periodic.as_ref().is_some_and(|p| p.enabled) || self.parameterized_job.is_some()
+        self.periodic.is_some() || self.is_parameterized()
+    }
+
+    /// A parameterized job, not one of its dispatched children (which keep the block).
+    pub fn is_parameterized(&self) -> bool {
+        self.parameterized_job.is_some() && !self.dispatched
+    }
+
+    /// A periodic job the leader launches: enabled, not stopped, not parameterized (Nomad's
+    /// `IsPeriodicActive`).
+    pub fn is_periodic_active(&self) -> bool {
+        self.periodic.as_ref().is_some_and(|p| p.enabled) && !self.stop && !self.is_parameterized()
     }
 
     /// `(namespace, id)`, the key jobs are stored under.

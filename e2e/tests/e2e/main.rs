@@ -19,6 +19,7 @@ mod docker_bridge;
 mod drain;
 mod events;
 mod exec_forward;
+mod lifecycle;
 mod limits;
 mod nomad_checks;
 mod python_nomad;

@@ -71,8 +71,12 @@ fn a_plain_job_is_admitted() {
 fn messages_name_the_path_as_the_issue_shows() {
     let msg = admitted(sample_job_using(Feature::Vault)).unwrap_err();
     assert_eq!(msg, "group \"cache\" task \"redis\": the \"vault\" block is not supported by nomad-rs yet");
-    let msg = admitted(sample_job_using(Feature::Periodic)).unwrap_err();
-    assert_eq!(msg, "job \"sample\": the \"periodic\" block is not supported by nomad-rs yet; nothing would ever launch it");
+    let msg = admitted(sample_job_using(Feature::Payload)).unwrap_err();
+    assert_eq!(
+        msg,
+        "job \"sample\": the \"payload\" attribute is not supported by nomad-rs yet; job can't be submitted with a payload, only dispatched"
+    );
+    admitted(sample_job_using(Feature::Periodic)).unwrap();
     let msg = admitted(sample_job_using(Feature::NetworkMode)).unwrap_err();
     assert_eq!(
         msg,

@@ -112,6 +112,30 @@ pub struct JobValidateResponse {
     pub warnings: String,
 }
 
+/// What a registration may not change about a job (Nomad's `validateJobUpdate`).
+fn validate_job_update(old: Option<&Job>, new: &Job) -> Result<(), String> {
+    let Some(old) = old else {
+        return if new.dispatched { Err("job can't be submitted with 'Dispatched' set".into()) } else { Ok(()) };
+    };
+    if old.job_type != new.job_type {
+        return Err(format!("cannot update job from type {:?} to {:?}", old.job_type.as_str(), new.job_type.as_str()));
+    }
+    match (old.periodic.is_some(), new.periodic.is_some()) {
+        (true, false) => return Err("cannot update periodic job to being non-periodic".into()),
+        (false, true) => return Err("cannot update non-periodic job to being periodic".into()),
+        _ => {}
+    }
+    match (old.is_parameterized(), new.is_parameterized()) {
+        (true, false) => return Err("cannot update parameterized job to being non-parameterized".into()),
+        (false, true) => return Err("cannot update non-parameterized job to being parameterized".into()),
+        _ => {}
+    }
+    if old.dispatched != new.dispatched {
+        return Err("field 'Dispatched' is read-only".into());
+    }
+    Ok(())
+}
+
 fn foreign_region(job: &str, ours: &str) -> String {
     format!(
         "job region {:?} is not this cluster's region {:?}; nomad-rs does not forward jobs to other regions yet",
@@ -200,6 +224,7 @@ impl Endpoints {
             return Err(EndpointError::Invalid(format!("job {:?} is in nonexistent namespace {:?}", job.id, job.namespace)));
         }
         let existing = snap.job(&job.namespace, &job.id).cloned();
+        validate_job_update(existing.as_deref(), &job).map_err(EndpointError::BadRequest)?;
         if opts.enforce_index {
             match (&existing, opts.job_modify_index) {
                 (Some(_), 0) => {
@@ -303,7 +328,7 @@ impl Endpoints {
         if job.periodic.is_some() {
             return Err(EndpointError::BadRequest("can't evaluate periodic job".into()));
         }
-        if job.parameterized_job.is_some() {
+        if job.is_parameterized() {
             return Err(EndpointError::BadRequest("can't evaluate parameterized job".into()));
         }
         let mut transitions = std::collections::BTreeMap::new();

@@ -30,12 +30,22 @@ pub struct JobPlanResponse {
     pub created_evals: Option<Vec<Evaluation>>,
     /// The field-level diff, when asked for.
     pub diff: Option<JobDiff>,
-    /// Next launch of a periodic job (not computed yet: always unset).
+    /// Next launch of an active periodic job (Go's zero time otherwise).
     pub next_periodic_launch: Timestamp,
     /// Warnings.
     pub warnings: String,
     /// Index of the state the plan was made at.
     pub index: u64,
+}
+
+/// When the leader would launch `job` next, from `now` (Nomad's plan answers the same).
+fn next_periodic_launch(job: &Job, now: Timestamp) -> Timestamp {
+    let next = job
+        .periodic
+        .as_ref()
+        .filter(|_| job.is_periodic_active())
+        .and_then(|p| crate::leader::periodic::next_launch(p, now.unix_nanos()).ok().flatten());
+    next.map_or(Timestamp::ZERO, Timestamp::from_unix_nanos)
 }
 
 impl Endpoints {
@@ -88,7 +98,7 @@ impl Endpoints {
             job_modify_index: index,
             created_evals: (!outcome.new_evals.is_empty()).then_some(outcome.new_evals),
             diff,
-            next_periodic_launch: Timestamp::ZERO,
+            next_periodic_launch: next_periodic_launch(&job, now),
             warnings: String::new(),
             index,
         })

@@ -13,7 +13,7 @@ fn event_type(cmd: &Command) -> Option<&'static str> {
         Command::NodeUpdateStatus { .. } => "NodeStreamEvent",
         Command::NodeDeregister { .. } => "NodeDeregistration",
         Command::NodeUpdateEligibility { .. } | Command::NodeUpdateDrain { .. } | Command::NodeDrainComplete { .. } => "NodeDrain",
-        Command::JobRegister { .. } => "JobRegistered",
+        Command::JobRegister { .. } | Command::PeriodicLaunch { .. } => "JobRegistered",
         Command::JobDeregister { .. } => "JobDeregistered",
         Command::EvalUpsert { .. } => "EvaluationUpdated",
         Command::AllocClientUpdate { .. } => "AllocationUpdated",
@@ -47,7 +47,9 @@ fn event_type(cmd: &Command) -> Option<&'static str> {
         // Key material, even wrapped, stays off the stream.
         | Command::RootKeyUpsert { .. }
         | Command::RootKeySetState { .. }
-        | Command::RootKeyDelete { .. } => return None,
+        | Command::RootKeyDelete { .. }
+        // Nor stability marks (Nomad's `JobStabilityRequestType` has no events).
+        | Command::JobStability { .. } => return None,
     })
 }
 

@@ -107,6 +107,11 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnE
             let mut job = job.clone();
             job.submit_time = now.unix_nanos();
             let stored = txn.upsert_job(job)?;
+            // A periodic job is tracked from its registration: a leader that takes over before
+            // its first launch measures the missed launch from here.
+            if stored.is_periodic_active() && txn.state().periodic_launch(&stored.namespace, &stored.id).is_none() {
+                txn.record_periodic_launch(&stored.namespace, &stored.id, now.unix_nanos());
+            }
             if let Some(e) = eval {
                 let mut e = e.clone();
                 e.job_modify_index = stored.job_modify_index;
@@ -190,6 +195,19 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnE
         Command::RootKeyUpsert { key } => txn.upsert_root_key(key),
         Command::RootKeySetState { key_id, state } => txn.set_root_key_state(key_id, state)?,
         Command::RootKeyDelete { key_id } => txn.delete_root_key(key_id)?,
+        Command::JobStability { namespace, job_id, version, stable } => txn.set_job_stability(namespace, job_id, *version, *stable)?,
+        Command::PeriodicLaunch { namespace, job_id, launch, child, eval, now } => {
+            txn.record_periodic_launch(namespace, job_id, *launch);
+            if txn.state().job(&child.namespace, &child.id).is_none() {
+                let mut child = child.clone();
+                child.submit_time = now.unix_nanos();
+                let stored = txn.upsert_job(child)?;
+                let mut e = eval.clone();
+                e.job_modify_index = stored.job_modify_index;
+                jobs.extend(txn.upsert_evals(vec![e]));
+                jobs.insert(stored.namespaced_id());
+            }
+        }
         Command::NodeDrainComplete { nodes, now } => {
             for n in nodes {
                 txn.complete_node_drain(&n.node_id, n.event.clone(), *now);

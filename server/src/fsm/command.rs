@@ -272,6 +272,34 @@ pub enum Command {
         /// KeyID.
         key_id: String,
     },
+    /// Mark one tracked version of a job stable or not.
+    JobStability {
+        /// Namespace.
+        namespace: String,
+        /// Job.
+        job_id: String,
+        /// The version.
+        version: u64,
+        /// Stable or not.
+        stable: bool,
+    },
+    /// A periodic job's launch: its child and the child's eval, recorded as the parent's last
+    /// launch. A child that already exists (a new leader launching the same time again) is
+    /// left alone, so a launch is never doubled.
+    PeriodicLaunch {
+        /// The periodic job's namespace.
+        namespace: String,
+        /// The periodic job.
+        job_id: String,
+        /// The launch time (Unix nanoseconds).
+        launch: i64,
+        /// The child job.
+        child: Job,
+        /// The child's eval.
+        eval: Evaluation,
+        /// Server time.
+        now: Timestamp,
+    },
 }
 
 /// One node whose drain is done.

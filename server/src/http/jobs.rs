@@ -13,7 +13,7 @@ use super::HttpState;
 use super::util::{
     HttpError, HttpResult, QueryOptions, decode_body, filtered, json_response, list_response, paginate, read_body, require_method,
 };
-use crate::endpoints::JobRegisterOptions;
+use crate::endpoints::{DispatchRequest, JobRegisterOptions, JobRevertRequest, JobVersionsResponse};
 use crate::state::{Table, Watch};
 
 /// Body of `PUT /v1/jobs` (`api.JobRegisterRequest`).
@@ -191,6 +191,131 @@ async fn evaluate(s: &HttpState, q: &QueryOptions, id: &str, body: Body) -> Http
     json_response(&resp, Some(s.meta(index)), q.pretty)
 }
 
+/// `GET /v1/job/<id>/versions[?diffs=true]`: the tracked versions, newest first.
+async fn versions(s: &HttpState, q: &QueryOptions, id: &str) -> HttpResult {
+    let diffs = q.bool("diffs", false)?;
+    let ns = q.namespace.clone();
+    let (resp, index) = s
+        .endpoints
+        .store()
+        .blocking_query(&[Table::JobVersions], q.min_index, q.wait, |st| {
+            (JobVersionsResponse::from_state(st, &ns, id, diffs), st.table_index(Table::JobVersions))
+        })
+        .await;
+    let resp = resp.ok_or_else(|| HttpError::not_found("job versions not found"))?;
+    let body = serde_json::json!({
+        "Versions": resp.versions,
+        "Diffs": resp.diffs,
+        "Index": index,
+        "KnownLeader": true,
+        "LastContact": 0,
+        "NextToken": "",
+    });
+    json_response(&body, Some(s.meta(index)), q.pretty)
+}
+
+/// Body of `PUT /v1/job/<id>/revert` (`api.JobRevertRequest`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+struct JobRevertBody {
+    #[serde(rename = "JobID")]
+    job_id: String,
+    job_version: u64,
+    enforce_prior_version: Option<u64>,
+    consul_token: String,
+    vault_token: String,
+}
+
+/// `PUT|POST /v1/job/<id>/revert`: registers a copy of an earlier version.
+async fn revert(s: &HttpState, q: &QueryOptions, id: &str, body: Body) -> HttpResult {
+    let bytes = read_body(body).await?;
+    let req: JobRevertBody = decode_body(&bytes)?;
+    // Tokens for the registration's Consul and Vault checks: nomad-rs's servers check neither.
+    let _ = (&req.consul_token, &req.vault_token);
+    if req.job_id.is_empty() {
+        return Err(HttpError::bad_request("JobID must be specified"));
+    }
+    if req.job_id != id {
+        return Err(HttpError::bad_request("Job ID does not match"));
+    }
+    let resp = s
+        .endpoints
+        .job_revert(&q.namespace, id, JobRevertRequest { job_version: req.job_version, enforce_prior_version: req.enforce_prior_version })
+        .await?;
+    let index = resp.index;
+    json_response(&resp, Some(s.meta(index)), q.pretty)
+}
+
+/// Body of `PUT /v1/job/<id>/stable` (`api.JobStabilityRequest`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+struct JobStableBody {
+    #[serde(rename = "JobID")]
+    job_id: String,
+    job_version: u64,
+    stable: bool,
+}
+
+/// `PUT|POST /v1/job/<id>/stable`: marks a version stable (or not).
+async fn stable(s: &HttpState, q: &QueryOptions, id: &str, body: Body) -> HttpResult {
+    let bytes = read_body(body).await?;
+    let req: JobStableBody = decode_body(&bytes)?;
+    if req.job_id.is_empty() {
+        return Err(HttpError::bad_request("JobID must be specified"));
+    }
+    if req.job_id != id {
+        return Err(HttpError::bad_request("Job ID does not match"));
+    }
+    let index = s.endpoints.job_stable(&q.namespace, id, req.job_version, req.stable).await?;
+    json_response(&serde_json::json!({ "Index": index }), Some(s.meta(index)), q.pretty)
+}
+
+/// Body of `PUT /v1/job/<id>/dispatch` (`api.JobDispatchRequest` with its write options).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "PascalCase")]
+struct JobDispatchBody {
+    #[serde(rename = "JobID")]
+    job_id: String,
+    /// Base64, as Go encodes `[]byte`.
+    payload: Option<String>,
+    meta: Option<std::collections::BTreeMap<String, String>>,
+    id_prefix_template: String,
+    idempotency_token: String,
+}
+
+/// `PUT|POST /v1/job/<id>/dispatch`: a child of a parameterized job. `?idempotency_token=`
+/// wins over the body's.
+async fn dispatch(s: &HttpState, q: &QueryOptions, id: &str, body: Body) -> HttpResult {
+    use base64::Engine;
+    let bytes = read_body(body).await?;
+    let req: JobDispatchBody = decode_body(&bytes)?;
+    if !req.job_id.is_empty() && req.job_id != id {
+        return Err(HttpError::bad_request("Job ID does not match"));
+    }
+    let payload = match req.payload.as_deref().filter(|p| !p.is_empty()) {
+        Some(p) => base64::engine::general_purpose::STANDARD
+            .decode(p)
+            .map_err(|e| HttpError::bad_request(format!("Payload is not valid base64: {e}")))?,
+        None => Vec::new(),
+    };
+    let token = q.params.get("idempotency_token").filter(|t| !t.is_empty()).cloned().unwrap_or(req.idempotency_token);
+    let resp = s
+        .endpoints
+        .job_dispatch(
+            &q.namespace,
+            id,
+            DispatchRequest {
+                payload,
+                meta: req.meta.unwrap_or_default(),
+                id_prefix_template: req.id_prefix_template,
+                idempotency_token: token,
+            },
+        )
+        .await?;
+    let index = resp.index;
+    json_response(&resp, Some(s.meta(index)), q.pretty)
+}
+
 /// Body of `PUT /v1/job/<id>/plan` (`api.JobPlanRequest`).
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, rename_all = "PascalCase")]
@@ -281,6 +406,29 @@ pub async fn job_specific(State(s): State<HttpState>, method: Method, uri: Uri, 
             Some("evaluate") => {
                 require_method(&method, &[Method::PUT, Method::POST])?;
                 evaluate(&s, &q, &id, body).await
+            }
+            Some("versions") => {
+                require_method(&method, &[Method::GET])?;
+                versions(&s, &q, &id).await
+            }
+            Some("revert") => {
+                require_method(&method, &[Method::PUT, Method::POST])?;
+                revert(&s, &q, &id, body).await
+            }
+            Some("periodic/force") => {
+                require_method(&method, &[Method::PUT, Method::POST])?;
+                let resp = s.endpoints.periodic_force(&q.namespace, &id).await?;
+                let index = resp.index;
+                let body = serde_json::json!({ "EvalID": resp.eval_id, "EvalCreateIndex": resp.eval_create_index, "Index": index });
+                json_response(&body, Some(s.meta(index)), q.pretty)
+            }
+            Some("dispatch") => {
+                require_method(&method, &[Method::PUT, Method::POST])?;
+                dispatch(&s, &q, &id, body).await
+            }
+            Some("stable") => {
+                require_method(&method, &[Method::PUT, Method::POST])?;
+                stable(&s, &q, &id, body).await
             }
             Some(other) => Err(HttpError::not_found(format!("job action {other:?} is not supported by nomad-rs yet"))),
         }
@@ -394,12 +542,30 @@ async fn job_summary(s: &HttpState, q: &QueryOptions, id: &str) -> HttpResult {
         .endpoints
         .store()
         .blocking_query_on(&[Watch::JobSummary(Watch::job_key(&ns, id))], q.min_index, q.wait, |st| match st.job_summary(&ns, id) {
-            Some(js) => (Some(js.clone()), js.modify_index),
+            Some(js) => (Some(with_children(st, js)), js.modify_index),
             None => (None, st.table_index(Table::JobSummary)),
         })
         .await;
     let summary = summary.ok_or_else(|| HttpError::not_found("job not found"))?;
     json_response(&*summary, Some(s.meta(index)), q.pretty)
+}
+
+/// A periodic or parameterized job's summary counts its children by status (Nomad keeps the
+/// counts in the summary; counting them when asked cannot drift).
+fn with_children(st: &crate::state::State, summary: &Arc<JobSummary>) -> Arc<JobSummary> {
+    let Some(job) = st.job(&summary.namespace, &summary.job_id).filter(|j| j.is_periodic_or_parameterized()) else {
+        return summary.clone();
+    };
+    let mut s = (**summary).clone();
+    let prefix = format!("{}/", job.id);
+    for child in st.jobs_by_prefix(Some(&job.namespace), &prefix).filter(|c| c.parent_id == job.id) {
+        match child.status {
+            nomad_proto::JobStatus::Pending => s.children.pending += 1,
+            nomad_proto::JobStatus::Running => s.children.running += 1,
+            nomad_proto::JobStatus::Dead => s.children.dead += 1,
+        }
+    }
+    Arc::new(s)
 }
 
 #[cfg(test)]

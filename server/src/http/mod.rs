@@ -140,6 +140,8 @@ mod csi_tests;
 #[cfg(test)]
 mod forward_tests;
 #[cfg(test)]
+mod lifecycle_tests;
+#[cfg(test)]
 mod plan_tests;
 #[cfg(test)]
 mod secret_tests;

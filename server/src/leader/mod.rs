@@ -5,11 +5,13 @@
 //! node expiry as [`HeartbeatExpiry`], the drainer sees its two writes as
 //! [`DrainWriter`], workers see the scheduler as a pure function, the volume
 //! watcher and the claim GC see CSI volumes as [`VolumeWatchHandle`] and
-//! [`ClaimGcHandle`]. Nothing here holds the whole server.
+//! [`ClaimGcHandle`], the periodic dispatcher sees jobs as [`PeriodicJobs`]. Nothing here
+//! holds the whole server.
 
 pub mod acl_token_gc;
 pub mod csi_claim_gc;
 pub mod keyring;
+pub mod periodic;
 pub mod volume_watcher;
 
 use std::sync::Arc;
@@ -18,6 +20,7 @@ pub use acl_token_gc::{StoreTokens, TokenGc, TokenGcConfig};
 pub use csi_claim_gc::{ClaimGc, ClaimGcConfig, ClaimGcHandle};
 pub use keyring::{KeyringConfig, KeyringLoop};
 use nomad_proto::NodeStatus;
+pub use periodic::{PeriodicDispatcher, PeriodicJobs, StorePeriodicJobs};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 pub use volume_watcher::{VolumeWatchHandle, VolumeWatcher, VolumeWatcherConfig};
@@ -167,7 +170,7 @@ impl Leader {
 
     fn establish(&self) -> Term {
         tracing::info!(
-            "leadership won: starting the eval broker, workers, plan applier, heartbeat timers, node drainer, CSI volume watcher and claim GC, SI token revoker"
+            "leadership won: starting the eval broker, workers, plan applier, heartbeat timers, node drainer, CSI volume watcher and claim GC, periodic dispatcher, SI token revoker"
         );
         let d = &self.deps;
         self.broker.set_enabled(true);
@@ -210,6 +213,8 @@ impl Leader {
         tasks.push(tokio::spawn(ClaimGc::new(d.claim_gc.clone(), self.config.csi_claim_gc.clone()).run()));
         let keyring = KeyringLoop::new(d.store.clone(), d.consensus.clone(), d.keyring.clone(), self.config.keyring.clone());
         tasks.push(tokio::spawn(keyring.run()));
+        let periodic = Arc::new(StorePeriodicJobs { store: d.store.clone(), consensus: d.consensus.clone() });
+        tasks.push(tokio::spawn(PeriodicDispatcher::new(periodic).run()));
         if let Some(config) = &self.config.acl_token_gc {
             tracing::info!(threshold = ?config.threshold, "starting the expired ACL token GC");
             let tokens = Arc::new(StoreTokens { store: d.store.clone(), consensus: d.consensus.clone() });

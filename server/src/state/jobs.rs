@@ -69,14 +69,15 @@ impl Txn<'_> {
             Some(existing) => {
                 job.create_index = existing.create_index;
                 if existing.spec_changed(&job) {
+                    // A new version is stable only if submitted so (a revert copies the flag).
                     job.version = existing.version + 1;
                     job.job_modify_index = index;
                 } else {
                     job.version = existing.version;
                     job.job_modify_index = existing.job_modify_index;
                     job.submit_time = existing.submit_time;
+                    job.stable = existing.stable;
                 }
-                job.stable = false;
             }
             None => {
                 job.create_index = index;
@@ -92,6 +93,7 @@ impl Txn<'_> {
         self.touch(Table::Jobs);
         self.touch_key(Watch::Job(Watch::job_key(&key.namespace, &key.id)));
         self.record(super::Change::Job(job.clone()));
+        self.record_job_version(&job);
         self.ensure_summary(&job);
         Ok(job)
     }
@@ -138,6 +140,7 @@ impl Txn<'_> {
             return Err(TxnError(format!("job not found: {id}")));
         }
         self.state.job_summaries.remove(&key);
+        self.delete_job_history(&key);
         self.touch(Table::Jobs);
         self.touch(Table::JobSummary);
         self.touch_key(Watch::Job(Watch::job_key(namespace, id)));
@@ -157,6 +160,8 @@ impl Txn<'_> {
             self.state.jobs.insert(key.clone(), j.clone());
             self.touch(Table::Jobs);
             self.touch_key(Watch::Job(Watch::job_key(&key.namespace, &key.id)));
+            // The version entry follows, so the two keep sharing one copy of the job.
+            self.record_job_version(&j);
             self.record(super::Change::Job(j));
         }
     }

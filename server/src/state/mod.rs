@@ -20,6 +20,7 @@ mod changes;
 mod csi_plugins;
 mod csi_volumes;
 mod evals;
+mod job_versions;
 mod jobs;
 mod namespaces;
 mod node_load;
@@ -40,6 +41,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 pub use csi_volumes::CsiVolumeView;
+pub use job_versions::{JOB_TRACKED_VERSIONS, PeriodicLaunch};
 pub use jobs::job_status;
 pub use si_accessors::{ClusterMetadata, SiTokenAccessor};
 pub use variables::{CAS_CONFLICT, VarOp};
@@ -84,10 +86,14 @@ pub enum Table {
     Variables,
     /// Keyring root keys.
     RootKeys,
+    /// Earlier versions of jobs.
+    JobVersions,
+    /// Periodic jobs' last launches.
+    PeriodicLaunches,
 }
 
 /// Number of tables.
-const TABLES: usize = 15;
+const TABLES: usize = 17;
 
 impl Table {
     /// Every table.
@@ -107,6 +113,8 @@ impl Table {
         Table::AclRoles,
         Table::Variables,
         Table::RootKeys,
+        Table::JobVersions,
+        Table::PeriodicLaunches,
     ];
 
     fn slot(self) -> usize {
@@ -121,6 +129,10 @@ pub struct State {
     pub index: u64,
     table_index: [u64; TABLES],
     jobs: OrdMap<NamespacedId, Arc<Job>>,
+    /// Each job's tracked versions, newest first (the current one included, sharing its `Arc`).
+    job_versions: OrdMap<NamespacedId, Arc<Vec<Arc<Job>>>>,
+    /// Each periodic job's last launch (or its registration time before the first).
+    periodic_launches: OrdMap<NamespacedId, Arc<PeriodicLaunch>>,
     job_summaries: OrdMap<NamespacedId, Arc<JobSummary>>,
     nodes: OrdMap<String, Arc<Node>>,
     allocs: OrdMap<Key, Arc<Allocation>>,

@@ -44,6 +44,12 @@ struct Persisted {
     root_keys: Vec<Arc<crate::keyring::StoredRootKey>>,
     namespaces: Vec<Arc<Namespace>>,
     jobs: Vec<Arc<Job>>,
+    /// Tracked versions other than the current ones (which `jobs` holds); snapshots from before
+    /// versions were kept have none, and their jobs start with their current version.
+    #[serde(default)]
+    job_versions: Vec<Arc<Job>>,
+    #[serde(default)]
+    periodic_launches: Vec<Arc<super::PeriodicLaunch>>,
     job_summaries: Vec<Arc<JobSummary>>,
     nodes: Vec<Arc<Node>>,
     evals: Vec<Arc<Evaluation>>,
@@ -88,6 +94,15 @@ impl State {
             table_index: self.table_index.to_vec(),
             namespaces: self.namespaces.values().cloned().collect(),
             jobs: self.jobs.values().cloned().collect(),
+            job_versions: self
+                .job_versions
+                .iter()
+                .flat_map(|(key, versions)| {
+                    let current = self.jobs.get(key).map(|j| j.version);
+                    versions.iter().filter(move |v| Some(v.version) != current).cloned()
+                })
+                .collect(),
+            periodic_launches: self.periodic_launches.values().cloned().collect(),
             job_summaries: self.job_summaries.values().cloned().collect(),
             nodes: self.nodes.values().cloned().collect(),
             evals: self.evals.values().cloned().collect(),
@@ -130,8 +145,20 @@ impl State {
         for ns in p.namespaces {
             s.namespaces.insert(ns.name.clone(), ns);
         }
+        let mut versions: HashMap<NamespacedId, Vec<Arc<Job>>> = HashMap::new();
+        for j in p.job_versions {
+            versions.entry(j.namespaced_id()).or_default().push(j);
+        }
         for j in p.jobs {
-            s.jobs.insert(j.namespaced_id(), j);
+            let key = j.namespaced_id();
+            let mut tracked = versions.remove(&key).unwrap_or_default();
+            tracked.push(j.clone());
+            tracked.sort_by_key(|v| std::cmp::Reverse(v.version));
+            s.job_versions.insert(key.clone(), Arc::new(tracked));
+            s.jobs.insert(key, j);
+        }
+        for l in p.periodic_launches {
+            s.periodic_launches.insert(NamespacedId::new(&l.namespace, &l.id), l);
         }
         for js in p.job_summaries {
             s.job_summaries.insert(NamespacedId::new(&js.namespace, &js.job_id), js);

@@ -1,9 +1,14 @@
-//! `nomad-rs job ...`: run, status, stop, plan, inspect, validate, init.
+//! `nomad-rs job ...`: run, status, stop, plan, inspect, validate, init, eval, history, revert,
+//! dispatch, periodic force.
 
+pub mod dispatch;
 pub mod eval;
+pub mod history;
 pub mod init;
 pub mod inspect;
+pub mod periodic;
 pub mod plan;
+pub mod revert;
 pub mod run;
 pub mod status;
 pub mod stop;
@@ -49,6 +54,15 @@ pub enum JobCommand {
     Init(init::InitArgs),
     /// Create a new evaluation for a job (`-force-reschedule`: reschedule its failed allocs now).
     Eval(eval::EvalArgs),
+    /// Show a job's tracked versions (`-p`: with the diff of each).
+    History(history::HistoryArgs),
+    /// Register an earlier version of a job again.
+    Revert(revert::RevertArgs),
+    /// Dispatch a child of a parameterized job, with a payload and meta.
+    Dispatch(dispatch::DispatchArgs),
+    /// Periodic job commands.
+    #[command(subcommand)]
+    Periodic(periodic::PeriodicCommand),
 }
 
 /// Runs a job command.
@@ -62,6 +76,10 @@ pub async fn run(a: JobArgs) -> CmdResult {
         JobCommand::Validate(v) => validate::run(v),
         JobCommand::Init(i) => init::run(&a.api, i).await,
         JobCommand::Eval(e) => eval::run(&a.api, e).await,
+        JobCommand::History(h) => history::run(&a.api, h).await,
+        JobCommand::Revert(r) => revert::run(&a.api, r).await,
+        JobCommand::Dispatch(d) => dispatch::run(&a.api, d).await,
+        JobCommand::Periodic(p) => periodic::run(&a.api, p).await,
     }
 }
 

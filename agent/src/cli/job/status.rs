@@ -5,7 +5,7 @@ use clap::Args;
 use nomad_proto::{AllocListStub, EvalStatus, Evaluation, Job, JobListStub, JobSummary};
 
 use crate::cli::api::{ApiFlags, Query, encode_path};
-use crate::cli::format::{format_time, kv, now_nanos, table_with_header};
+use crate::cli::format::{duration_top_two, format_time, kv, now_nanos, table_with_header};
 use crate::cli::{CmdResult, Ctx, Failure, exit, prefix, tables};
 
 /// Flags of `job status`.
@@ -68,9 +68,12 @@ pub async fn show(ctx: &Ctx, args: &StatusArgs, job_prefix: &str) -> CmdResult {
         return ctx.print_json(&path, &ns_q(), "Error querying job").await;
     }
     let job = ctx.client.get::<Job>(&path, &ns_q()).await.map_err(|e| Failure::new(format!("Error querying job: {e}")))?.value;
-    println!("{}", details(&job));
+    println!("{}", details(&job, now_nanos()));
     if args.short {
         return Ok(exit::OK);
+    }
+    if job.is_periodic_or_parameterized() {
+        return show_children(ctx, &job, &path, &ns_q()).await;
     }
 
     let summary = ctx.client.get::<JobSummary>(&format!("{path}/summary"), &ns_q()).await;
@@ -88,11 +91,10 @@ pub async fn show(ctx: &Ctx, args: &StatusArgs, job_prefix: &str) -> CmdResult {
         .value;
 
     match summary {
-        Ok(s) if !job.is_periodic_or_parameterized() => {
+        Ok(s) => {
             println!("{}", ctx.style.section("Summary"));
             println!("{}", summary_table(&s.value));
         }
-        Ok(_) => {}
         Err(e) => return Err(Failure::new(format!("Error querying job summary: {e}"))),
     }
     let len = ctx.id_len(args.verbose);
@@ -116,8 +118,55 @@ pub async fn show(ctx: &Ctx, args: &StatusArgs, job_prefix: &str) -> CmdResult {
     Ok(exit::OK)
 }
 
-/// The job's key/value block.
-pub fn details(job: &Job) -> String {
+/// A periodic or parameterized job: its dispatch settings, its children's summary and its
+/// children (Nomad's `outputPeriodicInfo` and `outputParameterizedInfo`), no allocations.
+async fn show_children(ctx: &Ctx, job: &Job, path: &str, q: &Query) -> CmdResult {
+    let parameterized = job.is_parameterized();
+    if let Some(p) = job.parameterized_job.as_ref().filter(|_| parameterized) {
+        println!("{}", ctx.style.section("Parameterized Job"));
+        println!(
+            "{}",
+            kv(&[
+                ("Payload", p.payload.clone()),
+                ("Required Metadata", p.meta_required.join(", ")),
+                ("Optional Metadata", p.meta_optional.join(", ")),
+            ])
+        );
+    }
+    let summary = ctx
+        .client
+        .get::<JobSummary>(&format!("{path}/summary"), q)
+        .await
+        .map_err(|e| Failure::new(format!("Error querying job summary: {e}")))?
+        .value;
+    println!("{}", ctx.style.section("Children Job Summary"));
+    let c = &summary.children;
+    println!(
+        "{}",
+        table_with_header(&["Pending", "Running", "Dead"], vec![vec![c.pending.to_string(), c.running.to_string(), c.dead.to_string()]])
+    );
+    let suffix = if parameterized { "/dispatch-" } else { "/periodic-" };
+    let children = ctx
+        .client
+        .get::<Vec<JobListStub>>("/v1/jobs", &q.clone().prefix(&format!("{}{suffix}", job.id)))
+        .await
+        .map_err(|e| Failure::new(format!("Error querying job: {e}")))?
+        .value;
+    let rows: Vec<Vec<String>> =
+        children.iter().filter(|c| c.parent_id == job.id).map(|c| vec![c.id.clone(), c.status.as_str().to_string()]).collect();
+    if rows.is_empty() {
+        let what = if parameterized { "No dispatched instances of parameterized job found" } else { "No instances of periodic job found" };
+        println!("\n{what}");
+        return Ok(exit::OK);
+    }
+    println!("{}", ctx.style.section(if parameterized { "Dispatched Jobs" } else { "Previously Launched Jobs" }));
+    println!("{}", table_with_header(&["ID", "Status"], rows));
+    Ok(exit::OK)
+}
+
+/// The job's key/value block; a periodic job's next launch is worked out from `now`, as
+/// Nomad's CLI does.
+pub fn details(job: &Job, now: i64) -> String {
     let mut pairs = vec![
         ("ID", job.id.clone()),
         ("Name", job.name.clone()),
@@ -129,8 +178,21 @@ pub fn details(job: &Job) -> String {
         ("Node Pool", job.node_pool.clone()),
         ("Status", tables::job_status_string(job.status.as_str(), job.stop)),
         ("Periodic", job.periodic.is_some().to_string()),
-        ("Parameterized", job.parameterized_job.is_some().to_string()),
+        ("Parameterized", job.is_parameterized().to_string()),
     ];
+    if let Some(p) = job.periodic.as_ref().filter(|_| !job.is_parameterized()) {
+        let next = if job.stop {
+            Some("none (job stopped)".to_string())
+        } else {
+            nomad_server::leader::periodic::next_launch(p, now).ok().flatten().map(|next| {
+                let ahead = u64::try_from((next - now) / 1_000_000_000).unwrap_or(0);
+                format!("{} ({} from now)", format_time(next), duration_top_two(ahead))
+            })
+        };
+        if let Some(next) = next {
+            pairs.push(("Next Periodic Launch", next));
+        }
+    }
     if job.version > 0 {
         pairs.insert(2, ("Version", job.version.to_string()));
     }
@@ -189,7 +251,7 @@ mod tests {
     #[test]
     fn details_show_the_job_fields() {
         let job = Job { id: "web".into(), name: "web".into(), datacenters: vec!["dc1".into(), "dc2".into()], stop: true, ..Job::default() };
-        let d = details(&job);
+        let d = details(&job, 0);
         assert!(d.contains("ID            = web"), "{d}");
         assert!(d.contains("Datacenters   = dc1,dc2"));
         assert!(d.contains("Status        = pending (stopped)"));

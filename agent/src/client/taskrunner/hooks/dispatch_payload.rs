@@ -1,6 +1,6 @@
-//! `dispatch_payload`: writes a dispatched job's payload (base64 in the job) to the file the
-//! task's `dispatch_payload { file = "..." }` names, under its `local/` dir, through `fs_beneath`
-//! (never through a symlink). Done once.
+//! `dispatch_payload`: writes a dispatched job's payload (snappy-compressed, base64 in the job,
+//! as Nomad stores it) to the file the task's `dispatch_payload { file = "..." }` names, under
+//! its `local/` dir, through `fs_beneath` (never through a symlink). Done once.
 
 use std::io::Write;
 use std::path::{Component, Path};
@@ -33,7 +33,8 @@ impl PrestartHook for DispatchPayloadHook {
         if file.is_empty() || payload.is_empty() {
             return Ok(PrestartResponse { done: true, ..PrestartResponse::default() });
         }
-        let bytes = crate::client::base64::decode(&payload).map_err(|e| HookError::fatal(format!("dispatch payload: {e}")))?;
+        let compressed = crate::client::base64::decode(&payload).map_err(|e| HookError::fatal(format!("dispatch payload: {e}")))?;
+        let bytes = decompress(&compressed).map_err(|e| HookError::fatal(format!("dispatch payload: {e}")))?;
         let rel = Path::new("local").join(file);
         if file.is_empty() || Path::new(file).is_absolute() || Path::new(file).components().any(|c| c == Component::ParentDir) {
             return Err(HookError::fatal(format!("dispatch payload file {file:?} escapes the task's local dir")));
@@ -54,6 +55,18 @@ impl PrestartHook for DispatchPayloadHook {
     }
 }
 
+/// The servers refuse payloads over this (Nomad's `DispatchPayloadSizeLimit`); a job claiming
+/// more is not decompressed.
+const PAYLOAD_LIMIT: usize = 16 * 1024;
+
+fn decompress(compressed: &[u8]) -> Result<Vec<u8>, String> {
+    let len = snap::raw::decompress_len(compressed).map_err(|e| format!("not snappy-compressed: {e}"))?;
+    if len > PAYLOAD_LIMIT {
+        return Err(format!("{len} bytes once decompressed, more than the {PAYLOAD_LIMIT} a dispatch may carry"));
+    }
+    snap::raw::Decoder::new().decompress_vec(compressed).map_err(|e| format!("not snappy-compressed: {e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use std::fs;
@@ -61,13 +74,28 @@ mod tests {
 
     use super::*;
 
+    /// A payload as the servers store it.
+    fn stored(raw: &[u8]) -> Option<String> {
+        use base64::Engine;
+        Some(base64::engine::general_purpose::STANDARD.encode(snap::raw::Encoder::new().compress_vec(raw).unwrap()))
+    }
+
+    #[test]
+    fn payloads_are_decompressed_within_the_limit() {
+        let raw = vec![b'a'; PAYLOAD_LIMIT];
+        assert_eq!(decompress(&snap::raw::Encoder::new().compress_vec(&raw).unwrap()).unwrap(), raw);
+        let too_big = snap::raw::Encoder::new().compress_vec(&vec![b'a'; PAYLOAD_LIMIT + 1]).unwrap();
+        assert!(decompress(&too_big).unwrap_err().contains("16385 bytes"));
+        assert!(decompress(b"hi").unwrap_err().contains("not snappy"));
+    }
+
     #[test]
     fn the_payload_lands_in_local() {
         let dir = tempfile::tempdir().unwrap();
         let mut config = super::super::tests_support::config();
         config.alloc_dir = dir.path().to_path_buf();
         fs::create_dir_all(config.local_dir()).unwrap();
-        let job = nomad_proto::Job { payload: Some("aGk=".into()), ..Default::default() };
+        let job = nomad_proto::Job { payload: stored(b"hi"), ..Default::default() };
         let alloc = nomad_proto::Allocation { job: Some(Arc::new(job)), ..Default::default() };
         let task = nomad_proto::Task { dispatch_payload: Some(serde_json::json!({"File": "in/p.txt"})), ..Default::default() };
         let req = HookRequest { alloc: &alloc, task: &task, config: &config, driver: None, secrets_tmpfs: false, previous: None };
@@ -92,7 +120,7 @@ mod tests {
         fs::create_dir_all(config.local_dir()).unwrap();
         std::os::unix::fs::symlink(host.path(), config.local_dir().join("in")).unwrap();
         std::os::unix::fs::symlink(&victim, config.local_dir().join("p.txt")).unwrap();
-        let job = nomad_proto::Job { payload: Some("aGk=".into()), ..Default::default() };
+        let job = nomad_proto::Job { payload: stored(b"hi"), ..Default::default() };
         let alloc = nomad_proto::Allocation { job: Some(Arc::new(job)), ..Default::default() };
         for file in ["in/p.txt", "p.txt"] {
             let task = nomad_proto::Task { dispatch_payload: Some(serde_json::json!({"File": file})), ..Default::default() };

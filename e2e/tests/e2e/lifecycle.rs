@@ -1,0 +1,162 @@
+//! The job lifecycle through the CLI against a real dev agent: a parameterized job dispatched
+//! with a payload and meta that reach its task; a periodic job launching on its schedule and
+//! forced; a job's history, with diffs, and a revert to an earlier version.
+
+use std::path::Path;
+
+use nomad_e2e::wait_for;
+use serde_json::Value;
+
+use crate::SETTLE;
+use crate::cli::{allocs, dev_agent, logs_contain, nomad};
+
+const GREET: &str = r#"
+job "greet" {
+  type        = "batch"
+  datacenters = ["dc1"]
+  parameterized {
+    payload       = "required"
+    meta_required = ["who"]
+  }
+  group "g" {
+    task "t" {
+      driver = "raw_exec"
+      dispatch_payload {
+        file = "input.txt"
+      }
+      config {
+        command = "/bin/sh"
+        args    = ["-c", "echo \"hello $NOMAD_META_who\"; cat \"$NOMAD_TASK_DIR/input.txt\""]
+      }
+    }
+  }
+}
+"#;
+
+const TICK: &str = r#"
+job "tick" {
+  type        = "batch"
+  datacenters = ["dc1"]
+  periodic {
+    crons            = ["*/2 * * * * * *"]
+    prohibit_overlap = true
+  }
+  group "g" {
+    task "t" {
+      driver = "raw_exec"
+      config {
+        command = "/bin/echo"
+        args    = ["tick"]
+      }
+    }
+  }
+}
+"#;
+
+fn web(count: u32) -> String {
+    format!(
+        r#"
+job "hist" {{
+  datacenters = ["dc1"]
+  group "g" {{
+    count = {count}
+    task "t" {{
+      driver = "raw_exec"
+      config {{
+        command = "/bin/sleep"
+        args    = ["300"]
+      }}
+    }}
+  }}
+}}
+"#
+    )
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+/// The value of `key` in `Key = Value` output.
+fn kv_value(out: &str, key: &str) -> String {
+    out.lines().find_map(|l| l.split_once('=').filter(|(k, _)| k.trim() == key).map(|(_, v)| v.trim().to_string())).unwrap_or_default()
+}
+
+#[test]
+fn dispatch_periodic_history_and_revert_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = dev_agent(dir.path());
+    let http = agent.http();
+
+    // Dispatch: the payload file and the meta reach the task; the same idempotency token twice
+    // gives the same child.
+    let greet = write(dir.path(), "greet.nomad.hcl", GREET);
+    nomad(&agent, &["job", "run", &greet]).expect(0, "job run of a parameterized job");
+    let payload = write(dir.path(), "payload.txt", "the payload text\n");
+    let missing = nomad(&agent, &["job", "dispatch", "-detach", "greet", &payload]);
+    assert_eq!(missing.code, 1, "{}", missing.stdout);
+    assert!(missing.stderr.contains("Dispatch did not provide required meta keys: [who]"), "{}", missing.stderr);
+    let run = nomad(&agent, &["job", "dispatch", "-meta", "who=alice", "-idempotency-token", "once", "greet", &payload])
+        .expect(0, "job dispatch");
+    let child = kv_value(&run.stdout, "Dispatched Job ID");
+    assert!(child.starts_with("greet/dispatch-"), "{}", run.stdout);
+    let again = nomad(&agent, &["job", "dispatch", "-detach", "-meta", "who=alice", "-idempotency-token", "once", "greet", &payload])
+        .expect(0, "job dispatch with the same token");
+    assert_eq!(kv_value(&again.stdout, "Dispatched Job ID"), child);
+    let child_path = child.replace('/', "%2F");
+    let alloc = wait_for("the dispatched child's alloc to complete", SETTLE, || {
+        allocs(&http, &child_path).into_iter().find(|a| a["ClientStatus"] == "complete")
+    })
+    .unwrap_or_else(|e| panic!("{e}: {:?}\n{}", allocs(&http, &child_path), agent.logs()));
+    let logs = logs_contain(&agent, alloc["ID"].as_str().unwrap(), &[], "the payload text");
+    assert!(logs.contains("hello alice"), "{logs}");
+    let status = nomad(&agent, &["job", "status", "greet"]).expect(0, "job status of the parameterized job");
+    assert!(status.stdout.contains("Parameterized Job") && status.stdout.contains("Dispatched Jobs"), "{}", status.stdout);
+    assert!(status.stdout.contains(&child), "{}", status.stdout);
+
+    // Periodic: children every two seconds, named by their launch second; a forced launch.
+    let tick = write(dir.path(), "tick.nomad.hcl", TICK);
+    nomad(&agent, &["job", "run", &tick]).expect(0, "job run of a periodic job");
+    let children = || -> Vec<String> {
+        let list = http.get_json("/v1/jobs?prefix=tick/periodic-").ok().and_then(|v| v.as_array().cloned()).unwrap_or_default();
+        list.iter().filter_map(|j| j["ID"].as_str().map(str::to_string)).collect()
+    };
+    let launched = wait_for("two periodic launches", SETTLE, || {
+        let c = children();
+        (c.len() >= 2).then_some(c)
+    })
+    .unwrap_or_else(|e| panic!("{e}: {:?}\n{}", children(), agent.logs()));
+    for id in &launched {
+        let secs: i64 = id.rsplit('-').next().unwrap().parse().unwrap();
+        assert_eq!(secs % 2, 0, "{id}: launched on the cron's even seconds");
+    }
+    let status = nomad(&agent, &["job", "status", "tick"]).expect(0, "job status of the periodic job");
+    assert!(status.stdout.contains("Next Periodic Launch") && status.stdout.contains("Previously Launched Jobs"), "{}", status.stdout);
+    let forced = nomad(&agent, &["job", "periodic", "force", "-detach", "tick"]).expect(0, "job periodic force");
+    assert!(forced.stdout.starts_with("Force periodic successful\nEvaluation ID: "), "{}", forced.stdout);
+    nomad(&agent, &["job", "stop", "-purge", "tick"]).expect(0, "stop the periodic job");
+
+    // History and revert.
+    let v0 = write(dir.path(), "hist0.nomad.hcl", &web(1));
+    let v1 = write(dir.path(), "hist1.nomad.hcl", &web(2));
+    nomad(&agent, &["job", "run", "-detach", &v0]).expect(0, "version 0");
+    nomad(&agent, &["job", "run", "-detach", &v1]).expect(0, "version 1");
+    let history = nomad(&agent, &["job", "history", "-p", "hist"]).expect(0, "job history -p");
+    let blocks: Vec<&str> = history.stdout.split("\n\n").collect();
+    assert_eq!(blocks.len(), 2, "{}", history.stdout);
+    assert_eq!(kv_value(blocks[0], "Version"), "1");
+    assert!(blocks[0].contains("Count") && blocks[0].contains("\"1\" => \"2\""), "{}", blocks[0]);
+    assert_eq!(kv_value(blocks[1], "Version"), "0");
+    nomad(&agent, &["job", "revert", "-detach", "hist", "0"]).expect(0, "job revert to version 0");
+    let job: Value = http.get_json("/v1/job/hist").unwrap();
+    assert_eq!((job["Version"].as_u64(), job["TaskGroups"][0]["Count"].as_u64()), (Some(2), Some(1)));
+    let json = nomad(&agent, &["job", "history", "-json", "hist"]).expect(0, "job history -json");
+    let versions: Vec<u64> =
+        serde_json::from_str::<Vec<Value>>(&json.stdout).unwrap().iter().map(|j| j["Version"].as_u64().unwrap()).collect();
+    assert_eq!(versions, [2, 1, 0]);
+    let refused = nomad(&agent, &["job", "revert", "hist", "2"]);
+    assert!(refused.code == 1 && refused.stderr.contains("can't revert to current version"), "{}", refused.stderr);
+    nomad(&agent, &["job", "stop", "-purge", "hist"]).expect(0, "stop hist");
+}
