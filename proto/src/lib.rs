@@ -14,6 +14,7 @@ pub mod canonicalize;
 pub mod connect;
 pub mod cron;
 pub mod csi;
+pub mod deployment;
 pub mod eval;
 pub mod job;
 pub mod jobspec;
@@ -37,6 +38,7 @@ pub use alloc::{
     AllocListStub, AllocMetric, AllocState, AllocStubFields, Allocation, ClientStatus, DesiredStatus, DesiredTransition, TaskEvent,
     TaskState,
 };
+pub use deployment::{Deployment, DeploymentState, DeploymentStatusUpdate};
 pub use eval::{EvalStatus, Evaluation};
 pub use job::{
     Affinity, Constraint, Job, JobStatus, JobType, LogConfig, ReschedulePolicy, RestartPolicy, Spread, Task, TaskGroup, TaskLifecycle,

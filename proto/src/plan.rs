@@ -33,6 +33,10 @@ pub struct Plan {
     pub node_preemptions: BTreeMap<String, Vec<Allocation>>,
     /// State index the plan was computed at.
     pub snapshot_index: u64,
+    /// A deployment the plan creates.
+    pub deployment: Option<crate::Deployment>,
+    /// Status changes of deployments (cancelled, successful).
+    pub deployment_updates: Vec<crate::DeploymentStatusUpdate>,
 }
 
 impl Plan {
@@ -41,6 +45,8 @@ impl Plan {
         self.node_update.values().all(Vec::is_empty)
             && self.node_allocation.values().all(Vec::is_empty)
             && self.node_preemptions.values().all(Vec::is_empty)
+            && self.deployment.is_none()
+            && self.deployment_updates.is_empty()
     }
 }
 

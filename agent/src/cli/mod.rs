@@ -15,6 +15,7 @@ pub mod acl;
 pub mod agent;
 pub mod alloc;
 pub mod api;
+pub mod deployment;
 pub mod eval;
 pub mod format;
 pub mod job;
@@ -78,6 +79,8 @@ pub enum Command {
     Volume(volume::VolumeArgs),
     /// Show CSI plugins.
     Plugin(plugin::PluginArgs),
+    /// List, show, fail, pause, resume and promote deployments.
+    Deployment(deployment::DeploymentArgs),
     /// Show the status of jobs, or of any object by ID prefix.
     Status(status::StatusArgs),
     /// System maintenance: a forced garbage collection.
@@ -176,6 +179,7 @@ pub async fn run(command: Command) -> u8 {
         Command::Var(a) => var::run(a).await,
         Command::Volume(a) => volume::run(a).await,
         Command::Plugin(a) => plugin::run(a).await,
+        Command::Deployment(a) => deployment::run(a).await,
         Command::Status(a) => status::run(a).await,
         Command::Tls(a) => tls::run(a),
         Command::Agent(_) | Command::Version => Err(Failure::new("agent and version are not API commands")),

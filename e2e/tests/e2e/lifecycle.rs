@@ -160,3 +160,113 @@ fn dispatch_periodic_history_and_revert_through_the_cli() {
     assert!(refused.code == 1 && refused.stderr.contains("can't revert to current version"), "{}", refused.stderr);
     nomad(&agent, &["job", "stop", "-purge", "hist"]).expect(0, "stop hist");
 }
+
+fn rolling(version: &str, command: &str, update: &str) -> String {
+    format!(
+        r#"
+job "roll" {{
+  datacenters = ["dc1"]
+  update {{
+    {update}
+  }}
+  group "g" {{
+    count = 3
+    restart {{
+      attempts = 0
+      mode     = "fail"
+    }}
+    reschedule {{
+      attempts  = 0
+      unlimited = false
+    }}
+    task "t" {{
+      driver = "raw_exec"
+      env {{
+        VERSION = "{version}"
+      }}
+      config {{
+        command = "/bin/sh"
+        args    = ["-c", "{command}"]
+      }}
+    }}
+  }}
+}}
+"#
+    )
+}
+
+/// The job's newest deployment.
+fn latest_deployment(http: &nomad_e2e::HttpClient) -> Value {
+    http.get_json("/v1/job/roll/deployment").unwrap_or(Value::Null)
+}
+
+/// A rolling update goes one alloc at a time, each batch after the last is healthy, and ends
+/// successful with the version stable; a version whose tasks fail fails its deployment at the
+/// progress deadline and stops rolling.
+#[test]
+fn a_rolling_update_deploys_one_healthy_alloc_at_a_time_and_a_failing_one_stops_at_its_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = dev_agent(dir.path());
+    let http = agent.http();
+    let update = r#"max_parallel = 1
+    min_healthy_time = "1s"
+    healthy_deadline = "5s"
+    progress_deadline = "8s""#;
+    let v0 = write(dir.path(), "roll0.nomad.hcl", &rolling("0", "sleep 300", update));
+    nomad(&agent, &["job", "run", "-detach", &v0]).expect(0, "version 0");
+    let first = wait_for("the first deployment to succeed", SETTLE, || {
+        let d = latest_deployment(&http);
+        (d["Status"] == "successful").then_some(d)
+    })
+    .unwrap_or_else(|e| panic!("{e}: {}\n{}", latest_deployment(&http), agent.logs()));
+    assert_eq!(first["TaskGroups"]["g"]["HealthyAllocs"], 3);
+    let id = first["ID"].as_str().unwrap();
+    let list = nomad(&agent, &["deployment", "list"]).expect(0, "deployment list");
+    assert!(list.stdout.starts_with("ID ") && list.stdout.contains(&id[..8]) && list.stdout.contains("successful"), "{}", list.stdout);
+    let status = nomad(&agent, &["deployment", "status", &id[..6]]).expect(0, "deployment status by prefix");
+    assert!(status.stdout.contains("Description = Deployment completed successfully"), "{}", status.stdout);
+    assert!(
+        status
+            .stdout
+            .contains("Deployed\nTask Group  Desired  Placed  Healthy  Unhealthy  Progress Deadline\ng           3        3       3"),
+        "{}",
+        status.stdout
+    );
+    let refused = nomad(&agent, &["deployment", "fail", id]);
+    assert!(refused.code == 1 && refused.stderr.contains("can't fail terminal deployment"), "{}", refused.stderr);
+
+    // Version 1: never more than one new alloc without a health verdict at a time.
+    let v1 = write(dir.path(), "roll1.nomad.hcl", &rolling("1", "sleep 300", update));
+    nomad(&agent, &["job", "run", "-detach", &v1]).expect(0, "version 1");
+    let mut most_unsettled = 0;
+    let second = wait_for("the second deployment to succeed", SETTLE, || {
+        let live: Vec<Value> = allocs(&http, "roll").into_iter().filter(|a| a["DesiredStatus"] == "run").collect();
+        let unsettled = live.iter().filter(|a| a["JobVersion"] == 1 && a["DeploymentStatus"]["Healthy"].is_null()).count();
+        most_unsettled = most_unsettled.max(unsettled);
+        let d = latest_deployment(&http);
+        (d["Status"] == "successful" && d["JobVersion"] == 1).then_some(d)
+    })
+    .unwrap_or_else(|e| panic!("{e}: {}\n{}", latest_deployment(&http), agent.logs()));
+    assert_ne!(second["ID"], first["ID"]);
+    assert!(most_unsettled <= 1, "max_parallel = 1 held: {most_unsettled} new allocs were unsettled at once");
+    let live: Vec<Value> = allocs(&http, "roll").into_iter().filter(|a| a["ClientStatus"] == "running").collect();
+    assert_eq!(live.len(), 3);
+    assert!(live.iter().all(|a| a["JobVersion"] == 1), "{live:?}");
+    let job: Value = http.get_json("/v1/job/roll").unwrap();
+    assert_eq!((job["Version"].as_u64(), job["Stable"].as_bool()), (Some(1), Some(true)));
+
+    // Version 2 fails: its first alloc is unhealthy, nothing more is replaced, and the deadline
+    // fails the deployment.
+    let v2 = write(dir.path(), "roll2.nomad.hcl", &rolling("2", "exit 1", update));
+    nomad(&agent, &["job", "run", "-detach", &v2]).expect(0, "version 2");
+    let failed = wait_for("the third deployment to fail", SETTLE, || {
+        let d = latest_deployment(&http);
+        (d["Status"] == "failed" && d["JobVersion"] == 2).then_some(d)
+    })
+    .unwrap_or_else(|e| panic!("{e}: {}\n{}", latest_deployment(&http), agent.logs()));
+    assert_eq!(failed["StatusDescription"], "Failed due to progress deadline");
+    let still_v1 = allocs(&http, "roll").into_iter().filter(|a| a["ClientStatus"] == "running" && a["JobVersion"] == 1).count();
+    assert_eq!(still_v1, 2, "only the first alloc was replaced before the deployment failed");
+    let out = nomad(&agent, &["job", "history", "roll"]).expect(0, "job history");
+    assert!(out.stdout.contains("Stable      = true"), "{}", out.stdout);
+}

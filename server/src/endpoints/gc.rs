@@ -6,6 +6,8 @@
 //! - **Evals**: a finished eval whose allocs are all finished goes with those allocs, unless its
 //!   job is a batch job still registered and not stopped (its finished allocs are what keep the
 //!   scheduler from running them again).
+//! - **Deployments**: a finished deployment (failed, successful or cancelled) none of whose
+//!   allocs is still live goes.
 //! - **Nodes**: a down node with no alloc left that is not finished is removed.
 //!
 //! Allocs leave only with their eval, so the clients see them vanish from their alloc lists
@@ -28,6 +30,8 @@ pub struct GcReport {
     pub allocs: usize,
     /// Nodes removed.
     pub nodes: Vec<String>,
+    /// Deployments deleted.
+    pub deployments: usize,
 }
 
 /// Most evals and allocs one Raft entry deletes (Nomad's `maxIdsPerReap` is of this order).
@@ -54,6 +58,16 @@ impl Endpoints {
         report.evals += evals.len();
         report.allocs += allocs.len();
         self.delete(evals, allocs).await?;
+        let snap = self.store.snapshot();
+        let deployments: Vec<String> = snap
+            .deployments()
+            .filter(|d| !d.active() && snap.allocs_by_deployment(d).all(|a| a.terminal()))
+            .map(|d| d.id.clone())
+            .collect();
+        for ids in deployments.chunks(MAX_IDS_PER_ENTRY) {
+            self.consensus.apply(Command::DeploymentDelete { deployment_ids: ids.to_vec() }).await?;
+            report.deployments += ids.len();
+        }
         let snap = self.store.snapshot();
         let nodes: Vec<String> = snap
             .nodes()

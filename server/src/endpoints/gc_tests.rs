@@ -52,16 +52,26 @@ async fn force_gc_removes_what_is_finished_and_keeps_what_is_not() {
     );
     let evals = vec![e_done.clone(), e_busy_old.clone(), e_busy.clone(), e_web_old.clone(), e_web.clone()];
     ts.consensus.apply(Command::EvalUpsert { evals }).await.unwrap();
+    let in_deployment = |mut a: Allocation, d: &str| {
+        a.deployment_id = d.into();
+        a
+    };
     let allocs = vec![
         alloc_of(&batch, &e_done, "a-done", ClientStatus::Complete),
         alloc_of(&running_batch, &e_busy_old, "a-busy-old", ClientStatus::Complete),
         alloc_of(&running_batch, &e_busy, "a-busy", ClientStatus::Running),
-        alloc_of(&web, &e_web_old, "a-web-old", ClientStatus::Failed),
-        alloc_of(&web, &e_web, "a-web", ClientStatus::Running),
+        in_deployment(alloc_of(&web, &e_web_old, "a-web-old", ClientStatus::Failed), "d-failed"),
+        in_deployment(alloc_of(&web, &e_web, "a-web", ClientStatus::Running), "d-done"),
     ];
+    let deployment =
+        |id: &str, status: &str| nomad_proto::Deployment { status: status.into(), ..nomad_proto::Deployment::new(id.into(), &web, 50) };
     let idx = ts.store.snapshot().index + 1;
     ts.store
         .write(idx, |tx| {
+            // A failed deployment whose alloc goes, a successful one whose alloc runs, a running one.
+            for (id, status) in [("d-failed", "failed"), ("d-done", "successful"), ("d-live", "running")] {
+                tx.upsert_deployment(deployment(id, status));
+            }
             // The statuses of the jobs are left as stored: GC reads them from the allocs.
             tx.upsert_allocs_from_plan(allocs);
             tx.update_node_status("n2", NodeStatus::Down, None, 0).map(|_| ())
@@ -78,6 +88,9 @@ async fn force_gc_removes_what_is_finished_and_keeps_what_is_not() {
     assert!(snap.alloc("a-busy-old").is_some() && snap.eval(&e_busy_old.id).is_some(), "a running batch job keeps its finished allocs");
     assert!(snap.node("n1").is_some() && snap.node("n2").is_none());
     assert_eq!((report.evals, report.allocs), (2, 2));
+    assert_eq!(report.deployments, 1);
+    assert!(snap.deployment("d-failed").is_none(), "a finished deployment with nothing live goes");
+    assert!(snap.deployment("d-done").is_some() && snap.deployment("d-live").is_some());
 
     // Nothing left to collect: a second run removes nothing.
     assert_eq!(ts.endpoints.force_gc().await.unwrap(), Default::default());

@@ -174,7 +174,15 @@ mod tests {
             task_group: "web".into(),
             ..nomad_proto::Allocation::default()
         };
-        let apply = PlanApply { job: None, allocs_upserted: vec![alloc], allocs_stopped: vec![], eval: None, evals: vec![], now: at };
+        let apply = PlanApply {
+            job: None,
+            allocs_upserted: vec![alloc],
+            allocs_stopped: vec![],
+            eval: None,
+            evals: vec![],
+            now: at,
+            ..PlanApply::default()
+        };
         ts.consensus.apply(Command::PlanApply(apply)).await.unwrap();
         let stop = endpoints.alloc_stop("a1", false).await.unwrap();
         assert_eq!(ts.store.snapshot().eval(&stop.eval_id).unwrap().create_time, at.unix_nanos());

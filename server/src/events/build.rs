@@ -28,8 +28,11 @@ fn event_type(cmd: &Command) -> Option<&'static str> {
         Command::CsiVolumeClaim { .. } => "CSIVolumeClaim",
         // The type is decided per change below (upserted or deleted).
         Command::VariableApply { .. } => "VariableUpserted",
+        Command::DeploymentStatusUpdate { .. } => "DeploymentStatusUpdate",
+        Command::DeploymentAllocHealth { .. } => "DeploymentAllocHealth",
         // Garbage collection and namespace changes emit nothing, as in Nomad.
         Command::EvalDelete { .. }
+        | Command::DeploymentDelete { .. }
         | Command::NamespaceUpsert { .. }
         | Command::NamespaceDelete { .. }
         // Nor SI token bookkeeping or the cluster's metadata (no such topics in Nomad).
@@ -105,6 +108,9 @@ pub fn batch_for(index: u64, cmd: &Command, changes: &[Change]) -> Option<EventB
                 // Metadata only: the items never leave the servers this way.
                 Change::Variable(v) | Change::VariableDeleted(v) => {
                     (topic::VARIABLES, v.path.clone(), v.namespace.clone(), vec![], serde_json::json!({ "Variable": v }))
+                }
+                Change::Deployment(d) => {
+                    (topic::DEPLOYMENT, d.id.clone(), d.namespace.clone(), vec![d.job_id.clone()], serde_json::json!({ "Deployment": d }))
                 }
             };
             // Service changes keep their own type whatever command made them (node down, alloc finished).

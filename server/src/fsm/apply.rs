@@ -195,6 +195,15 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnE
         Command::RootKeyUpsert { key } => txn.upsert_root_key(key),
         Command::RootKeySetState { key_id, state } => txn.set_root_key_state(key_id, state)?,
         Command::RootKeyDelete { key_id } => txn.delete_root_key(key_id)?,
+        Command::DeploymentStatusUpdate { update, eval } => {
+            txn.update_deployment_status(std::slice::from_ref(update))?;
+            jobs.extend(txn.upsert_evals(eval.iter().cloned().collect()));
+        }
+        Command::DeploymentDelete { deployment_ids } => txn.delete_deployments(deployment_ids),
+        Command::DeploymentAllocHealth { deployment_id, healthy, unhealthy, eval, now } => {
+            txn.set_alloc_health(deployment_id, healthy, unhealthy, *now)?;
+            jobs.extend(txn.upsert_evals(eval.iter().cloned().collect()));
+        }
         Command::JobStability { namespace, job_id, version, stable } => txn.set_job_stability(namespace, job_id, *version, *stable)?,
         Command::PeriodicLaunch { namespace, job_id, launch, child, eval, now } => {
             txn.record_periodic_launch(namespace, job_id, *launch);
@@ -250,6 +259,11 @@ fn apply_plan(txn: &mut Txn<'_>, plan: PlanApply, jobs: &mut BTreeSet<Namespaced
             a
         })
         .collect();
+    // The deployment first: the allocs placed in it are counted as they go in.
+    if let Some(d) = plan.deployment {
+        txn.upsert_deployment(*d);
+    }
+    txn.update_deployment_status(&plan.deployment_updates)?;
     jobs.extend(txn.stop_allocs(&plan.allocs_stopped, now));
     jobs.extend(txn.upsert_allocs_from_plan(allocs));
     let mut evals = plan.evals;

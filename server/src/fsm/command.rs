@@ -283,6 +283,31 @@ pub enum Command {
         /// Stable or not.
         stable: bool,
     },
+    /// A deployment's status changes (failed, paused, resumed), with the eval that follows.
+    DeploymentStatusUpdate {
+        /// The change.
+        update: nomad_proto::DeploymentStatusUpdate,
+        /// Eval to create.
+        eval: Option<Evaluation>,
+    },
+    /// Delete finished deployments (garbage collection).
+    DeploymentDelete {
+        /// The deployments.
+        deployment_ids: Vec<String>,
+    },
+    /// Health of a deployment's allocs set by hand (`/v1/deployment/allocation-health`).
+    DeploymentAllocHealth {
+        /// The deployment.
+        deployment_id: String,
+        /// Allocs now healthy.
+        healthy: Vec<String>,
+        /// Allocs now unhealthy.
+        unhealthy: Vec<String>,
+        /// Eval to create.
+        eval: Option<Evaluation>,
+        /// Server time.
+        now: Timestamp,
+    },
     /// A periodic job's launch: its child and the child's eval, recorded as the parent's last
     /// launch. A child that already exists (a new leader launching the same time again) is
     /// left alone, so a launch is never doubled.
@@ -326,6 +351,12 @@ pub struct PlanApply {
     pub evals: Vec<Evaluation>,
     /// Server time.
     pub now: Timestamp,
+    /// A deployment the plan creates (boxed: most plans have none).
+    #[serde(default)]
+    pub deployment: Option<Box<nomad_proto::Deployment>>,
+    /// Deployment status changes (cancelled, successful).
+    #[serde(default)]
+    pub deployment_updates: Vec<nomad_proto::DeploymentStatusUpdate>,
 }
 
 /// A stop decided by the scheduler.

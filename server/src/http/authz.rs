@@ -181,9 +181,16 @@ pub const ROWS: &[Row] = &[
     row(Write, "/v1/job/*/stable", Ns(&["submit-job"], Query)),
     row(Write, "/v1/job/*/periodic/force", Ns(&["submit-job"], Query)),
     row(Write, "/v1/job/*/dispatch", Ns(&["dispatch-job"], Query)),
+    row(Get, "/v1/job/*/deployments", Ns(&["read-job"], Query)),
+    row(Get, "/v1/job/*/deployment", Ns(&["read-job"], Query)),
     row(Get, "/v1/job/*", Ns(&["read-job"], Query)),
     row(Write, "/v1/job/*", Ns(&["submit-job"], WriteBody)),
     row(Delete, "/v1/job/*", Ns(&["submit-job"], Query)),
+    // Deployments: reads filtered by the answer's namespace; writes in the query's.
+    row(Get, "/v1/deployments", Ns(&["read-job"], Query)),
+    row(Get, "/v1/deployment/allocations/:id", Ns(&["read-job"], Resp)),
+    row(Get, "/v1/deployment/:id", Ns(&["read-job"], Resp)),
+    row(Write, "/v1/deployment/:action/:id", Ns(&["submit-job"], Query)),
     // Allocations and evaluations.
     row(Get, "/v1/allocations", Ns(&["read-job"], Query)),
     row(Write, "/v1/allocation/:id/stop", Ns(&["alloc-lifecycle"], ALLOC)),

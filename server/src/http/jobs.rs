@@ -422,6 +422,14 @@ pub async fn job_specific(State(s): State<HttpState>, method: Method, uri: Uri, 
                 let body = serde_json::json!({ "EvalID": resp.eval_id, "EvalCreateIndex": resp.eval_create_index, "Index": index });
                 json_response(&body, Some(s.meta(index)), q.pretty)
             }
+            Some("deployments") => {
+                require_method(&method, &[Method::GET])?;
+                super::deployments::job_deployments(&s, &q, &id).await
+            }
+            Some("deployment") => {
+                require_method(&method, &[Method::GET])?;
+                super::deployments::job_latest_deployment(&s, &q, &id).await
+            }
             Some("dispatch") => {
                 require_method(&method, &[Method::PUT, Method::POST])?;
                 dispatch(&s, &q, &id, body).await

@@ -12,6 +12,7 @@ mod agent;
 mod allocs;
 pub mod authz;
 mod csi;
+mod deployments;
 mod evals;
 mod events;
 pub mod filter;
@@ -84,6 +85,8 @@ server_routes! {
     "/v1/jobs/parse" => jobs::jobs_parse,
     "/v1/validate/job" => jobs::validate_job,
     "/v1/job/{*rest}" => jobs::job_specific,
+    "/v1/deployments" => deployments::deployments,
+    "/v1/deployment/{*rest}" => deployments::deployment_specific,
     "/v1/allocations" => allocs::allocations,
     "/v1/allocation/{*rest}" => allocs::allocation_specific,
     "/v1/evaluations" => evals::evaluations,
@@ -137,6 +140,8 @@ pub const NOT_FOUND_TEXT: &str = "404 page not found\n";
 
 #[cfg(test)]
 mod csi_tests;
+#[cfg(test)]
+mod deployment_tests;
 #[cfg(test)]
 mod forward_tests;
 #[cfg(test)]

@@ -10,6 +10,7 @@
 
 pub mod acl_token_gc;
 pub mod csi_claim_gc;
+pub mod deployment_watcher;
 pub mod keyring;
 pub mod periodic;
 pub mod volume_watcher;
@@ -170,7 +171,7 @@ impl Leader {
 
     fn establish(&self) -> Term {
         tracing::info!(
-            "leadership won: starting the eval broker, workers, plan applier, heartbeat timers, node drainer, CSI volume watcher and claim GC, periodic dispatcher, SI token revoker"
+            "leadership won: starting the eval broker, workers, plan applier, heartbeat timers, node drainer, CSI volume watcher and claim GC, periodic dispatcher, deployment watcher, SI token revoker"
         );
         let d = &self.deps;
         self.broker.set_enabled(true);
@@ -215,6 +216,7 @@ impl Leader {
         tasks.push(tokio::spawn(keyring.run()));
         let periodic = Arc::new(StorePeriodicJobs { store: d.store.clone(), consensus: d.consensus.clone() });
         tasks.push(tokio::spawn(PeriodicDispatcher::new(periodic).run()));
+        tasks.push(tokio::spawn(deployment_watcher::DeploymentWatcher::new(d.store.clone(), d.consensus.clone()).run()));
         if let Some(config) = &self.config.acl_token_gc {
             tracing::info!(threshold = ?config.threshold, "starting the expired ACL token GC");
             let tokens = Arc::new(StoreTokens { store: d.store.clone(), consensus: d.consensus.clone() });

@@ -327,7 +327,14 @@ pub fn entry_for(sub: &PlanSubmission, result: &PlanResult, now: Timestamp) -> O
     let allocs_stopped: Vec<AllocStop> =
         result.node_update.values().chain(result.node_preemptions.values()).flatten().map(stop_of).collect();
     let (eval, evals) = if complete { (sub.eval_update.clone(), sub.new_evals.clone()) } else { (None, Vec::new()) };
-    if allocs_upserted.is_empty() && allocs_stopped.is_empty() && eval.is_none() && evals.is_empty() {
+    let (deployment, deployment_updates) = (plan.deployment.clone().map(Box::new), plan.deployment_updates.clone());
+    if allocs_upserted.is_empty()
+        && allocs_stopped.is_empty()
+        && eval.is_none()
+        && evals.is_empty()
+        && deployment.is_none()
+        && deployment_updates.is_empty()
+    {
         return None;
     }
     Some(PlanApply {
@@ -337,6 +344,8 @@ pub fn entry_for(sub: &PlanSubmission, result: &PlanResult, now: Timestamp) -> O
         eval,
         evals,
         now,
+        deployment,
+        deployment_updates,
     })
 }
 

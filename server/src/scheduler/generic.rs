@@ -64,6 +64,8 @@ struct GenericRun<'a> {
     failed: BTreeMap<String, AllocMetric>,
     queued: BTreeMap<String, i64>,
     ids: IdSource,
+    /// The active deployment new allocs join (empty: none).
+    deployment_id: String,
 }
 
 impl<'a> GenericRun<'a> {
@@ -86,7 +88,7 @@ impl<'a> GenericRun<'a> {
             }
         }
         let ids = IdSource::new(&eval.id, state.index);
-        GenericRun { state, eval, now, job, proposed, failed: BTreeMap::new(), queued, ids }
+        GenericRun { state, eval, now, job, proposed, failed: BTreeMap::new(), queued, ids, deployment_id: String::new() }
     }
 
     fn run(mut self) -> ScheduleOutcome {
@@ -119,9 +121,11 @@ impl<'a> GenericRun<'a> {
                 now: self.now,
                 ids: &self.ids,
                 update_fn: &mut update_fn,
+                deployment: state.latest_deployment(&self.eval.namespace, &self.eval.job_id).map(|d| d.as_ref()),
             };
             reconciler.compute(&allocs)
         };
+        self.deployment_id = results.deployment_id.clone().unwrap_or_default();
 
         let annotations = self
             .eval
@@ -253,6 +257,7 @@ impl<'a> GenericRun<'a> {
             metrics: Some(metric),
             desired_status: DesiredStatus::Run,
             client_status: ClientStatus::Pending,
+            deployment_id: self.deployment_id.clone(),
             ..Allocation::default()
         };
         if let Some(prev) = req.previous {
@@ -301,7 +306,8 @@ impl<'a> GenericRun<'a> {
         }
         let plan = self.proposed.into_plan();
         let mut next_eval = String::new();
-        if !plan.is_no_op() || eval.annotate_plan {
+        let deployment_changes = results.deployment.is_some() || !results.deployment_updates.is_empty();
+        if !plan.is_no_op() || deployment_changes || eval.annotate_plan {
             if delay_instead {
                 for mut f in results.followup_evals {
                     f.previous_eval = eval.id.clone();
@@ -340,6 +346,8 @@ impl<'a> GenericRun<'a> {
         };
         let mut plan = plan;
         plan.annotations = annotations.clone();
+        plan.deployment = results.deployment;
+        plan.deployment_updates = results.deployment_updates;
         ScheduleOutcome { plan, eval_update, new_evals, annotations }
     }
 }

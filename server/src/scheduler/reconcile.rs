@@ -9,10 +9,15 @@
 //!    lost         ─▶ stop (lost), replace up to count
 //! ```
 //!
-//! Nomad's deployments and canaries are not modelled: destructive updates
-//! go `max_parallel` at a time and the rest continue in a `rolling-update`
-//! follow-up eval after the group's `min_healthy_time`.
+//! Deployments (`deployment.rs`): a service job whose groups have an update strategy rolls a
+//! new version out in a deployment. Destructive updates go `max_parallel` at a time, less the
+//! deployment's allocs whose health is not known yet, none while one is unhealthy or the
+//! deployment is paused or failed; the deployment watcher evaluates the job again as health
+//! arrives. Without a deployment (a job whose new version only scales, say) they go
+//! `max_parallel` at a time and the rest continue in a `rolling-update` follow-up eval after
+//! the group's `min_healthy_time`. Canaries are not modelled (admission refuses them).
 
+mod deployment;
 mod followups;
 mod reconnect;
 
@@ -20,7 +25,7 @@ use std::collections::BTreeMap;
 
 use nomad_proto::alloc::{ALLOC_JOB_STOPPED_DESC, ALLOC_LOST_DESC, ALLOC_MIGRATING_DESC, ALLOC_NOT_NEEDED_DESC, ALLOC_RESCHEDULED_DESC};
 use nomad_proto::plan::DesiredUpdates;
-use nomad_proto::{Allocation, ClientStatus, Evaluation, Job, TaskGroup, Timestamp};
+use nomad_proto::{Allocation, ClientStatus, Deployment, DeploymentStatusUpdate, Evaluation, Job, TaskGroup, Timestamp};
 
 use super::alloc_sets::{self, AllocSet, TaintedNodes, difference, filter_by_rescheduleable, filter_by_tainted};
 use super::ids::IdSource;
@@ -115,6 +120,12 @@ pub(crate) struct ReconcileResults<'a> {
     pub(crate) followup_evals: Vec<Evaluation>,
     /// Destructive updates were held back by `max_parallel`; continue then.
     pub(crate) rolling_wait_until: Option<Timestamp>,
+    /// A deployment this run creates.
+    pub(crate) deployment: Option<Deployment>,
+    /// Status changes of deployments (cancelled, successful).
+    pub(crate) deployment_updates: Vec<DeploymentStatusUpdate>,
+    /// The active deployment new allocs join (existing or created), if any.
+    pub(crate) deployment_id: Option<String>,
 }
 
 /// Inputs of one reconciliation.
@@ -130,11 +141,19 @@ pub(crate) struct Reconciler<'a, 'f> {
     /// Where follow-up evals get their IDs.
     pub(crate) ids: &'f IdSource,
     pub(crate) update_fn: &'f mut UpdateFn<'f, 'a>,
+    /// The job's newest deployment.
+    pub(crate) deployment: Option<&'f Deployment>,
 }
 
 struct Run<'a, 'f, 'r> {
     inputs: &'r mut Reconciler<'a, 'f>,
     results: ReconcileResults<'a>,
+    /// The deployment of the job's current version, as this run changes it.
+    deployment: Option<Deployment>,
+    /// It is paused: nothing but replacements of lost or failed allocs is placed.
+    deployment_paused: bool,
+    /// It failed: likewise.
+    deployment_failed: bool,
 }
 
 impl<'a, 'f> Reconciler<'a, 'f> {
@@ -145,15 +164,26 @@ impl<'a, 'f> Reconciler<'a, 'f> {
             matrix.entry(a.task_group.clone()).or_default().insert(a.id.as_str(), a);
         }
         let job = self.job;
-        let mut run = Run { inputs: self, results: ReconcileResults::default() };
+        let mut run = Run {
+            inputs: self,
+            results: ReconcileResults::default(),
+            deployment: None,
+            deployment_paused: false,
+            deployment_failed: false,
+        };
+        run.cancel_unneeded_deployments(job);
         match job {
             Some(job) if !job.stop => {
                 for tg in &job.task_groups {
                     matrix.entry(tg.name.clone()).or_default();
                 }
+                run.deployment_paused = run.deployment.as_ref().is_some_and(|d| d.status == nomad_proto::deployment::status::PAUSED);
+                run.deployment_failed = run.deployment.as_ref().is_some_and(|d| d.status == nomad_proto::deployment::status::FAILED);
+                let mut complete = true;
                 for (group, set) in &matrix {
-                    run.compute_group(job, group, set);
+                    complete &= run.compute_group(job, group, set);
                 }
+                run.finish_deployment(complete);
             }
             _ => {
                 // Stopped or purged: stop everything still live.
@@ -189,15 +219,18 @@ impl<'a> Run<'a, '_, '_> {
         set.len() as u64
     }
 
-    fn compute_group(&mut self, job: &Job, group: &str, all: &AllocSet<'a>) {
+    /// Reconciles one group; whether its part of the deployment is complete.
+    fn compute_group(&mut self, job: &Job, group: &str, all: &AllocSet<'a>) -> bool {
         let mut desired = DesiredUpdates::default();
         let Some(tg) = job.lookup_task_group(group) else {
             // The group was removed from the job.
             let live: AllocSet<'a> = all.iter().filter(|(_, a)| !a.terminal()).map(|(k, v)| (*k, *v)).collect();
             desired.stop = self.filter_and_stop_all(&live, ALLOC_NOT_NEEDED_DESC);
             self.results.desired_tg_updates.insert(group.to_string(), desired);
-            return;
+            return true;
         };
+        let existing_deployment = self.deployment.as_ref().is_some_and(|d| d.task_groups.contains_key(group));
+        let mut desired_total: i64 = 0;
         let (now, batch) = (self.inputs.now, self.inputs.batch);
 
         // Batch allocs that finished under an older version are history.
@@ -249,13 +282,21 @@ impl<'a> Run<'a, '_, '_> {
         let (ignore, inplace, destructive) = self.compute_updates(tg, &untainted);
         desired.ignore += ignore as u64;
         desired.in_place_update += inplace as u64;
+        // In-place updates restart nothing: they stay out of the deployment (see deployment.rs).
+        desired_total = desired_total.saturating_add(destructive.len() as i64);
 
-        let mut under = under_provisioned_by(tg, &destructive, &migrate);
-        let (place, fresh) = if lost_later.is_empty() {
+        let mut under = self.under_provisioned_by(tg, &untainted, &destructive, &migrate);
+        let place_ready = !self.deployment_paused && !self.deployment_failed;
+        let (place, mut fresh) = if lost_later.is_empty() {
             self.compute_placements(tg, &untainted, &migrate, &reschedule_now, &split.lost)
         } else {
             (Vec::new(), 0)
         };
+        desired_total = desired_total.saturating_add(place.len() as i64).saturating_add(fresh as i64);
+        if !place_ready {
+            // Replacements of lost and failed allocs still go; nothing new does.
+            fresh = 0;
+        }
 
         // Replacements of failed allocs stop them; disconnected originals keep running.
         let failed: AllocSet<'a> =
@@ -271,17 +312,20 @@ impl<'a> Run<'a, '_, '_> {
         self.mark_stop(&failed, None, ALLOC_RESCHEDULED_DESC);
         desired.stop += failed.len() as u64;
 
-        let n = destructive.len().min(under);
+        let n = if place_ready { destructive.len().min(under) } else { 0 };
         desired.destructive_update += n as u64;
         desired.ignore += (destructive.len() - n) as u64;
         for &a in name_order(&destructive).iter().take(n) {
             self.results.destructive_update.push(DestructiveUpdate { name: a.name.clone(), group: tg.name.clone(), stop: a });
         }
-        if n < destructive.len() {
+        self.create_deployment(job, tg, existing_deployment, desired_total, &all, &destructive);
+        if n < destructive.len() && self.deployment.is_none() {
+            // No deployment to wait on: go on after min_healthy_time.
             let wait = tg.update.as_ref().map_or(0, |u| u.min_healthy_time);
             let at = now.add_nanos(wait);
             self.results.rolling_wait_until = Some(self.results.rolling_wait_until.map_or(at, |t| t.max(at)));
         }
+        let work_left = !destructive.is_empty() || placing > 0 || !migrate.is_empty() || !resched.later.is_empty();
 
         desired.migrate += migrate.len() as u64;
         for a in name_order(&migrate) {
@@ -300,6 +344,7 @@ impl<'a> Run<'a, '_, '_> {
             });
         }
         self.results.desired_tg_updates.insert(group.to_string(), desired);
+        !work_left && self.group_healthy(group)
     }
 
     /// Stops lost allocs and allocs above `count` (highest name indexes first).
@@ -424,16 +469,6 @@ impl<'a> Run<'a, '_, '_> {
         let fresh = if existing < tg.count { (tg.count - existing) as u64 } else { 0 };
         (place, fresh)
     }
-}
-
-/// How many destructive updates may happen now: `max_parallel` when an
-/// update strategy applies to pending changes, else everything.
-fn under_provisioned_by(tg: &TaskGroup, destructive: &AllocSet<'_>, migrate: &AllocSet<'_>) -> usize {
-    let max_parallel = tg.update.as_ref().map_or(0, |u| u.max_parallel);
-    if max_parallel <= 0 || destructive.len() + migrate.len() == 0 {
-        return tg.count.max(0) as usize;
-    }
-    max_parallel as usize
 }
 
 /// The alloc runs an older job version (or an older job of the same ID).

@@ -69,7 +69,7 @@ fn merge_client_fields(stored: &Allocation, update: &Allocation) -> Allocation {
 }
 
 impl Txn<'_> {
-    fn put_alloc(&mut self, alloc: Allocation) {
+    pub(super) fn put_alloc(&mut self, alloc: Allocation) {
         let key = NamespacedId::new(&alloc.namespace, &alloc.job_id);
         let old = self.state.allocs.get(alloc.id.as_str()).cloned();
         // Keep the job summary's counters in step with client status changes.
@@ -84,6 +84,7 @@ impl Txn<'_> {
                 *g.counter(new_status) += 1;
             });
         }
+        self.account_deployment(old.as_deref(), &alloc);
         let alloc = Arc::new(alloc);
         let id: Key = match &old {
             Some(_) => {

@@ -19,6 +19,7 @@ mod allocs;
 mod changes;
 mod csi_plugins;
 mod csi_volumes;
+mod deployments;
 mod evals;
 mod job_versions;
 mod jobs;
@@ -90,10 +91,12 @@ pub enum Table {
     JobVersions,
     /// Periodic jobs' last launches.
     PeriodicLaunches,
+    /// Deployments.
+    Deployments,
 }
 
 /// Number of tables.
-const TABLES: usize = 17;
+const TABLES: usize = 18;
 
 impl Table {
     /// Every table.
@@ -115,6 +118,7 @@ impl Table {
         Table::RootKeys,
         Table::JobVersions,
         Table::PeriodicLaunches,
+        Table::Deployments,
     ];
 
     fn slot(self) -> usize {
@@ -134,6 +138,10 @@ pub struct State {
     /// Each periodic job's last launch (or its registration time before the first).
     periodic_launches: OrdMap<NamespacedId, Arc<PeriodicLaunch>>,
     job_summaries: OrdMap<NamespacedId, Arc<JobSummary>>,
+    /// Deployments, by ID.
+    deployments: OrdMap<Key, Arc<nomad_proto::Deployment>>,
+    /// Job → its deployments' IDs.
+    deployments_by_job: OrdMap<NamespacedId, OrdSet<Key>>,
     nodes: OrdMap<String, Arc<Node>>,
     allocs: OrdMap<Key, Arc<Allocation>>,
     /// Node ID → its allocs (by alloc ID). The index holds the allocs themselves, not their IDs:
@@ -231,6 +239,8 @@ pub enum Change {
     Variable(Arc<nomad_proto::variables::VariableMetadata>),
     /// A variable was removed.
     VariableDeleted(Arc<nomad_proto::variables::VariableMetadata>),
+    /// A deployment was created or changed.
+    Deployment(Arc<nomad_proto::Deployment>),
 }
 
 impl Change {
@@ -244,6 +254,7 @@ impl Change {
             Change::CsiVolume(v) | Change::CsiVolumeDeleted(v) => (5, format!("{}/{}", v.volume.namespace, v.volume.id)),
             Change::CsiPlugin(p) | Change::CsiPluginDeleted(p) => (6, p.id.clone()),
             Change::Variable(v) | Change::VariableDeleted(v) => (7, format!("{}/{}", v.namespace, v.path)),
+            Change::Deployment(d) => (8, d.id.clone()),
         }
     }
 }

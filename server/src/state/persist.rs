@@ -50,6 +50,8 @@ struct Persisted {
     job_versions: Vec<Arc<Job>>,
     #[serde(default)]
     periodic_launches: Vec<Arc<super::PeriodicLaunch>>,
+    #[serde(default)]
+    deployments: Vec<Arc<nomad_proto::Deployment>>,
     job_summaries: Vec<Arc<JobSummary>>,
     nodes: Vec<Arc<Node>>,
     evals: Vec<Arc<Evaluation>>,
@@ -103,6 +105,7 @@ impl State {
                 })
                 .collect(),
             periodic_launches: self.periodic_launches.values().cloned().collect(),
+            deployments: self.deployments.values().cloned().collect(),
             job_summaries: self.job_summaries.values().cloned().collect(),
             nodes: self.nodes.values().cloned().collect(),
             evals: self.evals.values().cloned().collect(),
@@ -156,6 +159,11 @@ impl State {
             tracked.sort_by_key(|v| std::cmp::Reverse(v.version));
             s.job_versions.insert(key.clone(), Arc::new(tracked));
             s.jobs.insert(key, j);
+        }
+        for d in p.deployments {
+            let id: super::Key = d.id.as_str().into();
+            s.deployments_by_job.entry(NamespacedId::new(&d.namespace, &d.job_id)).or_default().insert(id.clone());
+            s.deployments.insert(id, d);
         }
         for l in p.periodic_launches {
             s.periodic_launches.insert(NamespacedId::new(&l.namespace, &l.id), l);

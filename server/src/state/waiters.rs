@@ -44,6 +44,8 @@ pub enum Watch {
     CsiVolume(String),
     /// One CSI plugin.
     CsiPlugin(String),
+    /// One deployment.
+    Deployment(String),
 }
 
 impl Watch {

@@ -256,11 +256,22 @@ impl Client {
         };
         let tasks = l.server.job.as_ref().and_then(|j| j.lookup_task_group(&l.server.task_group)).map(|g| g.tasks.clone());
         let states = tasks.unwrap_or_default().into_iter().map(|t| (t.name, state.clone())).collect();
+        // In a deployment, a running alloc is healthy at once (a real client waits for
+        // min_healthy_time) and a failed one unhealthy.
+        let deployment_status = (!l.server.deployment_id.is_empty())
+            .then(|| match l.status {
+                ClientStatus::Running => Some(true),
+                ClientStatus::Failed => Some(false),
+                _ => None,
+            })
+            .flatten()
+            .map(|healthy| serde_json::json!({ "Healthy": healthy, "Timestamp": now }));
         let update = Allocation {
             id: id.to_string(),
             node_id: self.node.id.clone(),
             client_status: l.status,
             task_states: Some(states),
+            deployment_status,
             ..Allocation::default()
         };
         self.pending.insert(id.to_string(), update);

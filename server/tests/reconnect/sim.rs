@@ -63,6 +63,8 @@ pub struct Sim {
     pub computes: usize,
     /// What the last finished runs committed, for the step log.
     pub committed: Vec<String>,
+    /// The deployment watcher's counts seen so far.
+    deployments_seen: std::collections::HashMap<String, nomad_server::leader::deployment_watcher::Seen>,
 }
 
 impl Sim {
@@ -78,6 +80,7 @@ impl Sim {
         store.restore(self.state());
         let mut sim = Sim::over(store, self.now(), self.blocked.clone());
         sim.seen = self.seen.clone();
+        sim.deployments_seen = self.deployments_seen.clone();
         sim
     }
 
@@ -90,7 +93,18 @@ impl Sim {
         let c = clock.clone();
         let ep = Endpoints::new(store.clone(), consensus.clone(), heartbeats, EndpointConfig::default())
             .with_clock(Arc::new(move || *c.lock().unwrap()));
-        Sim { seen: store.snapshot(), store, consensus, ep, clock, blocked, refusals: 0, computes: 0, committed: Vec::new() }
+        Sim {
+            seen: store.snapshot(),
+            store,
+            consensus,
+            ep,
+            clock,
+            blocked,
+            refusals: 0,
+            computes: 0,
+            committed: Vec::new(),
+            deployments_seen: Default::default(),
+        }
     }
 
     pub fn now(&self) -> Timestamp {
@@ -111,9 +125,14 @@ impl Sim {
     }
 
     /// The leader's change watcher, run to a fixed point: blocked evals are
-    /// tracked, unblocked when capacity appears, canceled when superseded.
+    /// tracked, unblocked when capacity appears, canceled when superseded; and the
+    /// deployment watcher's evals as health arrives.
     pub fn leader(&mut self) -> Check {
         for _ in 0..20 {
+            let (state, now) = (self.store.snapshot(), self.now());
+            for (_, cmd) in nomad_server::leader::deployment_watcher::writes(&state, &mut self.deployments_seen, now) {
+                self.apply(cmd)?;
+            }
             let new = self.store.snapshot();
             if new.index == self.seen.index {
                 return Ok(());

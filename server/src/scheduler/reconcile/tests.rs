@@ -12,8 +12,8 @@ use nomad_proto::eval::trigger;
 use nomad_proto::job::UpdateStrategy;
 use nomad_proto::plan::DesiredUpdates;
 use nomad_proto::{
-    AllocMetric, Allocation, ClientStatus, DesiredStatus, Evaluation, Job, JobType, Node, NodeStatus, ReschedulePolicy, TaskGroup,
-    Timestamp,
+    AllocMetric, Allocation, ClientStatus, Deployment, DesiredStatus, Evaluation, Job, JobType, Node, NodeStatus, ReschedulePolicy,
+    TaskGroup, Timestamp,
 };
 
 use super::{ReconcileResults, Reconciler, UpdateKind};
@@ -91,6 +91,9 @@ struct Summary {
     desired: BTreeMap<String, DesiredUpdates>,
     followups: Vec<Evaluation>,
     rolling: Option<Timestamp>,
+    deployment: Option<Deployment>,
+    deployment_updates: Vec<(String, String, String)>,
+    deployment_id: Option<String>,
 }
 
 impl Summary {
@@ -118,6 +121,17 @@ fn in_placement_order(res: &ReconcileResults<'_>) -> Vec<(String, Option<String>
 }
 
 fn reconcile_at(job: Option<&Job>, allocs: &[Allocation], tainted: &[Node], now: Timestamp, batch: bool) -> Summary {
+    reconcile_full(job, allocs, tainted, now, batch, None)
+}
+
+fn reconcile_full(
+    job: Option<&Job>,
+    allocs: &[Allocation],
+    tainted: &[Node],
+    now: Timestamp,
+    batch: bool,
+    deployment: Option<&Deployment>,
+) -> Summary {
     let refs: Vec<&Allocation> = allocs.iter().collect();
     let mut tainted_map = TaintedNodes::new();
     for n in tainted {
@@ -145,6 +159,7 @@ fn reconcile_at(job: Option<&Job>, allocs: &[Allocation], tainted: &[Node], now:
         now,
         ids: &ids,
         update_fn: &mut update_fn,
+        deployment,
     };
     let res = r.compute(&refs);
     Summary {
@@ -158,6 +173,13 @@ fn reconcile_at(job: Option<&Job>, allocs: &[Allocation], tainted: &[Node], now:
         desired: res.desired_tg_updates.clone(),
         followups: res.followup_evals.clone(),
         rolling: res.rolling_wait_until,
+        deployment: res.deployment.clone(),
+        deployment_updates: res
+            .deployment_updates
+            .iter()
+            .map(|u| (u.deployment_id.clone(), u.status.clone(), u.status_description.clone()))
+            .collect(),
+        deployment_id: res.deployment_id.clone(),
     }
 }
 
@@ -244,14 +266,96 @@ fn destructive_change_replaces_all_without_update_strategy() {
 }
 
 #[test]
-fn destructive_updates_roll_max_parallel_at_a_time() {
+fn destructive_updates_roll_max_parallel_at_a_time_in_a_new_deployment() {
     let j = job_with(3, |j| j.update = Some(UpdateStrategy { max_parallel: 1, ..UpdateStrategy::default_service() }));
     let allocs = running(&j, 3);
     let s = reconcile(&bump(&j, true), &allocs, &[]);
     assert_eq!(s.destructive.len(), 1);
     assert_eq!(s.destructive[0].0, "web.web[0]", "lowest index first");
     assert_eq!(s.desired["web"].ignore, 2);
-    assert_eq!(s.rolling, Some(NOW.add_nanos(10 * S)), "continue after min_healthy_time");
+    assert_eq!(s.rolling, None, "the deployment watcher evaluates again as health arrives");
+    let d = s.deployment.expect("a deployment for the new version");
+    assert_eq!((d.job_version, d.status.as_str()), (1, "running"));
+    assert_eq!(d.task_groups["web"].desired_total, 3);
+    assert_eq!(d.task_groups["web"].progress_deadline, 600 * S);
+    assert_eq!(s.deployment_id.as_deref(), Some(d.id.as_str()), "new allocs join it");
+}
+
+#[test]
+fn a_successful_deployment_is_done_and_a_replacement_of_the_same_version_starts_none() {
+    let j = job_with(2, |j| j.update = Some(UpdateStrategy { max_parallel: 1, ..UpdateStrategy::default_service() }));
+    let mut allocs = running(&j, 2);
+    allocs[1].client_status = ClientStatus::Failed;
+    let done = Deployment { status: "successful".into(), ..Deployment::new("d0".into(), &j, 50) };
+    let s = reconcile_full(Some(&j), &allocs, &[], NOW, false, Some(&done));
+    assert_eq!(s.followups.len(), 1, "the failed alloc is rescheduled: {s:?}");
+    assert!(s.deployment.is_none() && s.deployment_updates.is_empty() && s.deployment_id.is_none(), "{s:?}");
+}
+
+/// A deployment of `job` in which `allocs` were placed (health as given).
+fn deployed(job: &Job, allocs: &mut [Allocation], health: &[Option<bool>]) -> Deployment {
+    let mut d = Deployment::new("d1".into(), job, 50);
+    d.task_groups.insert("web".into(), nomad_proto::DeploymentState { desired_total: 3, ..Default::default() });
+    for (a, h) in allocs.iter_mut().zip(health) {
+        a.deployment_id = d.id.clone();
+        a.job = Some(Arc::new(job.clone()));
+        a.deployment_status = Some(serde_json::json!({ "Healthy": h }));
+        if *h == Some(true) {
+            d.task_groups.get_mut("web").unwrap().healthy_allocs += 1;
+        }
+    }
+    d
+}
+
+#[test]
+fn a_deployment_waits_for_health_before_the_next_batch_and_stops_on_an_unhealthy_alloc() {
+    let j = job_with(3, |j| j.update = Some(UpdateStrategy { max_parallel: 1, ..UpdateStrategy::default_service() }));
+    let v2 = bump(&j, true);
+    let mut allocs = running(&j, 3);
+    // web[0] replaced by a new-version alloc whose health is not known yet: nothing more.
+    let d = deployed(&v2, &mut allocs[..1], &[None]);
+    let s = reconcile_full(Some(&v2), &allocs, &[], NOW, false, Some(&d));
+    assert!(s.destructive.is_empty() && s.deployment.is_none() && s.deployment_updates.is_empty(), "{s:?}");
+    assert_eq!(s.deployment_id.as_deref(), Some("d1"));
+    // Healthy: the next one goes.
+    let d = deployed(&v2, &mut allocs[..1], &[Some(true)]);
+    let s = reconcile_full(Some(&v2), &allocs, &[], NOW, false, Some(&d));
+    assert_eq!(s.destructive.iter().map(|d| d.0.as_str()).collect::<Vec<_>>(), ["web.web[1]"]);
+    // Unhealthy: nothing goes.
+    let d = deployed(&v2, &mut allocs[..1], &[Some(false)]);
+    let s = reconcile_full(Some(&v2), &allocs, &[], NOW, false, Some(&d));
+    assert!(s.destructive.is_empty());
+    // Paused or failed: nothing goes either, though health is fine.
+    for status in ["paused", "failed"] {
+        let mut d = deployed(&v2, &mut allocs[..1], &[Some(true)]);
+        d.status = status.into();
+        let s = reconcile_full(Some(&v2), &allocs, &[], NOW, false, Some(&d));
+        assert!(s.destructive.is_empty(), "{status}");
+    }
+}
+
+#[test]
+fn a_deployment_succeeds_when_every_alloc_is_healthy_and_is_cancelled_by_a_newer_version_or_a_stop() {
+    let j = job_with(3, |j| j.update = Some(UpdateStrategy { max_parallel: 1, ..UpdateStrategy::default_service() }));
+    let v2 = bump(&j, true);
+    let mut allocs = running(&v2, 3);
+    let d = deployed(&v2, &mut allocs, &[Some(true), Some(true), None]);
+    let s = reconcile_full(Some(&v2), &allocs, &[], NOW, false, Some(&d));
+    assert!(s.deployment_updates.is_empty(), "one is not healthy yet");
+    let d = deployed(&v2, &mut allocs, &[Some(true), Some(true), Some(true)]);
+    let s = reconcile_full(Some(&v2), &allocs, &[], NOW, false, Some(&d));
+    assert_eq!(s.deployment_updates, [("d1".to_string(), "successful".to_string(), "Deployment completed successfully".to_string())]);
+
+    let v3 = bump(&v2, true);
+    let s = reconcile_full(Some(&v3), &allocs, &[], NOW, false, Some(&d));
+    assert_eq!(s.deployment_updates[0].1, "cancelled");
+    assert_eq!(s.deployment_updates[0].2, "Cancelled due to newer version of job");
+    assert!(s.deployment.as_ref().is_some_and(|n| n.id != "d1" && n.job_version == v3.version), "and a new one starts");
+
+    let mut stopped = (*v2).clone();
+    stopped.stop = true;
+    let s = reconcile_full(Some(&stopped), &allocs, &[], NOW, false, Some(&d));
+    assert_eq!(s.deployment_updates, [("d1".to_string(), "cancelled".to_string(), "Cancelled because job is stopped".to_string())]);
 }
 
 // ---- stop -------------------------------------------------------------------

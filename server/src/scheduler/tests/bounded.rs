@@ -94,7 +94,15 @@ fn asks_whose_sum_passes_i64_are_never_placed_and_the_node_load_never_goes_negat
         ..Allocation::default()
     };
     let now = h.now;
-    let apply = PlanApply { job: None, allocs_upserted: vec![stored], allocs_stopped: vec![], eval: None, evals: vec![], now };
+    let apply = PlanApply {
+        job: None,
+        allocs_upserted: vec![stored],
+        allocs_stopped: vec![],
+        eval: None,
+        evals: vec![],
+        now,
+        ..PlanApply::default()
+    };
     h.apply(Command::PlanApply(apply));
     let load = h.state().node_load("node-0").cloned().expect("node load");
     assert!(load.placed.cpu >= i128::from(i64::MAX) && load.live.cpu >= i128::from(i64::MAX), "{load:?}");

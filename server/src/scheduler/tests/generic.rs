@@ -151,13 +151,23 @@ fn in_place_update_keeps_alloc_and_ports() {
 }
 
 #[test]
-fn destructive_update_replaces_one_at_a_time_then_continues() {
+fn a_destructive_update_rolls_out_in_a_deployment_one_healthy_alloc_at_a_time() {
     let mut h = Harness::new();
     h.add_nodes(3);
     let mut job = service_job("web", 2);
     h.register_job(job.clone());
-    h.run_job("web");
-    h.run_all("web");
+    let first = h.run_job("web");
+    let d0 = first.plan.deployment.clone().expect("the first version deploys too");
+    assert!(placed(&first).iter().all(|a| a.deployment_id == d0.id));
+    let ids: Vec<String> = h.live("web").iter().map(|a| a.id.clone()).collect();
+    h.report_health(&ids, true);
+    let d = h.state().deployment(&d0.id).unwrap().clone();
+    assert_eq!((d.task_groups["web"].placed_allocs, d.task_groups["web"].healthy_allocs), (2, 2), "the state counts health");
+    let out = h.run_job("web");
+    assert_eq!(out.plan.deployment_updates.len(), 1, "all healthy: successful");
+    assert_eq!(h.state().deployment(&d0.id).unwrap().status, "successful");
+    assert!(h.state().job("default", "web").unwrap().stable, "a successful deployment makes its version stable");
+
     job.task_groups[0].tasks[0].env.insert("V".into(), "2".into());
     h.register_job(job);
     let out = h.run_job("web");
@@ -165,18 +175,27 @@ fn destructive_update_replaces_one_at_a_time_then_continues() {
     assert_eq!(stopped(&out)[0].desired_description, ALLOC_UPDATING_DESC);
     assert_eq!(placed(&out).len(), 1);
     assert_eq!(placed(&out)[0].previous_allocation, stopped(&out)[0].id);
-    let next = out.new_evals.iter().find(|e| e.triggered_by == trigger::ROLLING_UPDATE).expect("rolling follow-up");
-    assert_eq!(out.eval_update.next_eval, next.id);
-    assert_eq!(next.wait_until, h.now.add_nanos(10 * SEC));
-    // The follow-up replaces the other one.
-    h.advance(10);
-    let mut follow = next.clone();
-    follow.status = EvalStatus::Pending;
-    let out = h.process(&follow);
-    assert_eq!(stopped(&out).len(), 1);
-    assert!(out.new_evals.is_empty());
+    assert!(out.new_evals.iter().all(|e| e.triggered_by != trigger::ROLLING_UPDATE), "health, not time, moves it on");
+    let d1 = out.plan.deployment.clone().expect("a deployment for version 1");
+    assert_eq!((d1.job_version, d1.task_groups["web"].desired_total), (1, 2));
+    let new_id = placed(&out)[0].id.clone();
+    assert_eq!(placed(&out)[0].deployment_id, d1.id);
+
+    // Not healthy yet: nothing more goes.
+    let out = h.run_job("web");
+    assert!(stopped(&out).is_empty() && placed(&out).is_empty());
+    // Healthy: the other one is replaced.
+    h.report_health(std::slice::from_ref(&new_id), true);
+    let out = h.run_job("web");
+    assert_eq!((stopped(&out).len(), placed(&out).len()), (1, 1));
+    let last = placed(&out)[0].id.clone();
+    h.report_health(&[last], true);
+    h.run_job("web");
+    let d = h.state().deployment(&d1.id).unwrap().clone();
+    assert_eq!((d.status.as_str(), d.task_groups["web"].healthy_allocs), ("successful", 2));
     assert!(h.live("web").iter().all(|a| a.job.as_ref().unwrap().version == 1));
     assert_eq!(h.live("web").len(), 2);
+    assert_eq!(h.state().job_version("default", "web", 1).map(|j| j.stable), Some(true));
 }
 
 #[test]

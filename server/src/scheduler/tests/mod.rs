@@ -133,6 +133,8 @@ impl Harness {
             eval: Some(outcome.eval_update.clone()),
             evals: outcome.new_evals.clone(),
             now: self.now,
+            deployment: plan.deployment.clone().map(Box::new),
+            deployment_updates: plan.deployment_updates.clone(),
         };
         self.apply(Command::PlanApply(apply));
     }
@@ -162,6 +164,27 @@ impl Harness {
                     node_id: a.node_id.clone(),
                     client_status: status,
                     task_states: a.task_states.clone(),
+                    ..Allocation::default()
+                }
+            })
+            .collect();
+        let now = self.now;
+        self.apply(Command::AllocClientUpdate { allocs, evals: vec![], now });
+    }
+
+    /// The client reports its allocs running and, in their deployment, healthy (or not).
+    pub(crate) fn report_health(&mut self, alloc_ids: &[String], healthy: bool) {
+        let state = self.state();
+        let allocs = alloc_ids
+            .iter()
+            .map(|id| {
+                let a = state.alloc(id).expect("alloc");
+                Allocation {
+                    id: a.id.clone(),
+                    node_id: a.node_id.clone(),
+                    client_status: ClientStatus::Running,
+                    task_states: a.task_states.clone(),
+                    deployment_status: Some(serde_json::json!({ "Healthy": healthy, "Timestamp": self.now })),
                     ..Allocation::default()
                 }
             })

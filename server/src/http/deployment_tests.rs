@@ -1,0 +1,144 @@
+//! The deployment routes over HTTP, against a deployment a plan created.
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use nomad_proto::{Allocation, ClientStatus, Deployment, DeploymentState, Timestamp};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use crate::consensus::Consensus;
+use crate::fsm::{Command, PlanApply};
+use crate::testing::{TestServer, job, node};
+
+async fn call(ts: &TestServer, method: Method, path: &str, body: Value) -> (StatusCode, Value) {
+    let body = if body.is_null() { String::new() } else { body.to_string() };
+    let req = Request::builder().method(method).uri(path).body(Body::from(body)).unwrap();
+    let resp = ts.router().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+/// `web` registered, and a plan that created deployment `d1` with two allocs in it.
+async fn deployed() -> TestServer {
+    let ts = TestServer::new();
+    ts.register_node(node("n1")).await;
+    ts.endpoints.job_register(job("web", 2), Default::default()).await.unwrap();
+    let j = ts.store.snapshot().job("default", "web").unwrap().clone();
+    let mut d = Deployment::new("d1".into(), &j, 50);
+    d.task_groups
+        .insert("web".into(), DeploymentState { desired_total: 2, progress_deadline: 600_000_000_000, ..DeploymentState::default() });
+    let allocs = (0..2)
+        .map(|i| Allocation {
+            id: format!("a{i}"),
+            namespace: "default".into(),
+            name: format!("web.web[{i}]"),
+            node_id: "n1".into(),
+            job_id: "web".into(),
+            task_group: "web".into(),
+            deployment_id: "d1".into(),
+            ..Allocation::default()
+        })
+        .collect();
+    let plan = PlanApply {
+        job: Some((*j).clone()),
+        allocs_upserted: allocs,
+        deployment: Some(Box::new(d)),
+        now: Timestamp::now(),
+        ..PlanApply::default()
+    };
+    ts.consensus.apply(Command::PlanApply(plan)).await.unwrap();
+    ts
+}
+
+#[tokio::test]
+async fn deployments_are_listed_read_and_counted_as_their_allocs_report_health() {
+    let ts = deployed().await;
+    let (status, v) = call(&ts, Method::GET, "/v1/deployments", Value::Null).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(v.as_array().unwrap().len(), 1);
+    let (_, d) = call(&ts, Method::GET, "/v1/deployment/d1", Value::Null).await;
+    assert_eq!((d["Status"].as_str(), d["JobID"].as_str()), (Some("running"), Some("web")));
+    assert_eq!(d["TaskGroups"]["web"]["PlacedAllocs"], 2, "the allocs were counted as placed");
+    assert!(d["TaskGroups"]["web"]["RequireProgressBy"].as_str().is_some_and(|t| !t.starts_with("0001")), "{d}");
+    let (status, v) = call(&ts, Method::GET, "/v1/deployment/nope", Value::Null).await;
+    assert_eq!((status, v), (StatusCode::NOT_FOUND, json!("deployment not found")));
+    let (_, allocs) = call(&ts, Method::GET, "/v1/deployment/allocations/d1", Value::Null).await;
+    assert_eq!(allocs.as_array().unwrap().len(), 2);
+    assert_eq!(allocs[0]["JobID"], "web");
+    let (_, list) = call(&ts, Method::GET, "/v1/job/web/deployments", Value::Null).await;
+    assert_eq!(list[0]["ID"], "d1");
+    let (_, latest) = call(&ts, Method::GET, "/v1/job/web/deployment", Value::Null).await;
+    assert_eq!(latest["ID"], "d1");
+    let (_, none) = call(&ts, Method::GET, "/v1/job/other/deployment", Value::Null).await;
+    assert_eq!(none, Value::Null);
+
+    // A client reports one healthy, the other unhealthy; then it changes its mind.
+    let report = |id: &str, healthy: bool| Allocation {
+        id: id.into(),
+        node_id: "n1".into(),
+        client_status: ClientStatus::Running,
+        deployment_status: Some(json!({"Healthy": healthy, "Timestamp": Timestamp::now()})),
+        ..Allocation::default()
+    };
+    let update = Command::AllocClientUpdate { allocs: vec![report("a0", true), report("a1", false)], evals: vec![], now: Timestamp::now() };
+    ts.consensus.apply(update).await.unwrap();
+    let g = ts.store.snapshot().deployment("d1").unwrap().task_groups["web"].clone();
+    assert_eq!((g.healthy_allocs, g.unhealthy_allocs), (1, 1));
+    let update = Command::AllocClientUpdate { allocs: vec![report("a1", true)], evals: vec![], now: Timestamp::now() };
+    ts.consensus.apply(update).await.unwrap();
+    let g = ts.store.snapshot().deployment("d1").unwrap().task_groups["web"].clone();
+    assert_eq!((g.healthy_allocs, g.unhealthy_allocs), (2, 0));
+}
+
+#[tokio::test]
+async fn deployment_writes_pause_resume_set_health_and_fail_then_refuse_a_terminal_deployment() {
+    let ts = deployed().await;
+    let (status, v) = call(&ts, Method::PUT, "/v1/deployment/pause/d1", json!({"DeploymentID": "d1", "Pause": true})).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["EvalID"], "", "a pause is not evaluated");
+    assert_eq!(ts.store.snapshot().deployment("d1").unwrap().status_description, "Deployment is paused");
+    let (_, v) = call(&ts, Method::PUT, "/v1/deployment/pause/d1", json!({"DeploymentID": "d1", "Pause": false})).await;
+    let eval = ts.store.snapshot().eval(v["EvalID"].as_str().unwrap()).unwrap().clone();
+    assert_eq!((eval.triggered_by.as_str(), eval.deployment_id.as_str()), ("deployment-watcher", "d1"));
+    assert_eq!(ts.store.snapshot().deployment("d1").unwrap().status, "running");
+
+    let (status, v) = call(&ts, Method::PUT, "/v1/deployment/pause/d1", json!({"Pause": true})).await;
+    assert_eq!((status, v), (StatusCode::BAD_REQUEST, json!("DeploymentID must be specified")));
+    let (status, v) = call(&ts, Method::PUT, "/v1/deployment/pause/d1", json!({"DeploymentID": "d2", "Pause": true})).await;
+    assert_eq!((status, v), (StatusCode::BAD_REQUEST, json!("Deployment ID does not match")));
+    let body = json!({"DeploymentID": "d1"});
+    let (status, v) = call(&ts, Method::PUT, "/v1/deployment/allocation-health/d1", body).await;
+    assert_eq!((status, v), (StatusCode::BAD_REQUEST, json!("must specify at least one healthy/unhealthy allocation ID")));
+    let body = json!({"DeploymentID": "d1", "HealthyAllocationIDs": ["a0"], "UnhealthyAllocationIDs": ["a1"]});
+    let (status, v) = call(&ts, Method::PUT, "/v1/deployment/allocation-health/d1", body).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let snap = ts.store.snapshot();
+    assert_eq!(nomad_proto::deployment::alloc_health(snap.alloc("a0").unwrap()), Some(true));
+    assert_eq!(snap.deployment("d1").unwrap().task_groups["web"].unhealthy_allocs, 1);
+    let (status, v) = call(&ts, Method::PUT, "/v1/deployment/promote/d1", json!({"DeploymentID": "d1", "All": true})).await;
+    assert_eq!((status, v), (StatusCode::BAD_REQUEST, json!("no canaries to promote")));
+
+    let (status, v) = call(&ts, Method::PUT, "/v1/deployment/fail/d1", Value::Null).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let d = ts.store.snapshot().deployment("d1").unwrap().clone();
+    assert_eq!((d.status.as_str(), d.status_description.as_str()), ("failed", "Deployment marked as failed"));
+    for (path, body, msg) in [
+        ("fail", json!({}), "can't fail terminal deployment"),
+        ("pause", json!({"DeploymentID": "d1", "Pause": false}), "can't resume terminal deployment"),
+        ("pause", json!({"DeploymentID": "d1", "Pause": true}), "can't pause terminal deployment"),
+        ("promote", json!({"DeploymentID": "d1", "All": true}), "can't promote terminal deployment"),
+        (
+            "allocation-health",
+            json!({"DeploymentID": "d1", "UnhealthyAllocationIDs": ["a0"]}),
+            "can't set health of allocations for a terminal deployment",
+        ),
+    ] {
+        let (status, v) = call(&ts, Method::PUT, &format!("/v1/deployment/{path}/d1"), body).await;
+        assert_eq!((status, v), (StatusCode::BAD_REQUEST, json!(msg)), "{path}");
+    }
+    // A write in another namespace does not find it.
+    let (status, _) = call(&ts, Method::PUT, "/v1/deployment/fail/d1?namespace=other", Value::Null).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}

@@ -1,0 +1,206 @@
+//! The deployment watcher (Nomad's `nomad/deploymentwatcher/`): while this server leads, it
+//! follows every active deployment and
+//! - evaluates the job again when its allocs' health changes, so the next batch goes;
+//! - fails it ("Failed due to unhealthy allocations") when an alloc turns unhealthy in a group
+//!   whose `progress_deadline` is 0;
+//! - fails it ("Failed due to progress deadline") when a group that is not done has made no
+//!   progress by its `RequireProgressBy`.
+//!
+//! Health changes reach it as writes to the deployments table (the state counts each alloc's
+//! health into its deployment), so it wakes on those, and on the earliest deadline.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nomad_proto::deployment::{description, status};
+use nomad_proto::eval::trigger;
+use nomad_proto::{Deployment, DeploymentStatusUpdate, Evaluation, Timestamp};
+
+use crate::consensus::Consensus;
+use crate::fsm::Command;
+use crate::state::{State, StateStore, Table};
+
+/// How long it sleeps with no deadline ahead before looking again.
+const IDLE_WAIT: Duration = Duration::from_secs(300);
+
+/// Per group: (healthy, unhealthy) counts last seen.
+pub type Seen = Vec<(String, i64, i64)>;
+
+/// What the watcher decided about one deployment.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Health changed: evaluate the job.
+    Evaluate,
+    /// Fail it with this description (and evaluate the job).
+    Fail(&'static str),
+}
+
+/// The watcher's decision for `d` at `now`, given the counts it saw last (`None`: first look).
+pub fn decide(d: &Deployment, seen: Option<&Seen>, now: Timestamp) -> Option<Action> {
+    let counts = counts(d);
+    let changed = match seen {
+        Some(s) => s != &counts,
+        None => counts.iter().any(|(_, h, u)| h + u > 0),
+    };
+    if d.status != status::RUNNING {
+        // Paused: nothing fails it or moves it on until it is resumed.
+        return None;
+    }
+    let unhealthy_grew = counts.iter().any(|(g, _, u)| {
+        let before = seen.and_then(|s| s.iter().find(|(sg, _, _)| sg == g)).map_or(0, |(_, _, su)| *su);
+        *u > before
+    });
+    if unhealthy_grew && d.task_groups.values().any(|g| g.unhealthy_allocs > 0 && g.progress_deadline == 0) {
+        return Some(Action::Fail(description::FAILED_ALLOCATIONS));
+    }
+    let behind = d.task_groups.values().any(|g| {
+        let done = g.healthy_allocs >= g.desired_total.max(g.desired_canaries);
+        !done && !g.require_progress_by.is_zero() && g.require_progress_by <= now
+    });
+    if behind {
+        return Some(Action::Fail(description::PROGRESS_DEADLINE));
+    }
+    changed.then_some(Action::Evaluate)
+}
+
+fn counts(d: &Deployment) -> Seen {
+    d.task_groups.iter().map(|(g, s)| (g.clone(), s.healthy_allocs, s.unhealthy_allocs)).collect()
+}
+
+/// The next deadline among the running deployments' unfinished groups.
+fn next_deadline(state: &State) -> Option<Timestamp> {
+    state
+        .deployments()
+        .filter(|d| d.status == status::RUNNING)
+        .flat_map(|d| d.task_groups.values())
+        .filter(|g| g.healthy_allocs < g.desired_total.max(g.desired_canaries) && !g.require_progress_by.is_zero())
+        .map(|g| g.require_progress_by)
+        .min()
+}
+
+/// The watcher of one term of leadership.
+pub struct DeploymentWatcher {
+    store: Arc<StateStore>,
+    consensus: Arc<dyn Consensus>,
+    seen: HashMap<String, Seen>,
+}
+
+impl DeploymentWatcher {
+    /// A watcher over the store, writing through consensus.
+    pub fn new(store: Arc<StateStore>, consensus: Arc<dyn Consensus>) -> DeploymentWatcher {
+        DeploymentWatcher { store, consensus, seen: HashMap::new() }
+    }
+
+    /// Runs until dropped (leadership lost).
+    pub async fn run(mut self) {
+        loop {
+            let snap = self.store.snapshot();
+            let index = snap.table_index(Table::Deployments);
+            self.pass(&snap, Timestamp::now()).await;
+            let wait = next_deadline(&snap).map_or(IDLE_WAIT, |t| {
+                let ahead = t.unix_nanos().saturating_sub(Timestamp::now().unix_nanos()).max(0);
+                Duration::from_nanos(ahead as u64).min(IDLE_WAIT)
+            });
+            // Wake a moment after the deadline so it has passed when looked at.
+            let wait = wait + Duration::from_millis(5);
+            self.store.blocking_query(&[Table::Deployments], index.max(1), wait, |s| ((), s.table_index(Table::Deployments))).await;
+        }
+    }
+
+    /// One look at every active deployment.
+    pub async fn pass(&mut self, state: &State, now: Timestamp) {
+        for (id, cmd) in writes(state, &mut self.seen, now) {
+            if let Err(e) = self.consensus.apply(cmd).await {
+                tracing::warn!(deployment = %id, error = %e, "deployment watcher write failed");
+                // Look again next pass.
+                self.seen.remove(&id);
+            }
+        }
+    }
+}
+
+/// What one look at every active deployment writes (by deployment ID), given the counts seen
+/// before (updated here). Pure, so simulations run the watcher's decisions too.
+pub fn writes(state: &State, seen: &mut HashMap<String, Seen>, now: Timestamp) -> Vec<(String, Command)> {
+    seen.retain(|id, _| state.deployment(id).is_some_and(|d| d.active()));
+    let mut out = Vec::new();
+    for d in state.deployments().filter(|d| d.active()) {
+        let action = decide(d, seen.get(&d.id), now);
+        seen.insert(d.id.clone(), counts(d));
+        let Some(action) = action else { continue };
+        let eval = state.job(&d.namespace, &d.job_id).map(|job| {
+            let mut e = Evaluation::for_job(job, trigger::DEPLOYMENT_WATCHER, now);
+            e.deployment_id = d.id.clone();
+            if d.eval_priority > 0 {
+                e.priority = d.eval_priority;
+            }
+            e
+        });
+        let cmd = match action {
+            Action::Evaluate => match eval {
+                Some(e) => Command::EvalUpsert { evals: vec![e] },
+                None => continue,
+            },
+            Action::Fail(desc) => {
+                tracing::info!(deployment = %d.id, job = %d.job_id, reason = desc, "deployment failed");
+                let update = DeploymentStatusUpdate {
+                    deployment_id: d.id.clone(),
+                    status: status::FAILED.to_string(),
+                    status_description: desc.to_string(),
+                };
+                Command::DeploymentStatusUpdate { update, eval }
+            }
+        };
+        out.push((d.id.clone(), cmd));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use nomad_proto::{DeploymentState, Job};
+
+    use super::*;
+
+    const S: i64 = 1_000_000_000;
+
+    fn deployment(healthy: i64, unhealthy: i64, progress_deadline: i64, require_by: i64) -> Deployment {
+        let mut d = Deployment::new("d1".into(), &Job::default(), 50);
+        d.task_groups.insert(
+            "web".into(),
+            DeploymentState {
+                desired_total: 2,
+                healthy_allocs: healthy,
+                unhealthy_allocs: unhealthy,
+                progress_deadline,
+                require_progress_by: Timestamp::from_unix_nanos(require_by),
+                ..DeploymentState::default()
+            },
+        );
+        d
+    }
+
+    #[test]
+    fn health_changes_evaluate_and_unhealthy_allocs_or_deadlines_fail() {
+        let now = Timestamp::from_unix_nanos(100 * S);
+        // First look: nothing decided yet is nothing to do; something decided is evaluated.
+        assert_eq!(decide(&deployment(0, 0, 600 * S, 700 * S), None, now), None);
+        assert_eq!(decide(&deployment(1, 0, 600 * S, 700 * S), None, now), Some(Action::Evaluate));
+        let seen = counts(&deployment(1, 0, 600 * S, 700 * S));
+        assert_eq!(decide(&deployment(1, 0, 600 * S, 700 * S), Some(&seen), now), None, "no change");
+        assert_eq!(decide(&deployment(2, 0, 600 * S, 700 * S), Some(&seen), now), Some(Action::Evaluate));
+        // Unhealthy with a progress deadline: evaluate (the reconciler holds the rollout).
+        assert_eq!(decide(&deployment(1, 1, 600 * S, 700 * S), Some(&seen), now), Some(Action::Evaluate));
+        // Without one: fail at once.
+        assert_eq!(decide(&deployment(1, 1, 0, 0), Some(&seen), now), Some(Action::Fail("Failed due to unhealthy allocations")));
+        // The deadline passed with a group short of healthy allocs.
+        assert_eq!(decide(&deployment(1, 0, 600 * S, 100 * S), Some(&seen), now), Some(Action::Fail("Failed due to progress deadline")));
+        // Done groups are past their deadline harmlessly.
+        assert_eq!(decide(&deployment(2, 0, 600 * S, 50 * S), Some(&counts(&deployment(2, 0, 0, 0))), now), None);
+        // Paused: nothing.
+        let mut paused = deployment(1, 0, 600 * S, 100 * S);
+        paused.status = status::PAUSED.into();
+        assert_eq!(decide(&paused, Some(&seen), now), None);
+    }
+}
