@@ -1,24 +1,13 @@
 //! The deployment routes over HTTP, against a deployment a plan created.
 
-use axum::body::Body;
-use axum::http::{Method, Request, StatusCode};
+use axum::http::{Method, StatusCode};
 use nomad_proto::{Allocation, ClientStatus, Deployment, DeploymentState, Timestamp};
 use serde_json::{Value, json};
-use tower::ServiceExt;
 
+use super::lifecycle_tests::call;
 use crate::consensus::Consensus;
 use crate::fsm::{Command, PlanApply};
 use crate::testing::{TestServer, job, node};
-
-async fn call(ts: &TestServer, method: Method, path: &str, body: Value) -> (StatusCode, Value) {
-    let body = if body.is_null() { String::new() } else { body.to_string() };
-    let req = Request::builder().method(method).uri(path).body(Body::from(body)).unwrap();
-    let resp = ts.router().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
-    let text = String::from_utf8_lossy(&bytes).into_owned();
-    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
-}
 
 /// `web` registered, and a plan that created deployment `d1` with two allocs in it.
 async fn deployed() -> TestServer {

@@ -10,7 +10,8 @@ use tower::ServiceExt;
 
 use crate::testing::{TestServer, job};
 
-async fn call(ts: &TestServer, method: Method, path: &str, body: Value) -> (StatusCode, Value) {
+/// One request; the answer's status and body (JSON, or the text as a JSON string).
+pub(super) async fn call(ts: &TestServer, method: Method, path: &str, body: Value) -> (StatusCode, Value) {
     let body = if body.is_null() { String::new() } else { body.to_string() };
     let req = Request::builder().method(method).uri(path).body(Body::from(body)).unwrap();
     let resp = ts.router().oneshot(req).await.unwrap();

@@ -24,8 +24,15 @@ use crate::state::{State, StateStore, Table};
 /// How long it sleeps with no deadline ahead before looking again.
 const IDLE_WAIT: Duration = Duration::from_secs(300);
 
+/// The least time between two looks: every alloc placed in a deployment changes it, and a busy
+/// scheduler must not pay for a look per plan (Nomad batches its watchers' evals likewise).
+const MIN_PASS_INTERVAL: Duration = Duration::from_millis(100);
+
 /// Per group: (healthy, unhealthy) counts last seen.
 pub type Seen = Vec<(String, i64, i64)>;
+
+/// What the watcher saw of one deployment: its modify index then, and its counts.
+pub type SeenDeployment = (u64, Seen);
 
 /// What the watcher decided about one deployment.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,14 +61,18 @@ pub fn decide(d: &Deployment, seen: Option<&Seen>, now: Timestamp) -> Option<Act
     if unhealthy_grew && d.task_groups.values().any(|g| g.unhealthy_allocs > 0 && g.progress_deadline == 0) {
         return Some(Action::Fail(description::FAILED_ALLOCATIONS));
     }
-    let behind = d.task_groups.values().any(|g| {
-        let done = g.healthy_allocs >= g.desired_total.max(g.desired_canaries);
-        !done && !g.require_progress_by.is_zero() && g.require_progress_by <= now
-    });
-    if behind {
+    if past_deadline(d, now) {
         return Some(Action::Fail(description::PROGRESS_DEADLINE));
     }
     changed.then_some(Action::Evaluate)
+}
+
+/// A group short of healthy allocs is past its `RequireProgressBy`.
+fn past_deadline(d: &Deployment, now: Timestamp) -> bool {
+    d.task_groups.values().any(|g| {
+        let done = g.healthy_allocs >= g.desired_total.max(g.desired_canaries);
+        !done && !g.require_progress_by.is_zero() && g.require_progress_by <= now
+    })
 }
 
 fn counts(d: &Deployment) -> Seen {
@@ -83,7 +94,7 @@ fn next_deadline(state: &State) -> Option<Timestamp> {
 pub struct DeploymentWatcher {
     store: Arc<StateStore>,
     consensus: Arc<dyn Consensus>,
-    seen: HashMap<String, Seen>,
+    seen: HashMap<String, SeenDeployment>,
 }
 
 impl DeploymentWatcher {
@@ -95,6 +106,7 @@ impl DeploymentWatcher {
     /// Runs until dropped (leadership lost).
     pub async fn run(mut self) {
         loop {
+            let started = tokio::time::Instant::now();
             let snap = self.store.snapshot();
             let index = snap.table_index(Table::Deployments);
             self.pass(&snap, Timestamp::now()).await;
@@ -105,6 +117,7 @@ impl DeploymentWatcher {
             // Wake a moment after the deadline so it has passed when looked at.
             let wait = wait + Duration::from_millis(5);
             self.store.blocking_query(&[Table::Deployments], index.max(1), wait, |s| ((), s.table_index(Table::Deployments))).await;
+            tokio::time::sleep_until(started + MIN_PASS_INTERVAL).await;
         }
     }
 
@@ -122,12 +135,18 @@ impl DeploymentWatcher {
 
 /// What one look at every active deployment writes (by deployment ID), given the counts seen
 /// before (updated here). Pure, so simulations run the watcher's decisions too.
-pub fn writes(state: &State, seen: &mut HashMap<String, Seen>, now: Timestamp) -> Vec<(String, Command)> {
+pub fn writes(state: &State, seen: &mut HashMap<String, SeenDeployment>, now: Timestamp) -> Vec<(String, Command)> {
     seen.retain(|id, _| state.deployment(id).is_some_and(|d| d.active()));
     let mut out = Vec::new();
     for d in state.deployments().filter(|d| d.active()) {
-        let action = decide(d, seen.get(&d.id), now);
-        seen.insert(d.id.clone(), counts(d));
+        let before = seen.get(&d.id);
+        // Unchanged since the last look: only a deadline can have come.
+        let unchanged = before.is_some_and(|(index, _)| *index == d.modify_index);
+        if unchanged && !past_deadline(d, now) {
+            continue;
+        }
+        let action = decide(d, before.map(|(_, counts)| counts), now);
+        seen.insert(d.id.clone(), (d.modify_index, counts(d)));
         let Some(action) = action else { continue };
         let eval = state.job(&d.namespace, &d.job_id).map(|job| {
             let mut e = Evaluation::for_job(job, trigger::DEPLOYMENT_WATCHER, now);

@@ -258,13 +258,13 @@ impl Client {
         let states = tasks.unwrap_or_default().into_iter().map(|t| (t.name, state.clone())).collect();
         // In a deployment, a running alloc is healthy at once (a real client waits for
         // min_healthy_time) and a failed one unhealthy.
-        let deployment_status = (!l.server.deployment_id.is_empty())
-            .then(|| match l.status {
-                ClientStatus::Running => Some(true),
-                ClientStatus::Failed => Some(false),
-                _ => None,
-            })
-            .flatten()
+        let healthy = match l.status {
+            ClientStatus::Running => Some(true),
+            ClientStatus::Failed => Some(false),
+            _ => None,
+        };
+        let deployment_status = healthy
+            .filter(|_| !l.server.deployment_id.is_empty())
             .map(|healthy| serde_json::json!({ "Healthy": healthy, "Timestamp": now }));
         let update = Allocation {
             id: id.to_string(),

@@ -64,7 +64,7 @@ pub struct Sim {
     /// What the last finished runs committed, for the step log.
     pub committed: Vec<String>,
     /// The deployment watcher's counts seen so far.
-    deployments_seen: std::collections::HashMap<String, nomad_server::leader::deployment_watcher::Seen>,
+    deployments_seen: std::collections::HashMap<String, nomad_server::leader::deployment_watcher::SeenDeployment>,
 }
 
 impl Sim {
