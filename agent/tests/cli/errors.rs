@@ -98,14 +98,14 @@ async fn version_and_dash_version_print_the_same_line() {
 #[tokio::test]
 async fn a_nomad_command_nomad_rs_lacks_says_so_and_exits_1() {
     for (args, name) in [
-        (&["job", "history", "web"][..], "job history"),
-        (&["job", "-namespace", "prod", "revert", "web", "3"], "job revert"),
-        (&["job", "dispatch", "batch"], "job dispatch"),
+        (&["job", "scale", "web", "3"][..], "job scale"),
+        (&["job", "-namespace", "prod", "promote", "web"], "job promote"),
+        (&["job", "deployments", "web"], "job deployments"),
         (&["quota", "apply", "quota.hcl"], "quota apply"),
         (&["acl", "auth-method", "list"], "acl auth-method list"),
         (&["volume", "snapshot", "list"], "volume snapshot list"),
         (&["operator", "snapshot", "save", "backup.snap"], "operator snapshot save"),
-        (&["deployment", "list"], "deployment list"),
+        (&["deployment", "unblock", "d1"], "deployment unblock"),
         (&["namespace", "apply", "prod"], "namespace apply"),
     ] {
         let run = nomad(args).await;
