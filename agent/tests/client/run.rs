@@ -83,6 +83,35 @@ async fn a_stop_from_the_servers_kills_with_kill_signal_then_sigkill_after_kill_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_shutting_down_while_a_task_is_being_killed_stops_waiting_and_the_next_agent_finishes_the_kill() {
+    let server = TestServer::start().await;
+    let root = tempfile::tempdir().unwrap();
+    let client = start_client(root.path(), &server).await;
+    wait_ready(&server, &client).await;
+
+    // Outlives the first SIGTERM (not the second), and its kill_timeout is long: the kill is
+    // still waiting at shutdown.
+    let mut task = sh_task("stubborn", "trap 'echo got-term; trap - TERM' TERM; echo ready; while true; do sleep 0.1; done");
+    task.kill_signal = "SIGTERM".into();
+    task.kill_timeout = 3_600_000_000_000;
+    let j = job("slowkill", JobType::Service, vec![task], restart_policy(0, 0));
+    let id = server.place(&j, client.node_id()).await;
+    let pid = wait_for("the task runs", || task_pid(&client, &id, "stubborn")).await;
+    wait_until("the trap is set", || crate::support::log_file(root.path(), &id, "stubborn", "stdout").contains("ready")).await;
+    server.stop_alloc(&id).await;
+    wait_until("the first SIGTERM came", || crate::support::log_file(root.path(), &id, "stubborn", "stdout").contains("got-term")).await;
+
+    tokio::time::timeout(Duration::from_secs(20), client.shutdown()).await.expect("the shutdown does not wait for the kill");
+    drop(client);
+    assert!(pid_alive(pid), "a shutting-down agent leaves its tasks running");
+
+    // The next agent on the same state dir reattaches and kills what the servers want stopped.
+    let client = start_client(root.path(), &server).await;
+    wait_until("the task is gone", || !pid_alive(pid)).await;
+    client.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lifecycle_tasks_run_in_order_and_sidecars_stop_with_the_main_task() {
     let server = TestServer::start().await;
     let root = tempfile::tempdir().unwrap();

@@ -408,7 +408,8 @@ impl AllocRunner {
             return;
         }
         let runner = self.clone();
-        self.ctx.tracker.spawn(async move {
+        let shutdown = self.ctx.shutdown.clone();
+        let kill = async move {
             if matches!(cause, KillCause::Stopped | KillCause::Destroy) {
                 let states = lock(&runner.hook_states).clone();
                 let alloc = runner.alloc();
@@ -432,6 +433,15 @@ impl AllocRunner {
             kill_group(&|t| t.leader() && eligible(t)).await;
             kill_group(&|t| !t.leader() && !t.sidecar() && eligible(t)).await;
             kill_group(&|t| t.sidecar() && eligible(t)).await;
+        };
+        // An agent shutting down stops waiting: its task runners return without the tasks
+        // finishing (a later agent reattaches and kills what the servers still want stopped),
+        // so waiting on would hold the shutdown forever.
+        self.ctx.tracker.spawn(async move {
+            tokio::select! {
+                () = kill => {}
+                () = shutdown.cancelled() => {}
+            }
         });
     }
 

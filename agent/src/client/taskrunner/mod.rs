@@ -754,10 +754,19 @@ impl TaskRunner {
                 }
             }
         }
-        if let Err(e) = driver.stop(handle, config.kill_signal, config.kill_timeout).await {
-            tracing::warn!(alloc_id = %self.alloc_id, task = %self.name, error = %e, "stopping the task failed");
+        // The stop waits up to kill_timeout for the task to go: an agent shutting down leaves it
+        // (and the task) there, and the next agent, finding the alloc still to be stopped,
+        // kills it again.
+        let stopped = async {
+            if let Err(e) = driver.stop(handle, config.kill_signal, config.kill_timeout).await {
+                tracing::warn!(alloc_id = %self.alloc_id, task = %self.name, error = %e, "stopping the task failed");
+            }
+            wait.await
+        };
+        tokio::select! {
+            r = stopped => Some((exited(r), how)),
+            _ = self.ctx.shutdown.cancelled() => None,
         }
-        Some((exited(wait.await), how))
     }
 
     /// The run ended: the driver removes what it created for it, then the exit is recorded.
