@@ -20,6 +20,7 @@ use crate::job::{
     ReschedulePolicy, RestartPolicy, Spread, SpreadTarget, Task, TaskArtifact, TaskGroup, TaskLifecycle, Template, UpdateStrategy,
 };
 use crate::resources::{DnsConfig, NetworkResource, Port, RequestedDevice, Resources};
+use crate::scaling::ScalingPolicy;
 use crate::service::{
     CheckRestart, ConsulConnect, ConsulGateway, ConsulLinkedService, ConsulProxy, ConsulSidecarService, ConsulTerminatingConfigEntry,
     ConsulUpstream, SERVICE_PROVIDER_CONSUL, SERVICE_PROVIDER_NOMAD, Service, ServiceCheck, SidecarTask,
@@ -120,7 +121,8 @@ table! {
     // Group.
     GroupCount: Attribute "count" in "group" => H("the reconciler keeps this many allocs"),
     Migrate: Block "migrate" in "group" => H("the drainer migrates max_parallel at a time, health judged as health_check says (Consul checks included with \"checks\")"),
-    Scaling: Block "scaling" in "group, task" => R(""),
+    Scaling: Block "scaling" in "group" => H("job scale and PUT /v1/job/:id/scale keep the count within min and max, recording scaling events; the policy is listed at /v1/scaling/policies for an autoscaler"),
+    TaskScaling: Block "scaling \"cpu\"|\"mem\"" in "task" => R("vertical scaling policies are a Nomad Enterprise feature"),
     Restart: Block "restart" in "group, task" => H("the task runner's restart tracker (render_templates: templates are rendered afresh before a restart)"),
     Reschedule: Block "reschedule" in "group" => H("the reconciler's reschedule tracker"),
     EphemeralDiskSize: Attribute "size" in "ephemeral_disk" => H("disk the scheduler reserves"),
@@ -541,7 +543,19 @@ impl Walk {
         if let Some(MigrateStrategy { max_parallel: _, health_check: _, min_healthy_time: _, healthy_deadline: _ }) = migrate {}
         self.decide(Feature::Migrate, migrate.is_some());
         self.placement(constraints, affinities, spreads);
-        self.decide(Feature::Scaling, scaling.as_ref().is_some_and(|s| !s.is_null()));
+        if let Some(ScalingPolicy {
+            id: _,
+            policy_type: _,
+            target: _,
+            policy: _,
+            min: _,
+            max: _,
+            enabled: _,
+            create_index: _,
+            modify_index: _,
+        }) = scaling
+        {}
+        self.decide(Feature::Scaling, scaling.is_some());
         self.restart(restart_policy.as_ref());
         if let Some(ReschedulePolicy { attempts: _, interval: _, delay: _, delay_function: _, max_delay: _, unlimited: _ }) =
             reschedule_policy
@@ -858,7 +872,7 @@ impl Walk {
         let (on_csi, other) = (volume_mounts.iter().any(csi), volume_mounts.iter().any(|m| !csi(m)));
         self.decide(Feature::VolumeMountCsi, on_csi);
         self.decide(Feature::VolumeMount, other);
-        self.decide(Feature::Scaling, scaling_policies.iter().any(|s| !s.is_null()));
+        self.decide(Feature::TaskScaling, scaling_policies.iter().any(|s| !s.is_null()));
         self.decide(Feature::KillSignal, !kill_signal.is_empty());
         self.decide(Feature::TaskKind, !kind.is_empty());
         if let Some(CsiPluginConfig { id: _, plugin_type: _, mount_dir: _, stage_publish_base_dir: _, health_timeout: _ }) =
@@ -992,7 +1006,10 @@ pub fn sample_job_using(feature: Feature) -> Job {
         Feature::UpdateAutoRevert => g.update = Some(UpdateStrategy { auto_revert: true, ..UpdateStrategy::default_service() }),
         Feature::UpdateAutoPromote => g.update = Some(UpdateStrategy { auto_promote: true, ..UpdateStrategy::default_service() }),
         Feature::UpdateMaxParallel => job.update = Some(UpdateStrategy { max_parallel: 2, ..UpdateStrategy::default_service() }),
-        Feature::Scaling => g.scaling = Some(json!({"Min": 1, "Max": 3})),
+        Feature::Scaling => {
+            g.scaling = Some(ScalingPolicy { min: Some(1), max: Some(3), ..ScalingPolicy::default() });
+        }
+        Feature::TaskScaling => t.scaling_policies = vec![json!({"Type": "vertical_cpu", "Min": 100, "Max": 500})],
         Feature::EphemeralDiskSticky => g.ephemeral_disk.sticky = true,
         Feature::EphemeralDiskMigrate => g.ephemeral_disk.migrate = true,
         Feature::GroupConsul => g.consul = Some(json!({"Namespace": "team"})),

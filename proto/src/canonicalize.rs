@@ -94,6 +94,9 @@ impl Job {
                     n.mode = "host".to_string();
                 }
             }
+            if let Some(p) = g.scaling.as_mut() {
+                p.canonicalize(&self.namespace, &job_id, &g.name, g.count);
+            }
             let group_name = g.name.clone();
             for s in &mut g.services {
                 canonicalize_service(s, &format!("{job_id}-{group_name}"), None);

@@ -270,8 +270,8 @@ pub struct TaskGroup {
     pub migrate: Option<MigrateStrategy>,
     /// Constraints.
     pub constraints: Vec<Constraint>,
-    /// Scaling policy (kept for shape).
-    pub scaling: Option<serde_json::Value>,
+    /// Horizontal scaling policy (what `job scale` and the autoscaler keep to).
+    pub scaling: Option<crate::scaling::ScalingPolicy>,
     /// Restart policy for the group's tasks (default depends on the job type).
     pub restart_policy: Option<RestartPolicy>,
     /// Tasks.

@@ -25,6 +25,7 @@ pub mod node;
 pub mod plan;
 pub mod resources;
 pub mod rpc;
+pub mod scaling;
 pub mod service;
 pub mod service_registration;
 pub mod summary;

@@ -346,6 +346,9 @@ fn validate_group(job: &Job, g: &TaskGroup) -> Vec<String> {
             errs.extend(validate_reschedule(r));
         }
     }
+    if let Some(p) = &g.scaling {
+        errs.extend(p.validate_for_group(g));
+    }
     if let Some(u) = &g.update {
         if !matches!(job.job_type, JobType::Service | JobType::System) {
             errs.push(format!("Job type {:?} does not allow update block", job.job_type.as_str()));

@@ -398,16 +398,16 @@ mod tests {
 
     #[test]
     fn the_nomad_command_asked_for_is_found_past_flags_and_their_values() {
-        assert_eq!(unimplemented_in(&args("nomad-rs job scale web 3")).as_deref(), Some("job scale"));
-        assert_eq!(unimplemented_in(&args("nomad-rs job -namespace prod scale web 3")).as_deref(), Some("job scale"));
+        assert_eq!(unimplemented_in(&args("nomad-rs job promote web")).as_deref(), Some("job promote"));
+        assert_eq!(unimplemented_in(&args("nomad-rs job -namespace prod restart web")).as_deref(), Some("job restart"));
         assert_eq!(unimplemented_in(&args("nomad-rs -h quota apply q.hcl")).as_deref(), Some("quota apply"));
         assert_eq!(unimplemented_in(&args("nomad-rs operator snapshot save x.snap")).as_deref(), Some("operator snapshot save"));
         assert_eq!(unimplemented_in(&args("nomad-rs operator raft info")).as_deref(), Some("operator raft info"));
         assert_eq!(unimplemented_in(&args("nomad-rs volume snapshot list")).as_deref(), Some("volume snapshot list"));
         assert_eq!(unimplemented_in(&args("nomad-rs volume -namespace x init")).as_deref(), Some("volume init"));
         assert_eq!(unimplemented_in(&args("nomad-rs bogus")), None);
-        assert_eq!(unimplemented_in(&args("nomad-rs job bogus scale")), None, "an unknown word ends the search");
-        assert_eq!(unimplemented_in(&args("nomad-rs job status scale")), None, "a leaf's arguments are not commands");
+        assert_eq!(unimplemented_in(&args("nomad-rs job bogus promote")), None, "an unknown word ends the search");
+        assert_eq!(unimplemented_in(&args("nomad-rs job status promote")), None, "a leaf's arguments are not commands");
     }
 
     /// Every Nomad command nomad-rs lacks is named as such, whatever follows it.

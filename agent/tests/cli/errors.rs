@@ -98,7 +98,7 @@ async fn version_and_dash_version_print_the_same_line() {
 #[tokio::test]
 async fn a_nomad_command_nomad_rs_lacks_says_so_and_exits_1() {
     for (args, name) in [
-        (&["job", "scale", "web", "3"][..], "job scale"),
+        (&["job", "restart", "web"][..], "job restart"),
         (&["job", "-namespace", "prod", "promote", "web"], "job promote"),
         (&["job", "deployments", "web"], "job deployments"),
         (&["quota", "apply", "quota.hcl"], "quota apply"),

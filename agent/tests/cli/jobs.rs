@@ -316,3 +316,66 @@ async fn system_gc_purges_a_stopped_job_whose_evals_are_done() {
     assert_eq!(run.stdout, "", "nothing printed on success");
     assert!(api.server.store.snapshot().job("default", "hello").is_none(), "the stopped job is collected");
 }
+
+const SCALABLE: &str = r#"
+job "web" {
+  datacenters = ["dc1"]
+  group "web" {
+    count = 2
+    scaling {
+      min = 1
+      max = 4
+    }
+    task "server" {
+      driver = "raw_exec"
+      config {
+        command = "/bin/sleep"
+        args    = ["1000"]
+      }
+    }
+  }
+  group "db" {
+    task "db" {
+      driver = "raw_exec"
+      config {
+        command = "/bin/sleep"
+        args    = ["1000"]
+      }
+    }
+  }
+}
+"#;
+
+#[tokio::test]
+async fn job_scale_sets_a_groups_count_within_its_policy_and_scaling_events_lists_it() {
+    let api = Api::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("web.nomad.hcl");
+    std::fs::write(&file, SCALABLE).unwrap();
+    api.nomad(&["job", "run", "-detach", file.to_str().unwrap()]).await.expect_code(0);
+    api.nomad(&["job", "scaling-events", "web"]).await.expect_code(0).stdout_has("No events found");
+
+    api.nomad(&["job", "scale", "-detach", "web", "3"]).await.expect_code(1).stderr_has("Group name required");
+    api.nomad(&["job", "scale", "-detach", "web", "cache", "3"]).await.expect_code(1).stderr_has("Group cache not found within job");
+    api.nomad(&["job", "scale", "-detach", "web", "web", "x"]).await.expect_code(1).stderr_has("Failed to convert count string to int");
+    api.nomad(&["job", "scale", "-detach", "web", "web", "9"])
+        .await
+        .expect_code(1)
+        .stderr_has("Error submitting scaling request")
+        .stderr_has("group count was greater than scaling policy maximum: 9 > 4");
+    let run = api.nomad(&["job", "scale", "-detach", "we", "web", "3"]).await;
+    run.expect_code(0);
+    let eval_id = eval_id_from(&run.stdout);
+    let snap = api.server.store.snapshot();
+    assert_eq!(snap.job("default", "web").unwrap().task_groups[0].count, 3);
+    assert_eq!(snap.eval(&eval_id).expect("the printed eval exists").triggered_by, "job-scaling");
+
+    let events = api.nomad(&["job", "scaling-events", "-verbose", "web"]).await;
+    events.expect_code(0);
+    let lines: Vec<&str> = events.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", events.stdout);
+    let header: Vec<&str> = lines[0].split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
+    assert_eq!(header, ["Task Group", "Count", "PrevCount", "Error", "Message", "Eval ID", "Date"]);
+    let row: Vec<&str> = lines[1].split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
+    assert_eq!(row[..6], ["web", "3", "2", "false", "submitted using the Nomad CLI", eval_id.as_str()]);
+}

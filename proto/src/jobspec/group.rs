@@ -92,7 +92,10 @@ pub(crate) fn group(r: &Reader<'_>, block: &BlockRef<'_>, inherited: &Inherited)
         if policy["Min"].is_null() {
             policy["Min"] = json!(count.unwrap_or(1));
         }
-        g.scaling = Some(policy);
+        g.scaling = Some(
+            serde_json::from_value(policy)
+                .map_err(|e| Diag::new(ErrorKind::Structure, b.offset, format!("scaling block of {}: {e}", r.context())))?,
+        );
     }
     if let Some(b) = r.block("consul")? {
         let cr = r.child(&b)?;
@@ -115,7 +118,7 @@ pub(crate) fn group(r: &Reader<'_>, block: &BlockRef<'_>, inherited: &Inherited)
     }
     r.finish()?;
 
-    g.count = match (count, g.scaling.as_ref().and_then(|s| s["Min"].as_i64())) {
+    g.count = match (count, g.scaling.as_ref().and_then(|s| s.min)) {
         (Some(count), _) => count,
         (None, Some(min)) => min,
         (None, None) => 1,

@@ -81,8 +81,8 @@ fn full_job_decodes_every_block() {
     assert_eq!((restart.attempts, restart.interval, restart.delay, restart.mode.as_str()), (0, 30 * 60 * SECOND, 15 * SECOND, "fail"));
     assert_eq!((g.ephemeral_disk.size_mb, g.ephemeral_disk.sticky), (500, true));
     let scaling = g.scaling.as_ref().unwrap();
-    assert_eq!((scaling["Min"].as_i64(), scaling["Max"].as_i64(), scaling["Type"].as_str()), (Some(1), Some(5), Some("horizontal")));
-    assert_eq!(scaling["Policy"], json!({"cooldown": "1m"}));
+    assert_eq!((scaling.min, scaling.max, scaling.policy_type.as_str(), scaling.enabled), (Some(1), Some(5), "horizontal", Some(true)));
+    assert_eq!(serde_json::Value::Object(scaling.policy.clone().unwrap()), json!({"cooldown": "1m"}));
 
     // Ports: static > 0 is reserved, everything else dynamic.
     let net = &g.networks[0];

@@ -76,12 +76,14 @@ impl Endpoints {
         eval.status = EvalStatus::Pending;
         eval.annotate_plan = true;
         let planned_job = job.clone();
-        let eval = scratch
+        // The diff is against the job as the state stores it: what the servers set (scaling
+        // policy IDs) is then the same as in the stored version.
+        let (eval, planned) = scratch
             .write(scratch_index, |tx| {
                 let stored = tx.upsert_job(planned_job)?;
                 eval.job_modify_index = stored.job_modify_index;
                 tx.upsert_evals(vec![eval.clone()]);
-                Ok(eval)
+                Ok((eval, stored))
             })
             .map_err(|e| EndpointError::Invalid(e.0))?;
         let state = scratch.snapshot();
@@ -90,7 +92,7 @@ impl Endpoints {
             .map_err(|e| EndpointError::Internal(format!("scheduler failed: {e}")))?;
 
         let annotations = outcome.annotations.or(outcome.plan.annotations);
-        let diff = diff.then(|| job_diff(old.as_deref(), &job, annotations.as_ref()));
+        let diff = diff.then(|| job_diff(old.as_deref(), &planned, annotations.as_ref()));
         let failed = outcome.eval_update.failed_tg_allocs;
         Ok(JobPlanResponse {
             annotations,

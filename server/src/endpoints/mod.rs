@@ -25,6 +25,7 @@ mod namespace;
 mod node;
 mod node_evals;
 mod periodic;
+mod scaling;
 mod services;
 mod si_token;
 
@@ -42,6 +43,7 @@ pub use job::{JobDeregisterResponse, JobRegisterOptions, JobRegisterResponse, Jo
 pub use job_plan::JobPlanResponse;
 pub use job_versions::{JobRevertRequest, JobVersionsResponse};
 pub use node_evals::{create_node_evals, should_create_node_eval};
+pub use scaling::{JobScaleRequest, job_scale_status};
 
 use crate::consensus::Consensus;
 use crate::heartbeat::Heartbeater;

@@ -13,7 +13,9 @@ fn event_type(cmd: &Command) -> Option<&'static str> {
         Command::NodeUpdateStatus { .. } => "NodeStreamEvent",
         Command::NodeDeregister { .. } => "NodeDeregistration",
         Command::NodeUpdateEligibility { .. } | Command::NodeUpdateDrain { .. } | Command::NodeDrainComplete { .. } => "NodeDrain",
-        Command::JobRegister { .. } | Command::PeriodicLaunch { .. } => "JobRegistered",
+        // A scale with a count registers the job again (the scaling event itself is not
+        // published, as in Nomad).
+        Command::JobRegister { .. } | Command::PeriodicLaunch { .. } | Command::JobScale { .. } => "JobRegistered",
         Command::JobDeregister { .. } => "JobDeregistered",
         Command::EvalUpsert { .. } => "EvaluationUpdated",
         Command::AllocClientUpdate { .. } => "AllocationUpdated",

@@ -119,6 +119,18 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnE
             }
             jobs.insert(stored.namespaced_id());
         }
+        Command::JobScale { namespace, job_id, group, count, event, eval, now } => {
+            if let Some((count, job_modify_index)) = count {
+                let stored = txn.scale_job(namespace, job_id, group, *count, *job_modify_index, *now)?;
+                if let Some(e) = eval {
+                    let mut e = e.clone();
+                    e.job_modify_index = stored.job_modify_index;
+                    jobs.extend(txn.upsert_evals(vec![e]));
+                }
+                jobs.insert(stored.namespaced_id());
+            }
+            txn.record_scaling_event(namespace, job_id, group, event.clone());
+        }
         Command::JobDeregister { namespace, job_id, purge, eval, now: _ } => {
             let existing = txn.state().job(namespace, job_id).cloned();
             match (existing, purge) {

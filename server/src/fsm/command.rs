@@ -272,6 +272,25 @@ pub enum Command {
         /// KeyID.
         key_id: String,
     },
+    /// `Job.Scale`: a scaling event for a group and, with a count, the group's new count (set
+    /// in the stored job if its job modify index is still the one the endpoint checked) and
+    /// the eval that follows, in one write.
+    JobScale {
+        /// Namespace.
+        namespace: String,
+        /// Job.
+        job_id: String,
+        /// The group.
+        group: String,
+        /// The new count and the job modify index it was decided against.
+        count: Option<(i64, u64)>,
+        /// The event (its `EvalID` is the eval's).
+        event: nomad_proto::scaling::ScalingEvent,
+        /// The eval of the new count.
+        eval: Option<Evaluation>,
+        /// Server time.
+        now: Timestamp,
+    },
     /// Mark one tracked version of a job stable or not.
     JobStability {
         /// Namespace.

@@ -183,6 +183,8 @@ pub const ROWS: &[Row] = &[
     row(Write, "/v1/job/*/dispatch", Ns(&["dispatch-job"], Query)),
     row(Get, "/v1/job/*/deployments", Ns(&["read-job"], Query)),
     row(Get, "/v1/job/*/deployment", Ns(&["read-job"], Query)),
+    row(Get, "/v1/job/*/scale", Ns(&["read-job", "read-job-scaling"], Query)),
+    row(Write, "/v1/job/*/scale", Ns(&["scale-job", "submit-job"], Query)),
     row(Get, "/v1/job/*", Ns(&["read-job"], Query)),
     row(Write, "/v1/job/*", Ns(&["submit-job"], WriteBody)),
     row(Delete, "/v1/job/*", Ns(&["submit-job"], Query)),
@@ -218,6 +220,10 @@ pub const ROWS: &[Row] = &[
     // Search: the handler searches only the contexts and namespaces the token may read.
     row(Write, "/v1/search", Search),
     row(Write, "/v1/search/fuzzy", Search),
+    // Scaling policies: Nomad also lets list-jobs with read-job through; here read-job does.
+    // The answers carry each policy's `Namespace` for the filter.
+    row(Get, "/v1/scaling/policies", Ns(&["list-scaling-policies", "read-job"], Query)),
+    row(Get, "/v1/scaling/policy/:id", Ns(&["read-scaling-policy", "read-job"], Resp)),
     // Forced garbage collection: management only, as Nomad.
     row(Write, "/v1/system/gc", Management),
     // Agent and operator.

@@ -58,6 +58,8 @@ async fn deployments_are_listed_read_and_counted_as_their_allocs_report_health()
     assert_eq!(allocs[0]["JobID"], "web");
     let (_, list) = call(&ts, Method::GET, "/v1/job/web/deployments", Value::Null).await;
     assert_eq!(list[0]["ID"], "d1");
+    let (_, found) = call(&ts, Method::PUT, "/v1/search", json!({"Prefix": "d", "Context": "deployment"})).await;
+    assert_eq!(found["Matches"]["deployment"], json!(["d1"]), "search finds deployments by ID prefix");
     let (_, latest) = call(&ts, Method::GET, "/v1/job/web/deployment", Value::Null).await;
     assert_eq!(latest["ID"], "d1");
     let (_, none) = call(&ts, Method::GET, "/v1/job/other/deployment", Value::Null).await;

@@ -438,6 +438,7 @@ pub async fn job_specific(State(s): State<HttpState>, method: Method, uri: Uri, 
                 require_method(&method, &[Method::PUT, Method::POST])?;
                 stable(&s, &q, &id, body).await
             }
+            Some("scale") => super::scaling::job_scale(&s, &q, &method, &id, body).await,
             Some(other) => Err(HttpError::not_found(format!("job action {other:?} is not supported by nomad-rs yet"))),
         }
     })

@@ -23,6 +23,7 @@ pub mod listener;
 mod namespaces;
 mod nodes;
 mod operator;
+mod scaling;
 mod search;
 mod services;
 mod system;
@@ -116,6 +117,8 @@ server_routes! {
     "/v1/search" => search::prefix,
     "/v1/search/fuzzy" => search::fuzzy,
     "/v1/system/gc" => system::gc,
+    "/v1/scaling/policies" => scaling::policies,
+    "/v1/scaling/policy/{*rest}" => scaling::policy_specific,
 }
 
 /// The `/v1` routes of the server role. The agent merges its own (client) routes. On a
@@ -148,6 +151,8 @@ mod forward_tests;
 mod lifecycle_tests;
 #[cfg(test)]
 mod plan_tests;
+#[cfg(test)]
+mod scaling_tests;
 #[cfg(test)]
 mod secret_tests;
 #[cfg(test)]

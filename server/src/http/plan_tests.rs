@@ -64,6 +64,25 @@ async fn plan_reports_what_the_scheduler_would_do_and_writes_nothing() {
 }
 
 #[tokio::test]
+async fn an_unchanged_scaling_policy_is_no_diff_and_a_changed_one_is_an_edit() {
+    let ts = server_with_scheduler();
+    ts.consensus.apply(Command::NodeRegister { node: ready_node("n1"), evals: vec![], now: nomad_proto::Timestamp::now() }).await.unwrap();
+    let scalable = |max: i64| {
+        let mut j = job("web", 2);
+        j.task_groups[0].scaling = Some(nomad_proto::scaling::ScalingPolicy { max: Some(max), ..Default::default() });
+        j
+    };
+    ts.endpoints.job_register(scalable(4), Default::default()).await.unwrap();
+    // The submitted job carries no policy ID; the stored one does. That is no change.
+    let v = plan(&ts, "web", json!({ "Job": scalable(4), "Diff": true })).await;
+    assert_eq!(v["Diff"]["Type"], "None", "{}", v["Diff"]);
+    let v = plan(&ts, "web", json!({ "Job": scalable(6), "Diff": true })).await;
+    assert_eq!(v["Diff"]["Type"], "Edited");
+    let text = v["Diff"].to_string();
+    assert!(text.contains("\"Name\":\"Max\"") && !text.contains("\"Name\":\"ID\""), "{text}");
+}
+
+#[tokio::test]
 async fn plan_shows_failed_placements_and_the_blocked_eval_it_would_create() {
     let ts = server_with_scheduler();
     let v = plan(&ts, "web", json!({ "job": job("web", 2) })).await;

@@ -258,7 +258,10 @@ fn prefix_matches(state: &ClusterState, ctx: &str, term: &str, namespaces: &[Str
             .filter(|n| n.name.starts_with(term) && reader.acl.is_none_or(|a| a.allow_namespace(&n.name)))
             .map(|n| n.name.clone())
             .collect(),
-        // nomad-rs keeps no deployments or scaling policies yet: nothing matches.
+        "deployment" => state.deployments().filter(|d| in_ns(&d.namespace) && d.id.starts_with(id_term)).map(|d| d.id.clone()).collect(),
+        "scaling_policy" => {
+            state.scaling_policies().filter(|(ns, p)| in_ns(ns) && p.id.starts_with(id_term)).map(|(_, p)| p.id.clone()).collect()
+        }
         _ => Vec::new(),
     };
     ids.sort();

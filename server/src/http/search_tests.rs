@@ -56,6 +56,15 @@ async fn prefix_search_lists_matches_per_context_and_truncates_at_twenty() {
     let (_, v) = call(&ts, "/v1/search", None, json!({"Prefix": "def", "Context": "namespaces"})).await;
     assert_eq!(v["Matches"]["namespaces"], json!(["default"]));
 
+    // A group's scaling policy is found by its ID's prefix.
+    let mut scaled = job("scaled", 1);
+    scaled.task_groups[0].scaling = Some(nomad_proto::scaling::ScalingPolicy { max: Some(3), ..Default::default() });
+    scaled.task_groups[0].tasks[0].config = serde_json::from_value(json!({"command": "/bin/sleep"})).unwrap();
+    ts.endpoints.job_register(scaled, Default::default()).await.unwrap();
+    let policy = ts.store.snapshot().scaling_policies().next().unwrap().1.id.clone();
+    let (_, v) = call(&ts, "/v1/search", None, json!({"Prefix": &policy[..6], "Context": "scaling_policy"})).await;
+    assert_eq!(v["Matches"]["scaling_policy"], json!([policy]), "{v}");
+
     let (status, v) = call(&ts, "/v1/search", None, json!({"Prefix": "x", "Context": "job"})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(v.as_str().unwrap().starts_with("context must be one of [jobs evals allocs"), "{v}");

@@ -65,6 +65,9 @@ impl Txn<'_> {
         if self.state.namespace(&job.namespace).is_none() {
             return Err(TxnError(format!("job {:?} is in nonexistent namespace {:?}", job.id, job.namespace)));
         }
+        // Before the spec comparison: an unchanged policy keeps its ID and indexes.
+        let old = self.state.jobs.get(&key).cloned();
+        self.assign_scaling_policies(&mut job, old.as_deref());
         match self.state.jobs.get(&key) {
             Some(existing) => {
                 job.create_index = existing.create_index;
@@ -136,9 +139,10 @@ impl Txn<'_> {
     /// Removes a job and its summary (purge). Its allocs and evals stay until GC.
     pub fn delete_job(&mut self, namespace: &str, id: &str) -> Result<(), TxnError> {
         let key = NamespacedId::new(namespace, id);
-        if self.state.jobs.remove(&key).is_none() {
+        let Some(job) = self.state.jobs.remove(&key) else {
             return Err(TxnError(format!("job not found: {id}")));
-        }
+        };
+        self.delete_job_scaling(&job);
         self.state.job_summaries.remove(&key);
         self.delete_job_history(&key);
         self.touch(Table::Jobs);

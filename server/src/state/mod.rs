@@ -27,6 +27,7 @@ mod namespaces;
 mod node_load;
 mod nodes;
 mod persist;
+mod scaling;
 mod services;
 mod si_accessors;
 mod variables;
@@ -93,10 +94,14 @@ pub enum Table {
     PeriodicLaunches,
     /// Deployments.
     Deployments,
+    /// Groups' scaling policies (stored in their jobs; this index moves when one changes).
+    ScalingPolicies,
+    /// Jobs' scaling events.
+    ScalingEvents,
 }
 
 /// Number of tables.
-const TABLES: usize = 18;
+const TABLES: usize = 20;
 
 impl Table {
     /// Every table.
@@ -119,6 +124,8 @@ impl Table {
         Table::JobVersions,
         Table::PeriodicLaunches,
         Table::Deployments,
+        Table::ScalingPolicies,
+        Table::ScalingEvents,
     ];
 
     fn slot(self) -> usize {
@@ -142,6 +149,10 @@ pub struct State {
     deployments: OrdMap<Key, Arc<nomad_proto::Deployment>>,
     /// Job → its deployments' IDs.
     deployments_by_job: OrdMap<NamespacedId, OrdSet<Key>>,
+    /// Scaling policy ID → the job whose group holds it (derived from `jobs`).
+    scaling_policies: OrdMap<Key, NamespacedId>,
+    /// Each job's scaling events.
+    scaling_events: OrdMap<NamespacedId, Arc<nomad_proto::scaling::JobScalingEvents>>,
     nodes: OrdMap<String, Arc<Node>>,
     allocs: OrdMap<Key, Arc<Allocation>>,
     /// Node ID → its allocs (by alloc ID). The index holds the allocs themselves, not their IDs:

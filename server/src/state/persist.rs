@@ -52,6 +52,8 @@ struct Persisted {
     periodic_launches: Vec<Arc<super::PeriodicLaunch>>,
     #[serde(default)]
     deployments: Vec<Arc<nomad_proto::Deployment>>,
+    #[serde(default)]
+    scaling_events: Vec<Arc<nomad_proto::scaling::JobScalingEvents>>,
     job_summaries: Vec<Arc<JobSummary>>,
     nodes: Vec<Arc<Node>>,
     evals: Vec<Arc<Evaluation>>,
@@ -106,6 +108,7 @@ impl State {
                 .collect(),
             periodic_launches: self.periodic_launches.values().cloned().collect(),
             deployments: self.deployments.values().cloned().collect(),
+            scaling_events: self.all_scaling_events().cloned().collect(),
             job_summaries: self.job_summaries.values().cloned().collect(),
             nodes: self.nodes.values().cloned().collect(),
             evals: self.evals.values().cloned().collect(),
@@ -164,6 +167,10 @@ impl State {
             let id: super::Key = d.id.as_str().into();
             s.deployments_by_job.entry(NamespacedId::new(&d.namespace, &d.job_id)).or_default().insert(id.clone());
             s.deployments.insert(id, d);
+        }
+        s.index_scaling_policies();
+        for e in p.scaling_events {
+            s.scaling_events.insert(NamespacedId::new(&e.namespace, &e.job_id), e);
         }
         for l in p.periodic_launches {
             s.periodic_launches.insert(NamespacedId::new(&l.namespace, &l.id), l);

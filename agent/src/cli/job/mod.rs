@@ -1,5 +1,5 @@
 //! `nomad-rs job ...`: run, status, stop, plan, inspect, validate, init, eval, history, revert,
-//! dispatch, periodic force.
+//! dispatch, periodic force, scale, scaling-events.
 
 pub mod dispatch;
 pub mod eval;
@@ -10,6 +10,7 @@ pub mod periodic;
 pub mod plan;
 pub mod revert;
 pub mod run;
+pub mod scale;
 pub mod status;
 pub mod stop;
 pub mod validate;
@@ -63,6 +64,11 @@ pub enum JobCommand {
     /// Periodic job commands.
     #[command(subcommand)]
     Periodic(periodic::PeriodicCommand),
+    /// Set a group's count (within its scaling policy) and follow the evaluation.
+    Scale(scale::ScaleArgs),
+    /// List a job's scaling events, newest first.
+    #[command(name = "scaling-events")]
+    ScalingEvents(scale::ScalingEventsArgs),
 }
 
 /// Runs a job command.
@@ -78,6 +84,8 @@ pub async fn run(a: JobArgs) -> CmdResult {
         JobCommand::Eval(e) => eval::run(&a.api, e).await,
         JobCommand::History(h) => history::run(&a.api, h).await,
         JobCommand::Revert(r) => revert::run(&a.api, r).await,
+        JobCommand::Scale(s) => scale::run(&a.api, s).await,
+        JobCommand::ScalingEvents(e) => scale::run_events(&a.api, e).await,
         JobCommand::Dispatch(d) => dispatch::run(&a.api, d).await,
         JobCommand::Periodic(p) => periodic::run(&a.api, p).await,
     }
