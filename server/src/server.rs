@@ -67,6 +67,8 @@ pub struct ServerConfig {
     pub acl: crate::acl::AclConfig,
     /// The expired ACL token GC (`server { acl_token_gc_threshold }`), run while ACLs are on.
     pub acl_token_gc: crate::leader::TokenGcConfig,
+    /// The periodic GC (`server { job_gc_interval, *_gc_threshold }`).
+    pub core_gc: crate::endpoints::GcConfig,
     /// Root key rotation and GC (`server { root_key_* }`).
     pub keyring: crate::leader::KeyringConfig,
 }
@@ -94,6 +96,7 @@ impl ServerConfig {
             consul: crate::consul::ConsulHandles::default(),
             acl: crate::acl::AclConfig::default(),
             acl_token_gc: crate::leader::TokenGcConfig::default(),
+            core_gc: crate::endpoints::GcConfig::default(),
             keyring: crate::leader::KeyringConfig::default(),
         }
     }
@@ -210,6 +213,7 @@ impl Server {
         }
         leader_cfg.csi_claim_gc = cfg.csi_claim_gc.clone();
         leader_cfg.acl_token_gc = cfg.acl.enabled.then(|| cfg.acl_token_gc.clone());
+        leader_cfg.core_gc = cfg.core_gc.clone();
         leader_cfg.keyring = cfg.keyring.clone();
         let leader = Arc::new(
             Leader::new(

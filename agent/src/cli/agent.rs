@@ -201,6 +201,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         sc.job_max_count = s.job_max_count;
         sc.csi_claim_gc = s.csi_claim_gc.clone();
         sc.acl_token_gc = s.acl_token_gc.clone();
+        sc.core_gc = s.core_gc.clone();
         sc.keyring = s.keyring.clone();
         sc.http_advertise = cfg.advertise_http.clone();
         sc.encrypt = s.encrypt.clone();

@@ -153,6 +153,18 @@ pub struct ServerBlock {
     pub csi_plugin_gc_threshold: Option<DurationValue>,
     /// How old an expired ACL token must be for the token GC (Nomad: 1h).
     pub acl_token_gc_threshold: Option<DurationValue>,
+    /// How often the leader collects finished jobs, evals, deployments and down nodes (Nomad: 5m).
+    pub job_gc_interval: Option<DurationValue>,
+    /// How long a job must have been finished to be collected (Nomad: 4h).
+    pub job_gc_threshold: Option<DurationValue>,
+    /// How long a service or system job's eval must have been finished (Nomad: 1h).
+    pub eval_gc_threshold: Option<DurationValue>,
+    /// How long a batch job's eval must have been finished (Nomad: 24h).
+    pub batch_eval_gc_threshold: Option<DurationValue>,
+    /// How long a deployment must have been finished (Nomad: 1h).
+    pub deployment_gc_threshold: Option<DurationValue>,
+    /// How long a node must have been down (Nomad: 24h).
+    pub node_gc_threshold: Option<DurationValue>,
     /// How old the active root key may get before the leader replaces it (Nomad: 720h).
     pub root_key_rotation_threshold: Option<DurationValue>,
     /// How often the leader deletes unused inactive root keys (Nomad: 10m).

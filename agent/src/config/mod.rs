@@ -93,6 +93,9 @@ pub struct ServerSettings {
     pub csi_claim_gc: nomad_server::leader::ClaimGcConfig,
     /// The expired ACL token GC (`acl_token_gc_threshold`).
     pub acl_token_gc: nomad_server::leader::TokenGcConfig,
+    /// The periodic GC (`job_gc_interval`, `job_gc_threshold`, `eval_gc_threshold`,
+    /// `batch_eval_gc_threshold`, `deployment_gc_threshold`, `node_gc_threshold`).
+    pub core_gc: nomad_server::endpoints::GcConfig,
     /// Root key rotation and GC (`root_key_rotation_threshold`, `root_key_gc_interval`,
     /// `root_key_gc_threshold`).
     pub keyring: nomad_server::leader::KeyringConfig,
@@ -591,6 +594,24 @@ impl AgentConfig {
             if let Some(d) = sb.csi_volume_claim_gc_threshold {
                 csi_claim_gc.threshold = d.0;
             }
+            let mut core_gc = nomad_server::endpoints::GcConfig::default();
+            if let Some(d) = sb.job_gc_interval {
+                if d.0.is_zero() {
+                    return Err(invalid("server.job_gc_interval", "job_gc_interval should be greater than 0s".into()));
+                }
+                core_gc.interval = d.0;
+            }
+            for (value, slot) in [
+                (sb.job_gc_threshold, &mut core_gc.job_threshold),
+                (sb.eval_gc_threshold, &mut core_gc.eval_threshold),
+                (sb.batch_eval_gc_threshold, &mut core_gc.batch_eval_threshold),
+                (sb.deployment_gc_threshold, &mut core_gc.deployment_threshold),
+                (sb.node_gc_threshold, &mut core_gc.node_threshold),
+            ] {
+                if let Some(d) = value {
+                    *slot = d.0;
+                }
+            }
             let mut acl_token_gc = nomad_server::leader::TokenGcConfig::default();
             if let Some(d) = sb.acl_token_gc_threshold {
                 acl_token_gc.threshold = d.0;
@@ -619,6 +640,7 @@ impl AgentConfig {
                 job_max_count,
                 csi_claim_gc,
                 acl_token_gc,
+                core_gc,
                 keyring,
             })
         } else {
@@ -1144,6 +1166,16 @@ mod tests {
         assert_eq!(c.server.as_ref().unwrap().acl_token_gc.threshold.as_secs(), 3600);
         let c = resolve("server {\n  acl_token_gc_threshold = \"2h\"\n}\n", AgentFlags { dev: true, ..Default::default() }).unwrap();
         assert_eq!(c.server.as_ref().unwrap().acl_token_gc.threshold.as_secs(), 7200);
+        let c = resolve(
+            "server {\n  job_gc_interval = \"1m\"\n  job_gc_threshold = \"30m\"\n  batch_eval_gc_threshold = \"2h\"\n}\n",
+            AgentFlags { dev: true, ..Default::default() },
+        )
+        .unwrap();
+        let gc = &c.server.as_ref().unwrap().core_gc;
+        assert_eq!((gc.interval.as_secs(), gc.job_threshold.as_secs(), gc.batch_eval_threshold.as_secs()), (60, 1800, 7200));
+        assert_eq!((gc.eval_threshold.as_secs(), gc.node_threshold.as_secs()), (3600, 86_400), "Nomad's defaults for the rest");
+        let err = resolve("server {\n  job_gc_interval = \"0s\"\n}\n", AgentFlags { dev: true, ..Default::default() }).unwrap_err();
+        assert!(err.to_string().contains("job_gc_interval should be greater than 0s"), "{err}");
         let c = resolve(
             "server {\n  csi_volume_claim_gc_interval = \"3m\"\n  csi_volume_claim_gc_threshold = \"12h\"\n  csi_plugin_gc_threshold = \"12h\"\n}\n",
             AgentFlags { dev: true, ..Default::default() },

@@ -95,3 +95,89 @@ async fn force_gc_removes_what_is_finished_and_keeps_what_is_not() {
     // Nothing left to collect: a second run removes nothing.
     assert_eq!(ts.endpoints.force_gc().await.unwrap(), Default::default());
 }
+
+/// The leader's periodic GC: only what has been finished for longer than its threshold goes.
+#[tokio::test]
+async fn periodic_gc_collects_only_what_is_older_than_its_threshold() {
+    use super::{GcConfig, GcCutoffs, collect_garbage};
+    let ts = TestServer::new();
+    for n in ["n1", "n2", "n3"] {
+        ts.register_node(crate::testing::node(n)).await;
+    }
+    let now = Timestamp::now();
+    let ago = |minutes: i64| now.unix_nanos() - minutes * 60 * 1_000_000_000;
+    let with_ns = |mut j: nomad_proto::Job| {
+        j.namespace = "default".into();
+        j
+    };
+    let (old_job, new_job, web) = (with_ns(job("old", 1)), with_ns(job("new", 1)), with_ns(job("web", 1)));
+    for (j, at) in [(&old_job, ago(300)), (&new_job, ago(300)), (&web, ago(300))] {
+        ts.consensus.apply(Command::JobRegister { job: j.clone(), eval: None, now: Timestamp::from_unix_nanos(at) }).await.unwrap();
+    }
+    for id in ["old", "new"] {
+        let stop = Command::JobDeregister { namespace: "default".into(), job_id: id.into(), purge: false, eval: None, now };
+        ts.consensus.apply(stop).await.unwrap();
+    }
+    let finished = |j: &nomad_proto::Job, minutes: i64, batch: bool| {
+        let mut e = eval_of(j, EvalStatus::Complete);
+        e.modify_time = ago(minutes);
+        if batch {
+            e.eval_type = JobType::Batch;
+        }
+        e
+    };
+    let mut gone = with_ns(job("gone", 1));
+    gone.job_type = JobType::Batch;
+    let (e_old, e_new, e_web_old, e_web_recent, e_gone_old, e_gone_recent) = (
+        finished(&old_job, 300, false),
+        finished(&new_job, 30, false),
+        finished(&web, 120, false),
+        finished(&web, 30, false),
+        finished(&gone, 25 * 60, true),
+        finished(&gone, 120, true),
+    );
+    let evals = vec![e_old.clone(), e_new.clone(), e_web_old.clone(), e_web_recent.clone(), e_gone_old.clone(), e_gone_recent.clone()];
+    ts.consensus.apply(Command::EvalUpsert { evals }).await.unwrap();
+    let at = |mut a: Allocation, minutes: i64, deployment: &str| {
+        a.modify_time = ago(minutes);
+        a.deployment_id = deployment.into();
+        a
+    };
+    let allocs = vec![
+        at(alloc_of(&old_job, &e_old, "a-old", ClientStatus::Complete), 300, ""),
+        at(alloc_of(&new_job, &e_new, "a-new", ClientStatus::Complete), 30, ""),
+        at(alloc_of(&web, &e_web_old, "a-web-old", ClientStatus::Failed), 120, "d-old"),
+        at(alloc_of(&web, &e_web_recent, "a-web-recent", ClientStatus::Failed), 30, "d-recent"),
+    ];
+    let idx = ts.store.snapshot().index + 1;
+    ts.store
+        .write(idx, |tx| {
+            for id in ["d-old", "d-recent"] {
+                tx.upsert_deployment(nomad_proto::Deployment {
+                    status: "failed".into(),
+                    ..nomad_proto::Deployment::new(id.into(), &web, 50)
+                });
+            }
+            tx.upsert_allocs_from_plan(allocs);
+            let secs = |minutes: i64| ago(minutes) / 1_000_000_000;
+            tx.update_node_status("n2", NodeStatus::Down, None, secs(25 * 60))?;
+            tx.update_node_status("n3", NodeStatus::Down, None, secs(60)).map(|_| ())
+        })
+        .unwrap();
+
+    let report = collect_garbage(&ts.store, ts.consensus.as_ref(), GcCutoffs::at(now, &GcConfig::default())).await.unwrap();
+    let snap = ts.store.snapshot();
+    assert_eq!(report.jobs, ["default/old"], "a job stopped 5h ago goes at 4h; one touched 30 min ago stays");
+    assert!(snap.job("default", "new").is_some() && snap.eval(&e_new.id).is_some() && snap.alloc("a-new").is_some());
+    assert!(snap.eval(&e_web_old.id).is_none() && snap.alloc("a-web-old").is_none(), "a service eval finished 2h ago goes at 1h");
+    assert!(snap.eval(&e_web_recent.id).is_some() && snap.alloc("a-web-recent").is_some());
+    assert!(snap.eval(&e_gone_old.id).is_none(), "a batch eval finished 25h ago goes at 24h");
+    assert!(snap.eval(&e_gone_recent.id).is_some(), "a batch eval finished 2h ago stays: 24h for batch");
+    assert!(snap.deployment("d-old").is_none() && snap.deployment("d-recent").is_some());
+    assert_eq!(report.nodes, ["n2"], "down for 25h goes at 24h; down for 1h stays");
+
+    // The forced GC takes the rest that is finished.
+    let forced = ts.endpoints.force_gc().await.unwrap();
+    assert_eq!(forced.jobs, ["default/new"]);
+    assert_eq!(forced.nodes, ["n3"]);
+}

@@ -38,7 +38,7 @@ pub use deployment::DeploymentUpdateResponse;
 pub use dispatch::{DISPATCH_PAYLOAD_SIZE_LIMIT, DispatchRequest, DispatchResponse};
 pub use drain::{DrainRequest, DrainSpec, NodeWriteResponse};
 pub use error::EndpointError;
-pub use gc::GcReport;
+pub use gc::{GcConfig, GcCutoffs, GcReport, collect_garbage};
 pub use job::{JobDeregisterResponse, JobRegisterOptions, JobRegisterResponse, JobValidateResponse};
 pub use job_plan::JobPlanResponse;
 pub use job_versions::{JobRevertRequest, JobVersionsResponse};

@@ -9,6 +9,7 @@
 //! holds the whole server.
 
 pub mod acl_token_gc;
+pub mod core_gc;
 pub mod csi_claim_gc;
 pub mod deployment_watcher;
 pub mod keyring;
@@ -62,6 +63,8 @@ pub struct LeaderConfig {
     pub si_revoker: RevokerConfig,
     /// The expired ACL token GC; `None` while ACLs are off.
     pub acl_token_gc: Option<TokenGcConfig>,
+    /// The periodic GC of finished jobs, evals, deployments and down nodes.
+    pub core_gc: crate::endpoints::GcConfig,
     /// Root key creation, rotation, rekeying and GC.
     pub keyring: KeyringConfig,
 }
@@ -79,6 +82,7 @@ impl Default for LeaderConfig {
             csi_claim_gc: ClaimGcConfig::default(),
             si_revoker: RevokerConfig::default(),
             acl_token_gc: None,
+            core_gc: crate::endpoints::GcConfig::default(),
             keyring: KeyringConfig::default(),
         }
     }
@@ -217,6 +221,7 @@ impl Leader {
         let periodic = Arc::new(StorePeriodicJobs { store: d.store.clone(), consensus: d.consensus.clone() });
         tasks.push(tokio::spawn(PeriodicDispatcher::new(periodic).run()));
         tasks.push(tokio::spawn(deployment_watcher::DeploymentWatcher::new(d.store.clone(), d.consensus.clone()).run()));
+        tasks.push(tokio::spawn(core_gc::CoreGc::new(d.store.clone(), d.consensus.clone(), self.config.core_gc.clone()).run()));
         if let Some(config) = &self.config.acl_token_gc {
             tracing::info!(threshold = ?config.threshold, "starting the expired ACL token GC");
             let tokens = Arc::new(StoreTokens { store: d.store.clone(), consensus: d.consensus.clone() });
