@@ -236,3 +236,17 @@ async fn service_list_and_info_show_registrations_and_an_unknown_service_exits_1
     api.nomad(&["service", "info"]).await.expect_code(1).stderr_has("<SERVICE_NAME>");
     api.nomad(&["service", "info", "-json", "nope"]).await.expect_code(1).stderr_has("No service registrations with name \"nope\" found");
 }
+
+#[tokio::test]
+async fn system_reconcile_summaries_asks_the_servers_and_prints_nothing() {
+    let ts = testing::TestServer::new();
+    let (router, log) = crate::support::recorded(ts.router());
+    let addr = serve(router).await;
+    let run = nomad(&["system", "reconcile", "summaries", "-address", &addr]).await;
+    run.expect_code(0);
+    assert_eq!(run.stdout, "");
+    assert!(crate::support::find(&log, "PUT", "/v1/system/reconcile/summaries").is_some());
+    let closed = format!("http://127.0.0.1:{}", crate::support::closed_port());
+    let bad = nomad(&["system", "reconcile", "summaries", "-address", &closed]).await;
+    bad.expect_code(1).stderr_has("Error running system summary reconciliation");
+}

@@ -119,6 +119,11 @@ pub struct GcReport {
 const MAX_IDS_PER_ENTRY: usize = 4096;
 
 impl Endpoints {
+    /// `System.ReconcileJobSummaries`: every job's summary recomputed from its allocs.
+    pub async fn reconcile_summaries(&self) -> Result<u64, EndpointError> {
+        Ok(self.consensus.apply(Command::ReconcileJobSummaries).await?)
+    }
+
     /// Runs every collector now, whatever the age of what is finished.
     pub async fn force_gc(&self) -> Result<GcReport, EndpointError> {
         collect_garbage(&self.store, self.consensus.as_ref(), GcCutoffs::all(self.now())).await

@@ -53,8 +53,10 @@ fn event_type(cmd: &Command) -> Option<&'static str> {
         | Command::RootKeyUpsert { .. }
         | Command::RootKeySetState { .. }
         | Command::RootKeyDelete { .. }
-        // Nor stability marks (Nomad's `JobStabilityRequestType` has no events).
-        | Command::JobStability { .. } => return None,
+        // Nor stability marks (Nomad's `JobStabilityRequestType` has no events), nor
+        // recomputed summaries (no summary topic).
+        | Command::JobStability { .. }
+        | Command::ReconcileJobSummaries => return None,
     })
 }
 

@@ -131,6 +131,7 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnE
             }
             txn.record_scaling_event(namespace, job_id, group, event.clone());
         }
+        Command::ReconcileJobSummaries => txn.reconcile_job_summaries(),
         Command::JobDeregister { namespace, job_id, purge, eval, now: _ } => {
             let existing = txn.state().job(namespace, job_id).cloned();
             match (existing, purge) {

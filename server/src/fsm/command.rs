@@ -291,6 +291,8 @@ pub enum Command {
         /// Server time.
         now: Timestamp,
     },
+    /// Recompute every job's summary from its allocs (`System.ReconcileJobSummaries`).
+    ReconcileJobSummaries,
     /// Mark one tracked version of a job stable or not.
     JobStability {
         /// Namespace.

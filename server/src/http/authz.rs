@@ -226,6 +226,7 @@ pub const ROWS: &[Row] = &[
     row(Get, "/v1/scaling/policy/:id", Ns(&["read-scaling-policy", "read-job"], Resp)),
     // Forced garbage collection: management only, as Nomad.
     row(Write, "/v1/system/gc", Management),
+    row(Write, "/v1/system/reconcile/summaries", Management),
     // Agent and operator.
     row(Get, "/v1/agent/self", Agent(false)),
     row(Get, "/v1/agent/members", Node(false)),

@@ -117,6 +117,7 @@ server_routes! {
     "/v1/search" => search::prefix,
     "/v1/search/fuzzy" => search::fuzzy,
     "/v1/system/gc" => system::gc,
+    "/v1/system/reconcile/summaries" => system::reconcile_summaries,
     "/v1/scaling/policies" => scaling::policies,
     "/v1/scaling/policy/{*rest}" => scaling::policy_specific,
 }

@@ -124,8 +124,46 @@ impl Txn<'_> {
         }
     }
 
+    /// Recomputes every job's summary from its allocs (Nomad's `ReconcileJobSummaries`): each
+    /// group counts the allocs of this instance of the job (same create index) by client
+    /// status. Queued counts are kept: they come from the scheduler, not from allocs. Only
+    /// summaries that differ are written.
+    pub fn reconcile_job_summaries(&mut self) {
+        let jobs: Vec<Arc<Job>> = self.state.jobs.values().cloned().collect();
+        for job in jobs {
+            let key = job.namespaced_id();
+            let old = self.state.job_summaries.get(&key).cloned();
+            let mut summary = JobSummary {
+                job_id: job.id.clone(),
+                namespace: job.namespace.clone(),
+                create_index: job.create_index,
+                children: old.as_ref().map(|o| o.children.clone()).unwrap_or_default(),
+                ..JobSummary::default()
+            };
+            for g in &job.task_groups {
+                let queued = old.as_ref().and_then(|o| o.summary.get(&g.name)).map_or(0, |s| s.queued);
+                summary.summary.insert(g.name.clone(), TaskGroupSummary { queued, ..TaskGroupSummary::default() });
+            }
+            for a in self.state.allocs_of_job_key(&key) {
+                if a.job.as_ref().is_some_and(|j| j.create_index != job.create_index) {
+                    continue;
+                }
+                if let Some(s) = summary.summary.get_mut(&a.task_group) {
+                    *s.counter(a.client_status) += 1;
+                }
+            }
+            let same = old.as_ref().is_some_and(|o| o.summary == summary.summary && o.children == summary.children);
+            if !same {
+                summary.modify_index = self.index;
+                self.state.job_summaries.insert(key.clone(), Arc::new(summary));
+                self.touch(Table::JobSummary);
+                self.touch_key(Watch::JobSummary(Watch::job_key(&key.namespace, &key.id)));
+            }
+        }
+    }
+
     /// Applies `f` to a job's summary (no-op when the job has none).
-    pub(super) fn update_summary(&mut self, key: &NamespacedId, f: impl FnOnce(&mut JobSummary)) {
+    pub(crate) fn update_summary(&mut self, key: &NamespacedId, f: impl FnOnce(&mut JobSummary)) {
         if let Some(s) = self.state.job_summaries.get(key) {
             let mut s = (**s).clone();
             f(&mut s);
