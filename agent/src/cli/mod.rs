@@ -20,6 +20,7 @@ pub mod eval;
 pub mod format;
 pub mod job;
 pub mod monitor;
+pub mod namespace;
 pub mod node;
 pub mod nomad_commands;
 pub mod operator;
@@ -81,6 +82,8 @@ pub enum Command {
     Plugin(plugin::PluginArgs),
     /// List, show, fail, pause, resume and promote deployments.
     Deployment(deployment::DeploymentArgs),
+    /// List, show, create, update and delete namespaces.
+    Namespace(namespace::NamespaceArgs),
     /// Show the status of jobs, or of any object by ID prefix.
     Status(status::StatusArgs),
     /// System maintenance: a forced garbage collection.
@@ -174,6 +177,7 @@ pub async fn run(command: Command) -> u8 {
         Command::Eval(a) => eval::run(a).await,
         Command::Server(a) => server::run(a).await,
         Command::System(a) => system::run(a).await,
+        Command::Namespace(a) => namespace::run(a).await,
         Command::Service(a) => service::run(a).await,
         Command::Operator(a) => operator::run(a).await,
         Command::Var(a) => var::run(a).await,

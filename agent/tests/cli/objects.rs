@@ -250,3 +250,42 @@ async fn system_reconcile_summaries_asks_the_servers_and_prints_nothing() {
     let bad = nomad(&["system", "reconcile", "summaries", "-address", &closed]).await;
     bad.expect_code(1).stderr_has("Error running system summary reconciliation");
 }
+
+#[tokio::test]
+async fn namespaces_are_applied_listed_shown_and_deleted_through_the_cli() {
+    let api = Api::start().await;
+    api.nomad(&["namespace", "apply", "-description", "team a", "prod"])
+        .await
+        .expect_code(0)
+        .stdout_has("Successfully applied namespace \"prod\"!");
+    let list = api.nomad(&["namespace", "list"]).await;
+    list.expect_code(0);
+    let rows: Vec<Vec<&str>> = list.stdout.lines().map(|l| l.split("  ").map(str::trim).filter(|c| !c.is_empty()).collect()).collect();
+    assert_eq!(rows[0], ["Name", "Description"]);
+    assert!(rows.contains(&vec!["prod", "team a"]), "{}", list.stdout);
+    api.nomad(&["namespace", "status", "pro"])
+        .await
+        .expect_code(0)
+        .stdout_has("Name            = prod")
+        .stdout_has("Description     = team a");
+
+    // A specification file, with meta; a flag given with it is ignored, with a warning.
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("ns.hcl");
+    std::fs::write(&spec, "name = \"batch\"\ndescription = \"nightly\"\nmeta {\n  owner = \"ops\"\n}\n").unwrap();
+    api.nomad(&["namespace", "apply", "-description", "x", spec.to_str().unwrap()])
+        .await
+        .expect_code(0)
+        .stderr_has("Flags are ignored when a file is specified!");
+    let ns = api.server.store.snapshot().namespace("batch").cloned().expect("applied");
+    assert_eq!((ns.description.as_str(), ns.meta.get("owner").map(String::as_str)), ("nightly", Some("ops")));
+    api.nomad(&["namespace", "status", "batch"]).await.expect_code(0).stdout_has("Metadata").stdout_has("owner = ops");
+    std::fs::write(&spec, "name = \"gpu\"\ncapabilities {\n  enabled_task_drivers = [\"docker\"]\n}\n").unwrap();
+    api.nomad(&["namespace", "apply", spec.to_str().unwrap()]).await.expect_code(1).stderr_has("capabilities");
+    assert!(api.server.store.snapshot().namespace("gpu").is_none(), "nothing half applied");
+    api.nomad(&["namespace", "apply", "-quota", "q1", "gpu"]).await.expect_code(1).stderr_has("Nomad Enterprise");
+
+    api.nomad(&["namespace", "delete", "prod"]).await.expect_code(0).stdout_has("Successfully deleted namespace \"prod\"!");
+    api.nomad(&["namespace", "status", "prod"]).await.expect_code(1).stderr_has("matched no namespaces");
+    api.nomad(&["namespace", "delete", "default"]).await.expect_code(1).stderr_has("default namespace can not be deleted");
+}
