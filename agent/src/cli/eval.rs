@@ -1,4 +1,4 @@
-//! `nomad-rs eval status [-json] [-verbose] <id prefix>`.
+//! `nomad-rs eval status [-json] [-verbose] <id prefix>` and `nomad-rs eval list`.
 
 use clap::{Args, Subcommand};
 use nomad_proto::{AllocListStub, Evaluation};
@@ -23,6 +23,34 @@ pub struct EvalArgs {
 pub enum EvalCommand {
     /// Show an evaluation: status, placement failures, placed allocations.
     Status(StatusArgs),
+    /// List evaluations (by job, status or filter expression; paged).
+    List(ListArgs),
+}
+
+/// Flags of `eval list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Print the API's JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Full IDs.
+    #[arg(long)]
+    pub verbose: bool,
+    /// Only the evaluations of this job.
+    #[arg(long)]
+    pub job: Option<String>,
+    /// Only evaluations with this status.
+    #[arg(long)]
+    pub status: Option<String>,
+    /// A filter expression on the evaluations.
+    #[arg(long)]
+    pub filter: Option<String>,
+    /// How many per page (0: all).
+    #[arg(long = "per-page", default_value_t = 0)]
+    pub per_page: u32,
+    /// Where the page starts (the token a previous page printed).
+    #[arg(long = "page-token")]
+    pub page_token: Option<String>,
 }
 
 /// Flags of `eval status`.
@@ -46,7 +74,77 @@ pub async fn run(a: EvalArgs) -> CmdResult {
             let ctx = Ctx::new(&a.api)?;
             show(&ctx, &s.eval, s.verbose, s.json).await
         }
+        EvalCommand::List(l) => {
+            let ctx = Ctx::new(&a.api)?;
+            list(&ctx, l).await
+        }
     }
+}
+
+/// Lists evaluations as Nomad's `eval list` does.
+async fn list(ctx: &Ctx, args: ListArgs) -> CmdResult {
+    let mut q = Query::new();
+    for (key, value) in [("job", &args.job), ("status", &args.status), ("filter", &args.filter), ("next_token", &args.page_token)] {
+        if let Some(v) = value.as_deref().filter(|v| !v.is_empty()) {
+            q = q.param(key, v);
+        }
+    }
+    if args.per_page > 0 {
+        q = q.param("per_page", args.per_page.to_string());
+    }
+    let (answer, next) = ctx
+        .client
+        .get_page::<Vec<serde_json::Value>>("/v1/evaluations", &q)
+        .await
+        .map_err(|e| Failure::new(format!("Error querying evaluations: {e}")))?;
+    let evals = answer.value;
+    if args.json {
+        println!("{}", super::format::json_text(&evals));
+        return Ok(exit::OK);
+    }
+    if evals.is_empty() {
+        println!("No evals found");
+        return Ok(exit::OK);
+    }
+    let len = super::format::id_len(args.verbose);
+    let text = |e: &serde_json::Value, k: &str| e.get(k).and_then(serde_json::Value::as_str).unwrap_or_default().to_string();
+    let rows = evals
+        .iter()
+        .map(|e| {
+            let failures = match e.get("FailedTGAllocs") {
+                _ if text(e, "Status") == "blocked" => "N/A - In Progress".to_string(),
+                Some(serde_json::Value::Object(m)) if !m.is_empty() => "true".to_string(),
+                _ => "false".to_string(),
+            };
+            vec![
+                limit(&text(e, "ID"), len).into_owned(),
+                e.get("Priority").and_then(serde_json::Value::as_i64).unwrap_or(0).to_string(),
+                text(e, "TriggeredBy"),
+                text(e, "JobID"),
+                text(e, "Namespace"),
+                limit(&text(e, "NodeID"), len).into_owned(),
+                text(e, "Status"),
+                failures,
+            ]
+        })
+        .collect();
+    let header = ["ID", "Priority", "Triggered By", "Job ID", "Namespace", "Node ID", "Status", "Placement Failures"];
+    println!("{}", super::format::table_with_header(&header, rows));
+    if !next.is_empty() {
+        let mut argv: Vec<String> = Vec::new();
+        let mut it = std::env::args().peekable();
+        while let Some(a) = it.next() {
+            if a.trim_start_matches('-').starts_with("page-token") {
+                if !a.contains('=') {
+                    it.next();
+                }
+                continue;
+            }
+            argv.push(a);
+        }
+        println!("\nResults have been paginated. To get the next page run:\n{} -page-token {next}", argv.join(" "));
+    }
+    Ok(exit::OK)
 }
 
 /// Shows one evaluation (also `nomad-rs status <eval prefix>`).

@@ -106,7 +106,7 @@ async fn a_nomad_command_nomad_rs_lacks_says_so_and_exits_1() {
         (&["volume", "snapshot", "list"], "volume snapshot list"),
         (&["operator", "snapshot", "save", "backup.snap"], "operator snapshot save"),
         (&["deployment", "unblock", "d1"], "deployment unblock"),
-        (&["eval", "list"], "eval list"),
+        (&["eval", "delete", "e1"], "eval delete"),
     ] {
         let run = nomad(args).await;
         run.expect_code(1);

@@ -379,3 +379,27 @@ async fn job_scale_sets_a_groups_count_within_its_policy_and_scaling_events_list
     let row: Vec<&str> = lines[1].split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
     assert_eq!(row[..6], ["web", "3", "2", "false", "submitted using the Nomad CLI", eval_id.as_str()]);
 }
+
+#[tokio::test]
+async fn eval_list_shows_nomads_columns_filters_and_pages() {
+    let api = Api::start().await;
+    let first = eval_id_from(&api.nomad(&["job", "run", "-detach", &example("hello.nomad.hcl")]).await.expect_code(0).stdout);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("web.nomad.hcl");
+    std::fs::write(&file, SCALABLE).unwrap();
+    api.nomad(&["job", "run", "-detach", file.to_str().unwrap()]).await.expect_code(0);
+
+    let list = api.nomad(&["eval", "list", "-verbose", "-job", "hello"]).await;
+    list.expect_code(0);
+    let lines: Vec<&str> = list.stdout.lines().collect();
+    let cells = |l: &str| l.split("  ").map(str::trim).filter(|c| !c.is_empty()).map(str::to_string).collect::<Vec<_>>();
+    assert_eq!(cells(lines[0]), ["ID", "Priority", "Triggered By", "Job ID", "Namespace", "Node ID", "Status", "Placement Failures"]);
+    assert_eq!(lines.len(), 2, "{}", list.stdout);
+    assert_eq!(cells(lines[1]), [first.as_str(), "50", "job-register", "hello", "default", "pending", "false"]);
+    api.nomad(&["eval", "list", "-status", "complete"]).await.expect_code(0).stdout_has("No evals found");
+    let json = api.nomad(&["eval", "list", "-json"]).await;
+    json.expect_code(0);
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&json.stdout).unwrap().as_array().unwrap().len(), 2);
+    let paged = api.nomad(&["eval", "list", "-per-page", "1"]).await;
+    paged.expect_code(0).stdout_has("Results have been paginated. To get the next page run:").stdout_has("-page-token ");
+}
