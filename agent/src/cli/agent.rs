@@ -234,16 +234,31 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         Some(settings) => Some(start_client(&cfg, settings).await?),
         None => None,
     };
+    // A client-only agent with ACLs resolves tokens through its servers and applies the
+    // servers' table to what it answers itself.
+    let client_acl = match (&server, &client) {
+        (None, Some(c)) if cfg.acl.enabled => {
+            let ttl = cfg.acl.token_ttl.min(cfg.acl.policy_ttl);
+            Some(Arc::new(crate::client::acl::ClientAcl::new(c.clone(), ttl)))
+        }
+        _ => None,
+    };
     if let Some(c) = &client {
         let _ = client_node_id.set(c.node_id().to_string());
         if server.is_none() {
-            // A client-only agent answers its own agent info and forwards the rest of the API.
+            // A client-only agent answers its own agent info and forwards the rest of the API
+            // (its server authorizes what is forwarded; the agent info needs agent read here).
             let me = serde_json::json!({
                 "config": cfg.to_api_json(),
                 "member": { "Name": cfg.name, "Addr": cfg.bind_addr.to_string(), "Port": cfg.http_port, "Status": "alive" },
                 "stats": { "client": { "node_id": c.node_id() } },
             });
-            router = router.merge(crate::http_forward::router(Arc::new(c.clone()), me));
+            let local = crate::http_forward::router(Arc::new(c.clone()), me);
+            let local = match &client_acl {
+                Some(acls) => local.route_layer(axum::middleware::from_fn_with_state(acls.clone(), crate::client::acl::authorize)),
+                None => local,
+            };
+            router = router.merge(local);
         }
     }
     let advertised = advertise_in_consul(&cfg, http_addr, server.as_ref(), client.as_ref());
@@ -256,12 +271,8 @@ pub async fn run(args: AgentArgs) -> Result<()> {
             client_routes.route_layer(axum::middleware::from_fn_with_state(srv.endpoints().clone(), nomad_server::http::authz::authorize))
         }
         // A client-only agent resolves tokens through its servers and applies the same rows.
-        None if cfg.acl.enabled => match &client {
-            Some(c) => {
-                let ttl = cfg.acl.token_ttl.min(cfg.acl.policy_ttl);
-                let acls = Arc::new(crate::client::acl::ClientAcl::new(c.clone(), ttl));
-                client_routes.route_layer(axum::middleware::from_fn_with_state(acls, crate::client::acl::authorize))
-            }
+        None if cfg.acl.enabled => match &client_acl {
+            Some(acls) => client_routes.route_layer(axum::middleware::from_fn_with_state(acls.clone(), crate::client::acl::authorize)),
             None => client_routes.route_layer(axum::middleware::from_fn(nomad_server::http::authz::refuse)),
         },
         None => client_routes,

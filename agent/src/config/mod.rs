@@ -833,7 +833,7 @@ impl AgentConfig {
                 "NodeClass": self.client.as_ref().map(|c| c.node_class.clone()).unwrap_or_default(),
                 "Meta": self.client.as_ref().map(|c| c.meta.clone()).unwrap_or_default(),
             },
-            "ACL": { "Enabled": false },
+            "ACL": { "Enabled": self.acl.enabled },
             "Limits": {
                 "HTTPSHandshakeTimeout": fmt_duration(self.limits.https_handshake_timeout),
                 "HTTPMaxConnsPerClient": self.limits.http_max_conns_per_client,

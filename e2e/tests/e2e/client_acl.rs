@@ -1,7 +1,7 @@
 //! ACLs on the client routes of a client-only agent: it resolves the caller's token through its
 //! server (`Node.ResolveToken`) and applies the servers' table with its own allocs' namespaces;
 //! what it sends on to its server carries the caller's token, and is checked there and on the
-//! alloc's node again.
+//! alloc's node again. What it answers itself (`/v1/agent/self`) passes the same table.
 
 use std::process::Command;
 
@@ -69,6 +69,13 @@ fn a_client_agent_authorizes_its_routes_with_the_callers_token() {
             (r.status == 200 && r.text().contains("hello-from-a")).then_some(())
         })
         .unwrap_or_else(|e| panic!("{e}\n{}", agent.logs()));
+        // The agent's own info needs agent read, as on a server: not anonymous, not read-logs.
+        let r = agent.http().request("GET", "/v1/agent/self", None).unwrap();
+        assert_eq!((r.status, r.text()), (403, "Permission denied".to_string()));
+        assert_eq!(client.request("GET", "/v1/agent/self", None).unwrap().status, 403);
+        let me = agent.http().with_token(&mgmt).get_json("/v1/agent/self").unwrap();
+        assert!(me["stats"]["client"]["node_id"].is_string(), "{me}");
+        assert_eq!(me["config"]["ACL"]["Enabled"], true, "the agent reports its ACLs as on");
         // ... and nothing in `default`, nor anything but logs.
         let r = client.request("GET", &logs("default"), None).unwrap();
         assert_eq!((r.status, r.text()), (403, "Permission denied".to_string()));
