@@ -198,6 +198,19 @@ pub struct Monitor<'a> {
     drawn: usize,
 }
 
+/// The tail of a write that may create an eval (`job revert`, `job scale`): nothing when it
+/// made none (a periodic or parameterized job), its ID with `detach`, else it is followed.
+pub async fn detach_or_follow(client: &Client, eval_id: &str, detach: bool, verbose: bool) -> CmdResult {
+    if eval_id.is_empty() {
+        return Ok(exit::OK);
+    }
+    if detach {
+        println!("Evaluation ID: {}", super::format::safe(eval_id));
+        return Ok(exit::OK);
+    }
+    follow_eval(client, eval_id, verbose, "the evaluation").await
+}
+
 /// Follows eval `eval_id` on stdout until it is done, or until Ctrl-C, which leaves `what`
 /// carrying on (the tail of `job stop` and `job eval`).
 pub async fn follow_eval(client: &Client, eval_id: &str, verbose: bool, what: &str) -> CmdResult {

@@ -84,9 +84,7 @@ impl TokenGc {
 
     /// Runs until dropped (leadership lost).
     pub async fn run(self) {
-        let interval = self.config.interval.max(Duration::from_millis(1));
-        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticks = super::periodic_ticks(self.config.interval);
         loop {
             ticks.tick().await;
             self.collect(Timestamp::now()).await;

@@ -4,7 +4,6 @@
 //! bounded under a steady stream of short jobs. A failed pass is simply done again next time.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use nomad_proto::Timestamp;
 
@@ -28,9 +27,7 @@ impl CoreGc {
     /// Runs until dropped (leadership lost). The first pass is one interval after gaining
     /// leadership, as Nomad's core job timers.
     pub async fn run(self) {
-        let interval = self.config.interval.max(Duration::from_millis(1));
-        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticks = super::periodic_ticks(self.config.interval);
         loop {
             ticks.tick().await;
             let cutoffs = GcCutoffs::at(Timestamp::now(), &self.config);
@@ -52,6 +49,8 @@ impl CoreGc {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::fsm::Command;
     use crate::testing::{TestServer, job};

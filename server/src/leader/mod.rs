@@ -38,6 +38,15 @@ use crate::scheduler::Scheduler;
 use crate::state::StateStore;
 use crate::worker::{Worker, WorkerConfig};
 
+/// Ticks every `interval` (at least 1 ms), the first one interval from now; a late tick
+/// delays the next rather than bunching them (the leader's periodic GC loops).
+pub(crate) fn periodic_ticks(interval: std::time::Duration) -> tokio::time::Interval {
+    let interval = interval.max(std::time::Duration::from_millis(1));
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks
+}
+
 /// Leader settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LeaderConfig {

@@ -5,9 +5,8 @@ use clap::Args;
 use serde::Deserialize;
 
 use crate::cli::api::{ApiFlags, Query, encode_path};
-use crate::cli::format::safe;
-use crate::cli::monitor::follow_eval;
-use crate::cli::{CmdResult, Ctx, Failure, exit, prefix};
+use crate::cli::monitor::detach_or_follow;
+use crate::cli::{CmdResult, Ctx, Failure, prefix};
 
 /// Flags of `job revert`.
 #[derive(Debug, Args)]
@@ -47,12 +46,5 @@ pub async fn run(api: &ApiFlags, args: RevertArgs) -> CmdResult {
         .map_err(|e| Failure::new(format!("Error retrieving job versions: {e}")))?
         .value;
     // A periodic or parameterized job gets no eval.
-    if resp.eval_id.is_empty() {
-        return Ok(exit::OK);
-    }
-    if args.detach {
-        println!("Evaluation ID: {}", safe(&resp.eval_id));
-        return Ok(exit::OK);
-    }
-    follow_eval(&ctx.client, &resp.eval_id, args.verbose, "the evaluation").await
+    detach_or_follow(&ctx.client, &resp.eval_id, args.detach, args.verbose).await
 }

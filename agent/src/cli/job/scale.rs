@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use crate::cli::api::{ApiFlags, Query, encode_path};
 use crate::cli::format::{format_time, safe, table_with_header};
-use crate::cli::monitor::follow_eval;
+use crate::cli::monitor::detach_or_follow;
 use crate::cli::{CmdResult, Ctx, Failure, exit, prefix};
 
 /// The message the CLI's scaling requests carry (Nomad's).
@@ -95,14 +95,7 @@ pub async fn run(api: &ApiFlags, args: ScaleArgs) -> CmdResult {
         println!("{}\n", ctx.style.yellow(&format!("Job Warnings:\n{}", safe(&resp.warnings))));
     }
     // A periodic or parameterized job gets no eval: its children are launched with the count.
-    if resp.eval_id.is_empty() {
-        return Ok(exit::OK);
-    }
-    if args.detach {
-        println!("Evaluation ID: {}", safe(&resp.eval_id));
-        return Ok(exit::OK);
-    }
-    follow_eval(&ctx.client, &resp.eval_id, args.verbose, "the evaluation").await
+    detach_or_follow(&ctx.client, &resp.eval_id, args.detach, args.verbose).await
 }
 
 /// Runs `job scaling-events`: every group's events, newest first.
