@@ -115,9 +115,9 @@ table! {
     UpdateManualHealth: Value "health_check = \"manual\"" in "update" => H("the client reports nothing: PUT /v1/deployment/allocation-health/:id sets it"),
     UpdateHealthyDeadline: Attribute "healthy_deadline" in "update" => H("the client reports an alloc unhealthy if it is not healthy by then"),
     UpdateProgressDeadline: Attribute "progress_deadline" in "update" => H("the deployment fails when a group is not healthy this long after its last progress (0: at its first unhealthy alloc)"),
-    UpdateCanary: Attribute "canary" in "update" => R("deployments place no canaries yet"),
-    UpdateAutoRevert: Attribute "auto_revert" in "update" => R("a failed deployment is not reverted yet (job revert does it by hand)"),
-    UpdateAutoPromote: Attribute "auto_promote" in "update" => R("deployments place no canaries yet"),
+    UpdateCanary: Attribute "canary" in "update" => H("a destructive update first places this many canaries beside the old allocs; the rest waits for deployment promote (or auto_promote), then replaces the old allocs max_parallel at a time"),
+    UpdateAutoRevert: Attribute "auto_revert" in "update" => H("a failed deployment reverts the job to its latest stable version (not when that has the same spec)"),
+    UpdateAutoPromote: Attribute "auto_promote" in "update" => H("the leader promotes the deployment once every canary group has auto_promote and all its canaries are healthy"),
     // Group.
     GroupCount: Attribute "count" in "group" => H("the reconciler keeps this many allocs"),
     Migrate: Block "migrate" in "group" => H("the drainer migrates max_parallel at a time, health judged as health_check says (Consul checks included with \"checks\")"),
@@ -152,7 +152,7 @@ table! {
     ServiceFields: Attribute "name, port, tags, address, task" in "service" => H("the registration"),
     OnUpdate: Attribute "on_update" in "service, check" => H("a Consul check counts toward the alloc's health (deployments, migrations) as require_healthy (passing), ignore_warnings (passing or warning) or ignore (registered, any status); a Nomad check as require_healthy (success) or ignore (a readiness check: success or failure)"),
     ServiceAddressMode: Attribute "address_mode" in "service, check" => R("\"auto\" and \"host\" are run, and \"alloc\" for Consul services and Nomad checks; no driver advertises a network for \"driver\""),
-    ServiceConsulOnly: Attribute "enable_tag_override, canary_tags, canary_meta, tagged_addresses, meta" in "service" => H("registered in Consul for Consul services (canary_tags and canary_meta would only apply to canaries, which are refused); ignored for nomad services, as Nomad does"),
+    ServiceConsulOnly: Attribute "enable_tag_override, canary_tags, canary_meta, tagged_addresses, meta" in "service" => H("registered in Consul for Consul services (canary_tags and canary_meta while the alloc is an unpromoted canary); canary_tags also tag nomad services, the rest is ignored for them, as Nomad does"),
     ServiceCheck: Block "check" in "service" => H("http, tcp and grpc checks of Consul services, registered for the Consul agent to run"),
     ServiceCheckNomad: Value "check in a provider = \"nomad\" service" in "service" => H("http and tcp checks run by the client (the first at interval/2, then every interval), results at /v1/allocation/<id>/checks, counted in deployment and migration health and by check_restart"),
     ServiceCheckNomadConsulOnly: Attribute "expose, success_before_passing, failures_before_critical, tls_server_name, address_mode = \"driver\", on_update = \"ignore_warnings\", check_restart ignore_warnings" in "check of a provider = \"nomad\" service" => H("refused by validation with Nomad's messages (Consul checks only)"),
@@ -1004,7 +1004,9 @@ pub fn sample_job_using(feature: Feature) -> Job {
         }
         Feature::UpdateCanary => g.update = Some(UpdateStrategy { canary: 1, ..UpdateStrategy::default_service() }),
         Feature::UpdateAutoRevert => g.update = Some(UpdateStrategy { auto_revert: true, ..UpdateStrategy::default_service() }),
-        Feature::UpdateAutoPromote => g.update = Some(UpdateStrategy { auto_promote: true, ..UpdateStrategy::default_service() }),
+        Feature::UpdateAutoPromote => {
+            g.update = Some(UpdateStrategy { auto_promote: true, canary: 1, ..UpdateStrategy::default_service() })
+        }
         Feature::UpdateMaxParallel => job.update = Some(UpdateStrategy { max_parallel: 2, ..UpdateStrategy::default_service() }),
         Feature::Scaling => {
             g.scaling = Some(ScalingPolicy { min: Some(1), max: Some(3), ..ScalingPolicy::default() });

@@ -6,7 +6,8 @@
 //! Defaults that depend on other fields are filled here.
 
 use crate::job::{
-    DEFAULT_NAMESPACE, DEFAULT_NODE_POOL, DEFAULT_REGION, Job, JobType, RESTART_MODE_FAIL, ReschedulePolicy, RestartPolicy, UpdateStrategy,
+    DEFAULT_NAMESPACE, DEFAULT_NODE_POOL, DEFAULT_REGION, Job, JobType, RESTART_MODE_FAIL, ReschedulePolicy, RestartPolicy, UPDATE_UNSET,
+    UpdateStrategy,
 };
 use crate::service::{SERVICE_PROVIDER_CONSUL, Service};
 
@@ -47,10 +48,17 @@ impl Job {
         let job_update = match self.job_type {
             JobType::Service => {
                 let mut u = self.update.take().unwrap_or_else(UpdateStrategy::default_service);
-                fill_update_defaults(&mut u);
+                fill_update_defaults(&mut u, true);
                 u
             }
-            _ => self.update.take().unwrap_or_default(),
+            _ => match self.update.take() {
+                Some(mut u) => {
+                    // Only what JSON left out: the stored zeros of an absent block stay.
+                    fill_update_defaults(&mut u, false);
+                    u
+                }
+                None => UpdateStrategy::default(),
+            },
         };
         let job_type = self.job_type;
         let job_id = self.id.clone();
@@ -59,7 +67,7 @@ impl Job {
                 g.update = Some(job_update.clone());
             }
             if let Some(u) = g.update.as_mut() {
-                fill_update_defaults(u);
+                fill_update_defaults(u, true);
             }
             let type_default = match job_type {
                 JobType::Batch | JobType::Sysbatch => RestartPolicy::default_batch(),
@@ -157,22 +165,24 @@ fn default_operand(op: &mut String) {
     }
 }
 
-fn fill_update_defaults(u: &mut UpdateStrategy) {
+/// Fills what was left out. Zero is left alone where it means something (no rolling
+/// updates, healthy at once, fail at the first unhealthy alloc); with `zero_unset`, where it is
+/// not a valid value (stagger, healthy_deadline) it is taken as left out too.
+fn fill_update_defaults(u: &mut UpdateStrategy, zero_unset: bool) {
     let d = UpdateStrategy::default_service();
-    if u.health_check.is_empty() {
+    if zero_unset && u.health_check.is_empty() {
         u.health_check = d.health_check;
     }
-    if u.stagger == 0 {
-        u.stagger = d.stagger;
-    }
-    if u.min_healthy_time == 0 {
-        u.min_healthy_time = d.min_healthy_time;
-    }
-    if u.healthy_deadline == 0 {
-        u.healthy_deadline = d.healthy_deadline;
-    }
-    if u.progress_deadline == 0 {
-        u.progress_deadline = d.progress_deadline;
+    for (v, default, zero_invalid) in [
+        (&mut u.stagger, d.stagger, true),
+        (&mut u.max_parallel, d.max_parallel, false),
+        (&mut u.min_healthy_time, d.min_healthy_time, false),
+        (&mut u.healthy_deadline, d.healthy_deadline, true),
+        (&mut u.progress_deadline, d.progress_deadline, false),
+    ] {
+        if *v == UPDATE_UNSET || (zero_unset && zero_invalid && *v == 0) {
+            *v = default;
+        }
     }
 }
 
@@ -284,6 +294,26 @@ mod tests {
         job.canonicalize();
         assert_eq!(job, before, "canonicalize is idempotent");
         assert_eq!(serde_json::to_value(&job).unwrap()["TaskGroups"][0]["RestartPolicy"]["Interval"], batch.interval);
+    }
+
+    #[test]
+    fn json_update_blocks_get_defaults_for_what_they_leave_out_and_keep_explicit_zeros() {
+        let mut job: Job = lenient::from_slice(
+            br#"{"ID":"w","Type":"service","Update":{"Canary":1},"TaskGroups":[
+                 {"Name":"a","Tasks":[{"Name":"t","Driver":"raw_exec"}]},
+                 {"Name":"b","Update":{"MaxParallel":2,"MinHealthyTime":0,"ProgressDeadline":0},"Tasks":[{"Name":"t","Driver":"raw_exec"}]}]}"#,
+        )
+        .unwrap();
+        job.canonicalize();
+        let d = UpdateStrategy::default_service();
+        let a = job.task_groups[0].update.clone().unwrap();
+        assert_eq!((a.canary, a.max_parallel, a.min_healthy_time, a.progress_deadline), (1, 1, d.min_healthy_time, d.progress_deadline));
+        let b = job.task_groups[1].update.clone().unwrap();
+        assert_eq!((b.max_parallel, b.min_healthy_time, b.progress_deadline), (2, 0, 0), "explicit zeros stay");
+        assert_eq!((b.healthy_deadline, b.stagger, b.health_check.as_str()), (d.healthy_deadline, d.stagger, "checks"));
+        let before = job.clone();
+        job.canonicalize();
+        assert_eq!(job, before, "canonicalize is idempotent");
     }
 
     #[test]

@@ -26,6 +26,8 @@ pub mod description {
     pub const RUNNING: &str = "Deployment is running";
     /// Waiting for an operator to promote its canaries.
     pub const RUNNING_NEEDS_PROMOTION: &str = "Deployment is running but requires manual promotion";
+    /// Waiting for its canaries to be healthy, then promoted by the leader.
+    pub const RUNNING_AUTO_PROMOTION: &str = "Deployment is running pending automatic promotion";
     /// Paused.
     pub const PAUSED: &str = "Deployment is paused";
     /// Done.
@@ -40,6 +42,21 @@ pub mod description {
     pub const PROGRESS_DEADLINE: &str = "Failed due to progress deadline";
     /// An operator failed it.
     pub const FAILED_BY_USER: &str = "Deployment marked as failed";
+
+    /// A failure that reverts the job (Nomad's `DeploymentStatusDescriptionRollback`).
+    pub fn rollback(desc: &str, version: u64) -> String {
+        format!("{desc} - rolling back to job version {version}")
+    }
+
+    /// A failure whose revert target has the failed job's spec (`...RollbackNoop`).
+    pub fn rollback_noop(desc: &str, version: u64) -> String {
+        format!("{desc} - not rolling back to stable job version {version} as current job has same specification")
+    }
+
+    /// A failure with no stable version to revert to (`...NoRollbackTarget`).
+    pub fn no_rollback_target(desc: &str) -> String {
+        format!("{desc} - no stable job version to auto revert to")
+    }
 }
 
 /// One group's progress in a deployment (`structs.DeploymentState`).
@@ -134,6 +151,21 @@ impl Deployment {
         self.status == status::RUNNING && self.task_groups.values().any(|g| g.desired_canaries > 0 && !g.promoted)
     }
 
+    /// Every group that has canaries promotes them automatically (`HasAutoPromote`).
+    pub fn has_auto_promote(&self) -> bool {
+        let mut canary_groups = self.task_groups.values().filter(|g| g.desired_canaries > 0).peekable();
+        canary_groups.peek().is_some() && canary_groups.all(|g| g.auto_promote)
+    }
+
+    /// The description of a running deployment: it waits for a promotion, by hand or not.
+    pub fn running_description(&self) -> &'static str {
+        match (self.requires_promotion(), self.has_auto_promote()) {
+            (true, true) => description::RUNNING_AUTO_PROMOTION,
+            (true, false) => description::RUNNING_NEEDS_PROMOTION,
+            (false, _) => description::RUNNING,
+        }
+    }
+
     /// For `job` as it is now (same version of the same job).
     pub fn is_for(&self, job: &Job) -> bool {
         self.job_version == job.version && self.job_create_index == job.create_index
@@ -157,6 +189,11 @@ pub struct DeploymentStatusUpdate {
 /// `Some(false)` unhealthy, `None` not decided yet.
 pub fn alloc_health(a: &Allocation) -> Option<bool> {
     a.deployment_status.as_ref().and_then(|d| d.get("Healthy")).and_then(serde_json::Value::as_bool)
+}
+
+/// The alloc is a canary its deployment has not promoted yet.
+pub fn alloc_is_canary(a: &Allocation) -> bool {
+    a.deployment_status.as_ref().and_then(|d| d.get("Canary")).and_then(serde_json::Value::as_bool).unwrap_or(false)
 }
 
 /// When the alloc's health was decided (zero: not reported).

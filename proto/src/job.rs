@@ -732,9 +732,14 @@ impl ReschedulePolicy {
     }
 }
 
+/// An `update` field a JSON submission left out: canonicalization gives it Nomad's default.
+/// Zero is a value of its own (`max_parallel = 0`, `min_healthy_time = 0`,
+/// `progress_deadline = 0`), so it cannot mark a field as missing.
+pub const UPDATE_UNSET: i64 = i64::MIN;
+
 /// How allocs are replaced on a job update (`update {}`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default, rename_all = "PascalCase")]
+#[serde(default = "UpdateStrategy::unset", rename_all = "PascalCase")]
 pub struct UpdateStrategy {
     /// Deprecated stagger, ns.
     pub stagger: i64,
@@ -757,6 +762,18 @@ pub struct UpdateStrategy {
 }
 
 impl UpdateStrategy {
+    /// What a JSON `Update` object starts from: the numbers Nomad's API defaults are unset.
+    pub fn unset() -> UpdateStrategy {
+        UpdateStrategy {
+            stagger: UPDATE_UNSET,
+            max_parallel: UPDATE_UNSET,
+            min_healthy_time: UPDATE_UNSET,
+            healthy_deadline: UPDATE_UNSET,
+            progress_deadline: UPDATE_UNSET,
+            ..UpdateStrategy::default()
+        }
+    }
+
     /// Nomad's default for service jobs.
     pub fn default_service() -> UpdateStrategy {
         UpdateStrategy {

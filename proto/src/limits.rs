@@ -109,6 +109,16 @@ pub enum LimitError {
         /// The server's `job_max_count`.
         max: i64,
     },
+    /// One group asks for more canaries than `job_max_count`.
+    #[error("task group {group:?} update canary {canary} is greater than job_max_count ({max})")]
+    GroupCanaries {
+        /// Group name.
+        group: String,
+        /// Its canaries.
+        canary: i64,
+        /// The server's `job_max_count`.
+        max: i64,
+    },
     /// The groups together ask for more allocs than `job_max_count`.
     #[error("total count of the job's task groups ({total}) is greater than job_max_count ({max})")]
     TotalCount {
@@ -236,8 +246,13 @@ impl Job {
             if g.count > limits.max_count {
                 return Err(LimitError::GroupCount { group: short(&g.name), count: g.count, max: limits.max_count });
             }
+            // Canaries run beside the count until they are promoted.
+            let canary = g.update.as_ref().or(self.update.as_ref()).map_or(0, |u| u.canary);
+            if canary > limits.max_count {
+                return Err(LimitError::GroupCanaries { group: short(&g.name), canary, max: limits.max_count });
+            }
             // Negative counts are refused by validation; they do not lower the total here.
-            total += i128::from(g.count.max(0));
+            total += i128::from(g.count.max(0)) + i128::from(canary.max(0));
             check_group(g)?;
         }
         if total > i128::from(limits.max_count) {
@@ -416,6 +431,18 @@ mod tests {
         // The configured limit is the one enforced and named.
         assert!(job(1, 11).check_limits(&JobLimits { max_count: 10 }).unwrap_err().to_string().contains("job_max_count (10)"));
         job(1, 10).check_limits(&JobLimits { max_count: 10 }).unwrap();
+    }
+
+    #[test]
+    fn canaries_count_toward_job_max_count() {
+        let mut j = job(1, 10);
+        j.update = Some(crate::job::UpdateStrategy { canary: 1 << 40, ..crate::job::UpdateStrategy::default_service() });
+        let e = j.check_limits(&JobLimits::default()).unwrap_err();
+        assert_eq!(e.to_string(), "task group \"g0\" update canary 1099511627776 is greater than job_max_count (50000)");
+        j.update = None;
+        j.task_groups[0].update = Some(crate::job::UpdateStrategy { canary: 5, ..crate::job::UpdateStrategy::default_service() });
+        assert_eq!(j.check_limits(&JobLimits { max_count: 14 }).unwrap_err(), LimitError::TotalCount { total: 15, max: 14 });
+        j.check_limits(&JobLimits { max_count: 15 }).unwrap();
     }
 
     #[test]

@@ -198,7 +198,7 @@ async fn find(ctx: &Ctx, id: &str, verbose: bool) -> Result<Deployment, Failure>
     }
 }
 
-fn format_list(list: &[Deployment], verbose: bool) -> String {
+pub(crate) fn format_list(list: &[Deployment], verbose: bool) -> String {
     if list.is_empty() {
         return "No deployments found".into();
     }

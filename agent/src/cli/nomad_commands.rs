@@ -398,7 +398,7 @@ mod tests {
 
     #[test]
     fn the_nomad_command_asked_for_is_found_past_flags_and_their_values() {
-        assert_eq!(unimplemented_in(&args("nomad-rs job promote web")).as_deref(), Some("job promote"));
+        assert_eq!(unimplemented_in(&args("nomad-rs job restart web")).as_deref(), Some("job restart"));
         assert_eq!(unimplemented_in(&args("nomad-rs job -namespace prod restart web")).as_deref(), Some("job restart"));
         assert_eq!(unimplemented_in(&args("nomad-rs -h quota apply q.hcl")).as_deref(), Some("quota apply"));
         assert_eq!(unimplemented_in(&args("nomad-rs operator snapshot save x.snap")).as_deref(), Some("operator snapshot save"));

@@ -157,13 +157,19 @@ fn add(
         datacenter: node.datacenter.clone(),
         job_id: alloc.job_id.clone(),
         alloc_id: alloc.id.clone(),
-        tags: s.tags.iter().map(|t| interp.replace(t)).collect(),
+        tags: service_tags(alloc, s).iter().map(|t| interp.replace(t)).collect(),
         address: host,
         port,
         create_index: 0,
         modify_index: 0,
     };
     out.registrations.insert(reg.id.clone(), reg);
+}
+
+/// The tags a service registers with: its `canary_tags` while the alloc is an unpromoted
+/// canary (if it has any), else its `tags` (Nomad's service clients choose so).
+pub(crate) fn service_tags<'s>(alloc: &Allocation, s: &'s Service) -> &'s [String] {
+    if nomad_proto::deployment::alloc_is_canary(alloc) && !s.canary_tags.is_empty() { &s.canary_tags } else { &s.tags }
 }
 
 /// Address and port of a service in `auto`/`host` mode.
@@ -404,6 +410,19 @@ mod tests {
         node.attributes.insert("kernel.name".into(), "linux".into());
         node.meta.insert("rack".into(), "r7".into());
         (alloc, node)
+    }
+
+    #[test]
+    fn a_canary_registers_its_canary_tags_until_promoted() {
+        let mut s = svc("api", "http", "nomad");
+        s.canary_tags = vec!["canary-${NOMAD_ALLOC_INDEX}".into()];
+        let (mut alloc, node) = fixture(vec![s], vec![]);
+        alloc.deployment_status = Some(serde_json::json!({"Healthy": null, "Canary": true}));
+        let built = build(&alloc, &node, "global", Which::All);
+        assert_eq!(built.registrations.values().next().unwrap().tags, ["canary-3"]);
+        alloc.deployment_status = Some(serde_json::json!({"Healthy": true, "Canary": false}));
+        let built = build(&alloc, &node, "global", Which::All);
+        assert_eq!(built.registrations.values().next().unwrap().tags, ["idx-3", "linux", "rack-r7"]);
     }
 
     #[test]

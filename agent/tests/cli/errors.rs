@@ -99,8 +99,8 @@ async fn version_and_dash_version_print_the_same_line() {
 async fn a_nomad_command_nomad_rs_lacks_says_so_and_exits_1() {
     for (args, name) in [
         (&["job", "restart", "web"][..], "job restart"),
-        (&["job", "-namespace", "prod", "promote", "web"], "job promote"),
-        (&["job", "deployments", "web"], "job deployments"),
+        (&["job", "-namespace", "prod", "restart", "web"], "job restart"),
+        (&["job", "allocs", "web"], "job allocs"),
         (&["quota", "apply", "quota.hcl"], "quota apply"),
         (&["acl", "auth-method", "list"], "acl auth-method list"),
         (&["volume", "snapshot", "list"], "volume snapshot list"),

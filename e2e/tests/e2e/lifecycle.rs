@@ -270,3 +270,72 @@ fn a_rolling_update_deploys_one_healthy_alloc_at_a_time_and_a_failing_one_stops_
     let out = nomad(&agent, &["job", "history", "roll"]).expect(0, "job history");
     assert!(out.stdout.contains("Stable      = true"), "{}", out.stdout);
 }
+
+fn canaried(version: &str, command: &str, progress_deadline: &str) -> String {
+    let update = format!(
+        r#"max_parallel = 1
+    canary = 1
+    auto_revert = true
+    min_healthy_time = "1s"
+    healthy_deadline = "10s"
+    progress_deadline = "{progress_deadline}""#
+    );
+    rolling(version, command, &update).replace("job \"roll\"", "job \"canary\"").replace("count = 3", "count = 2")
+}
+
+/// A canary runs beside the old allocs until `job promote`, then the rest roll; a version
+/// whose canary fails (with `progress_deadline = 0` and `auto_revert`) fails its deployment
+/// at once and the job goes back to the stable version, the canary stopped.
+#[test]
+fn a_canary_waits_for_job_promote_and_a_failing_one_reverts_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = dev_agent(dir.path());
+    let http = agent.http();
+    let deployment = || http.get_json("/v1/job/canary/deployment").unwrap_or(Value::Null);
+    let live = || allocs(&http, "canary").into_iter().filter(|a| a["DesiredStatus"] == "run").collect::<Vec<Value>>();
+    let v0 = write(dir.path(), "c0.nomad.hcl", &canaried("0", "sleep 300", "30s"));
+    nomad(&agent, &["job", "run", "-detach", &v0]).expect(0, "version 0");
+    wait_for("version 0 deployed", SETTLE, || (deployment()["Status"] == "successful").then_some(()))
+        .unwrap_or_else(|e| panic!("{e}: {}\n{}", deployment(), agent.logs()));
+
+    let v1 = write(dir.path(), "c1.nomad.hcl", &canaried("1", "sleep 300", "30s"));
+    nomad(&agent, &["job", "run", "-detach", &v1]).expect(0, "version 1");
+    let waiting = wait_for("the canary to be healthy", SETTLE, || {
+        let d = deployment();
+        (d["JobVersion"] == 1 && d["TaskGroups"]["g"]["HealthyAllocs"] == 1).then_some(d)
+    })
+    .unwrap_or_else(|e| panic!("{e}: {}\n{}", deployment(), agent.logs()));
+    assert_eq!(waiting["StatusDescription"], "Deployment is running but requires manual promotion");
+    let now = live();
+    assert_eq!(now.len(), 3, "the canary runs beside both old allocs: {now:?}");
+    assert_eq!(now.iter().filter(|a| a["JobVersion"] == 1 && a["DeploymentStatus"]["Canary"] == true).count(), 1, "{now:?}");
+    let status = nomad(&agent, &["job", "deployments", "-latest", "canary"]).expect(0, "job deployments -latest");
+    assert!(status.stdout.contains("Promoted") && status.stdout.contains("Canaries"), "{}", status.stdout);
+
+    nomad(&agent, &["job", "promote", "canary"]).expect(0, "job promote");
+    wait_for("version 1 deployed", SETTLE, || (deployment()["Status"] == "successful").then_some(()))
+        .unwrap_or_else(|e| panic!("{e}: {}\n{}", deployment(), agent.logs()));
+    wait_for("the old allocs to stop", SETTLE, || {
+        let now = live();
+        (now.len() == 2 && now.iter().all(|a| a["JobVersion"] == 1)).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}: {:?}", live()));
+
+    // Version 2's canary fails: the deployment fails at once and the job reverts to version 1.
+    let v2 = write(dir.path(), "c2.nomad.hcl", &canaried("2", "exit 1", "0s"));
+    nomad(&agent, &["job", "run", "-detach", &v2]).expect(0, "version 2");
+    let failed = wait_for("version 2 to fail", SETTLE, || {
+        let d = http.get_json("/v1/job/canary/deployments").unwrap_or(Value::Null);
+        d.as_array()?.iter().find(|d| d["JobVersion"] == 2 && d["Status"] == "failed").cloned()
+    })
+    .unwrap_or_else(|e| panic!("{e}: {}\n{}", deployment(), agent.logs()));
+    assert_eq!(failed["StatusDescription"], "Failed due to unhealthy allocations - rolling back to job version 1");
+    let job: Value = http.get_json("/v1/job/canary").unwrap();
+    assert_eq!(job["Version"], 3, "the revert registers version 1's spec as version 3");
+    assert_eq!(job["TaskGroups"][0]["Tasks"][0]["Env"]["VERSION"], "1");
+    wait_for("the failed canary gone and two allocs of the reverted spec", SETTLE, || {
+        let now = live();
+        (now.len() == 2 && now.iter().all(|a| a["JobVersion"] == 3)).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}: {:?}", live()));
+}

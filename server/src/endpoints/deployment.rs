@@ -1,12 +1,12 @@
 //! `Deployment.*` writes: fail, pause and resume, promote, allocation health.
 
 use nomad_proto::deployment::{description, status};
-use nomad_proto::eval::trigger;
 use nomad_proto::{Deployment, DeploymentStatusUpdate, Evaluation};
 use serde::Serialize;
 
 use super::{EndpointError, Endpoints};
 use crate::fsm::Command;
+use crate::leader::deployment_watcher;
 
 /// Reply to a deployment write, in Nomad's shape (`DeploymentUpdateResponse`).
 #[derive(Debug, Clone, Default, Serialize)]
@@ -19,7 +19,7 @@ pub struct DeploymentUpdateResponse {
     pub eval_create_index: u64,
     /// The deployment's index after the write.
     pub deployment_modify_index: u64,
-    /// Set when a failure reverted the job (never: auto_revert is refused at admission).
+    /// Set when a failure reverted the job (`auto_revert`).
     pub reverted_job_version: Option<u64>,
     /// Index of the write.
     pub index: u64,
@@ -42,14 +42,18 @@ impl Endpoints {
 
     /// The eval that follows a deployment change (Nomad's trigger `deployment-watcher`).
     fn deployment_eval(&self, d: &Deployment) -> Option<Evaluation> {
-        let snap = self.store.snapshot();
-        let job = snap.job(&d.namespace, &d.job_id)?;
-        let mut e = Evaluation::for_job(job, trigger::DEPLOYMENT_WATCHER, self.now());
-        e.deployment_id = d.id.clone();
-        if d.eval_priority > 0 {
-            e.priority = d.eval_priority;
+        deployment_watcher::deployment_eval(&self.store.snapshot(), d, self.now())
+    }
+
+    /// Replies for a write that made `eval` (if any) at `index`.
+    fn deployment_update_response(eval: Option<&Evaluation>, index: u64, reverted_job_version: Option<u64>) -> DeploymentUpdateResponse {
+        DeploymentUpdateResponse {
+            eval_id: eval.map(|e| e.id.clone()).unwrap_or_default(),
+            eval_create_index: if eval.is_some() { index } else { 0 },
+            deployment_modify_index: index,
+            reverted_job_version,
+            index,
         }
-        Some(e)
     }
 
     async fn write_status(
@@ -61,21 +65,22 @@ impl Endpoints {
     ) -> Result<DeploymentUpdateResponse, EndpointError> {
         let update = DeploymentStatusUpdate { deployment_id: d.id.clone(), status: new_status.into(), status_description: desc.into() };
         let eval = if eval { self.deployment_eval(d) } else { None };
-        let eval_id = eval.as_ref().map(|e| e.id.clone()).unwrap_or_default();
-        let index = self.consensus.apply(Command::DeploymentStatusUpdate { update, eval }).await?;
-        Ok(DeploymentUpdateResponse {
-            eval_create_index: if eval_id.is_empty() { 0 } else { index },
-            eval_id,
-            deployment_modify_index: index,
-            reverted_job_version: None,
-            index,
-        })
+        let index = self.consensus.apply(Command::DeploymentStatusUpdate { update, eval: eval.clone(), revert_to: None }).await?;
+        Ok(Self::deployment_update_response(eval.as_ref(), index, None))
     }
 
-    /// `Deployment.Fail`: marks it failed ("Deployment marked as failed") and evaluates the job.
+    /// `Deployment.Fail`: marks it failed ("Deployment marked as failed") and evaluates the job;
+    /// if any group has `auto_revert`, the job goes back to its newest stable version.
     pub async fn deployment_fail(&self, id: &str) -> Result<DeploymentUpdateResponse, EndpointError> {
         let d = self.active_deployment(id, "fail")?;
-        self.write_status(&d, status::FAILED, description::FAILED_BY_USER, true).await
+        let rollback = d.task_groups.values().any(|g| g.auto_revert);
+        let (cmd, reverted) = deployment_watcher::fail(&self.store.snapshot(), &d, description::FAILED_BY_USER, rollback, self.now());
+        let eval = match &cmd {
+            Command::DeploymentStatusUpdate { eval, .. } => eval.clone(),
+            _ => None,
+        };
+        let index = self.consensus.apply(cmd).await?;
+        Ok(Self::deployment_update_response(eval.as_ref(), index, reverted))
     }
 
     /// `Deployment.Pause`: pauses it (no eval), or resumes it with an eval.
@@ -84,19 +89,22 @@ impl Endpoints {
         if pause {
             self.write_status(&d, status::PAUSED, description::PAUSED, false).await
         } else {
-            let desc = if d.requires_promotion() { description::RUNNING_NEEDS_PROMOTION } else { description::RUNNING };
-            self.write_status(&d, status::RUNNING, desc, true).await
+            let mut running = (*d).clone();
+            running.status = status::RUNNING.into();
+            self.write_status(&d, status::RUNNING, running.running_description(), true).await
         }
     }
 
-    /// `Deployment.Promote`: nomad-rs places no canaries (admission refuses `canary`), so there
-    /// is never one to promote.
-    pub async fn deployment_promote(&self, id: &str) -> Result<DeploymentUpdateResponse, EndpointError> {
+    /// `Deployment.Promote`: promotes the canaries of every group (`all`) or of `groups`, each
+    /// of which must have all its canaries healthy, and evaluates the job so the old allocs
+    /// are replaced.
+    pub async fn deployment_promote(&self, id: &str, all: bool, groups: Vec<String>) -> Result<DeploymentUpdateResponse, EndpointError> {
         let d = self.active_deployment(id, "promote")?;
-        if d.task_groups.values().all(|g| g.desired_canaries == 0) {
-            return Err(EndpointError::BadRequest("no canaries to promote".into()));
-        }
-        Err(EndpointError::BadRequest("canary promotion is not supported by nomad-rs yet".into()))
+        let eval = self.deployment_eval(&d);
+        let cmd = Command::DeploymentPromotion { deployment_id: d.id.clone(), all, groups, eval: eval.clone(), now: self.now() };
+        // Too few healthy canaries is the state's refusal (a 500 with its message, as Nomad's).
+        let index = self.consensus.apply(cmd).await?;
+        Ok(Self::deployment_update_response(eval.as_ref(), index, None))
     }
 
     /// `Deployment.SetAllocHealth`: health set by hand (for `health_check = "manual"`), then an
@@ -126,17 +134,10 @@ impl Endpoints {
             }
         }
         let eval = self.deployment_eval(&d);
-        let eval_id = eval.as_ref().map(|e| e.id.clone()).unwrap_or_default();
         let index = self
             .consensus
-            .apply(Command::DeploymentAllocHealth { deployment_id: d.id.clone(), healthy, unhealthy, eval, now: self.now() })
+            .apply(Command::DeploymentAllocHealth { deployment_id: d.id.clone(), healthy, unhealthy, eval: eval.clone(), now: self.now() })
             .await?;
-        Ok(DeploymentUpdateResponse {
-            eval_create_index: if eval_id.is_empty() { 0 } else { index },
-            eval_id,
-            deployment_modify_index: index,
-            reverted_job_version: None,
-            index,
-        })
+        Ok(Self::deployment_update_response(eval.as_ref(), index, None))
     }
 }

@@ -32,6 +32,7 @@ fn event_type(cmd: &Command) -> Option<&'static str> {
         Command::VariableApply { .. } => "VariableUpserted",
         Command::DeploymentStatusUpdate { .. } => "DeploymentStatusUpdate",
         Command::DeploymentAllocHealth { .. } => "DeploymentAllocHealth",
+        Command::DeploymentPromotion { .. } => "DeploymentPromotion",
         // Garbage collection and namespace changes emit nothing, as in Nomad.
         Command::EvalDelete { .. }
         | Command::DeploymentDelete { .. }

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use nomad_proto::{Job, NamespacedId};
+use nomad_proto::{Evaluation, Job, NamespacedId};
 
 use super::{ApplyResult, Command, Fsm, PlanApply};
 use crate::events::EventBroker;
@@ -208,8 +208,23 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnE
         Command::RootKeyUpsert { key } => txn.upsert_root_key(key),
         Command::RootKeySetState { key_id, state } => txn.set_root_key_state(key_id, state)?,
         Command::RootKeyDelete { key_id } => txn.delete_root_key(key_id)?,
-        Command::DeploymentStatusUpdate { update, eval } => {
+        Command::DeploymentStatusUpdate { update, eval, revert_to } => {
+            let reverted = match revert_to {
+                Some(job) => Some(txn.upsert_job((**job).clone())?),
+                None => None,
+            };
             txn.update_deployment_status(std::slice::from_ref(update))?;
+            let mut evals: Vec<Evaluation> = eval.iter().cloned().collect();
+            if let Some(stored) = &reverted {
+                for e in &mut evals {
+                    e.job_modify_index = stored.job_modify_index;
+                }
+                jobs.insert(stored.namespaced_id());
+            }
+            jobs.extend(txn.upsert_evals(evals));
+        }
+        Command::DeploymentPromotion { deployment_id, all, groups, eval, now } => {
+            txn.promote_deployment(deployment_id, *all, groups, *now)?;
             jobs.extend(txn.upsert_evals(eval.iter().cloned().collect()));
         }
         Command::DeploymentDelete { deployment_ids } => txn.delete_deployments(deployment_ids),

@@ -310,6 +310,23 @@ pub enum Command {
         update: nomad_proto::DeploymentStatusUpdate,
         /// Eval to create.
         eval: Option<Evaluation>,
+        /// A failed deployment's auto-revert: this earlier version registered again (as a new
+        /// version), before the eval.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        revert_to: Option<Box<Job>>,
+    },
+    /// A deployment's canaries promoted (`Deployment.Promote`, auto_promote).
+    DeploymentPromotion {
+        /// The deployment.
+        deployment_id: String,
+        /// Every group, or only `groups`.
+        all: bool,
+        /// The groups to promote.
+        groups: Vec<String>,
+        /// Eval to create.
+        eval: Option<Evaluation>,
+        /// Server time (the groups' progress deadlines restart from it).
+        now: Timestamp,
     },
     /// Delete finished deployments (garbage collection).
     DeploymentDelete {

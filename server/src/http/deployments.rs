@@ -148,8 +148,7 @@ pub async fn deployment_specific(State(s): State<HttpState>, method: Method, uri
                     "promote" => {
                         let b: PromoteBody = decode_body(&bytes)?;
                         check_body_id(&b.deployment_id, id, true)?;
-                        let _ = (b.all, b.groups);
-                        s.endpoints.deployment_promote(id).await?
+                        s.endpoints.deployment_promote(id, b.all, b.groups.unwrap_or_default()).await?
                     }
                     "allocation-health" => {
                         let b: HealthBody = decode_body(&bytes)?;

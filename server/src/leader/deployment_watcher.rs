@@ -4,7 +4,10 @@
 //! - fails it ("Failed due to unhealthy allocations") when an alloc turns unhealthy in a group
 //!   whose `progress_deadline` is 0;
 //! - fails it ("Failed due to progress deadline") when a group that is not done has made no
-//!   progress by its `RequireProgressBy`.
+//!   progress by its `RequireProgressBy`;
+//! - reverts the job to its newest stable version when a failing group has `auto_revert`;
+//! - promotes its canaries once every canary group has `auto_promote` and all its canaries are
+//!   placed and healthy.
 //!
 //! Health changes reach it as writes to the deployments table (the state counts each alloc's
 //! health into its deployment), so it wakes on those, and on the earliest deadline.
@@ -13,9 +16,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nomad_proto::deployment::{description, status};
+use nomad_proto::deployment::{alloc_health, description, status};
 use nomad_proto::eval::trigger;
-use nomad_proto::{Deployment, DeploymentStatusUpdate, Evaluation, Timestamp};
+use nomad_proto::{Deployment, DeploymentStatusUpdate, Evaluation, Job, Timestamp};
 
 use crate::consensus::Consensus;
 use crate::fsm::Command;
@@ -39,8 +42,16 @@ pub type SeenDeployment = (u64, Seen);
 pub enum Action {
     /// Health changed: evaluate the job.
     Evaluate,
-    /// Fail it with this description (and evaluate the job).
-    Fail(&'static str),
+    /// Fail it with this description (and evaluate the job); revert the job if a failing
+    /// group has `auto_revert`.
+    Fail {
+        /// Why.
+        desc: &'static str,
+        /// Revert to the newest stable version.
+        rollback: bool,
+    },
+    /// Promote every group's canaries.
+    Promote,
 }
 
 /// The watcher's decision for `d` at `now`, given the counts it saw last (`None`: first look).
@@ -58,21 +69,76 @@ pub fn decide(d: &Deployment, seen: Option<&Seen>, now: Timestamp) -> Option<Act
         let before = seen.and_then(|s| s.iter().find(|(sg, _, _)| sg == g)).map_or(0, |(_, _, su)| *su);
         *u > before
     });
-    if unhealthy_grew && d.task_groups.values().any(|g| g.unhealthy_allocs > 0 && g.progress_deadline == 0) {
-        return Some(Action::Fail(description::FAILED_ALLOCATIONS));
+    let failing: Vec<&nomad_proto::DeploymentState> =
+        d.task_groups.values().filter(|g| g.unhealthy_allocs > 0 && g.progress_deadline == 0).collect();
+    if unhealthy_grew && !failing.is_empty() {
+        return Some(Action::Fail { desc: description::FAILED_ALLOCATIONS, rollback: failing.iter().any(|g| g.auto_revert) });
     }
-    if past_deadline(d, now) {
-        return Some(Action::Fail(description::PROGRESS_DEADLINE));
+    let late: Vec<&nomad_proto::DeploymentState> = d.task_groups.values().filter(|g| past_group_deadline(g, now)).collect();
+    if !late.is_empty() {
+        return Some(Action::Fail { desc: description::PROGRESS_DEADLINE, rollback: late.iter().any(|g| g.auto_revert) });
     }
     changed.then_some(Action::Evaluate)
 }
 
 /// A group short of healthy allocs is past its `RequireProgressBy`.
 fn past_deadline(d: &Deployment, now: Timestamp) -> bool {
-    d.task_groups.values().any(|g| {
-        let done = g.healthy_allocs >= g.desired_total.max(g.desired_canaries);
-        !done && !g.require_progress_by.is_zero() && g.require_progress_by <= now
+    d.task_groups.values().any(|g| past_group_deadline(g, now))
+}
+
+fn past_group_deadline(g: &nomad_proto::DeploymentState, now: Timestamp) -> bool {
+    let done = g.healthy_allocs >= g.desired_total.max(g.desired_canaries);
+    !done && !g.require_progress_by.is_zero() && g.require_progress_by <= now
+}
+
+/// Every canary group promotes automatically and has all its canaries placed and healthy
+/// (Nomad's `autoPromoteDeployment`).
+pub fn ready_for_auto_promotion(state: &State, d: &Deployment) -> bool {
+    if !d.requires_promotion() || !d.has_auto_promote() {
+        return false;
+    }
+    d.task_groups.values().filter(|g| g.desired_canaries > 0).all(|g| {
+        let healthy = g.placed_canaries.iter().filter_map(|id| state.alloc(id)).filter(|a| alloc_health(a) == Some(true)).count();
+        g.placed_canaries.len() as i64 >= g.desired_canaries && healthy as i64 == g.desired_canaries
     })
+}
+
+/// The eval that follows a deployment change (trigger `deployment-watcher`, at the
+/// deployment's priority); none once the job is gone.
+pub fn deployment_eval(state: &State, d: &Deployment, now: Timestamp) -> Option<Evaluation> {
+    let job = state.job(&d.namespace, &d.job_id)?;
+    let mut e = Evaluation::for_job(job, trigger::DEPLOYMENT_WATCHER, now);
+    e.deployment_id = d.id.clone();
+    if d.eval_priority > 0 {
+        e.priority = d.eval_priority;
+    }
+    Some(e)
+}
+
+/// The write that fails `d` with `desc`, and the job version it reverts to. With `rollback`
+/// the job goes back to its newest stable version, registered again as a new version, unless
+/// that version has the failed job's spec (reverting would fail the same way); the
+/// description says which (Nomad's `FailDeployment` and `handleRollbackValidity`).
+pub fn fail(state: &State, d: &Deployment, desc: &str, rollback: bool, now: Timestamp) -> (Command, Option<u64>) {
+    let mut description = desc.to_string();
+    let mut revert_to: Option<Box<Job>> = None;
+    if rollback {
+        let current = state.job(&d.namespace, &d.job_id);
+        match state.job_versions(&d.namespace, &d.job_id).iter().find(|j| j.stable) {
+            Some(stable) if current.is_some_and(|c| c.spec_changed(stable)) => {
+                description = description::rollback(desc, stable.version);
+                let mut job = (**stable).clone();
+                job.submit_time = now.unix_nanos();
+                revert_to = Some(Box::new(job));
+            }
+            Some(stable) => description = description::rollback_noop(desc, stable.version),
+            None => description = description::no_rollback_target(desc),
+        }
+    }
+    let reverted = revert_to.as_ref().map(|j| j.version);
+    let update =
+        DeploymentStatusUpdate { deployment_id: d.id.clone(), status: status::FAILED.to_string(), status_description: description };
+    (Command::DeploymentStatusUpdate { update, eval: deployment_eval(state, d, now), revert_to }, reverted)
 }
 
 fn counts(d: &Deployment) -> Seen {
@@ -145,30 +211,32 @@ pub fn writes(state: &State, seen: &mut HashMap<String, SeenDeployment>, now: Ti
         if unchanged && !past_deadline(d, now) {
             continue;
         }
-        let action = decide(d, before.map(|(_, counts)| counts), now);
+        let action = match decide(d, before.map(|(_, counts)| counts), now) {
+            Some(Action::Fail { desc, rollback }) => Some(Action::Fail { desc, rollback }),
+            _ if d.status == status::RUNNING && ready_for_auto_promotion(state, d) => Some(Action::Promote),
+            other => other,
+        };
         seen.insert(d.id.clone(), (d.modify_index, counts(d)));
         let Some(action) = action else { continue };
-        let eval = state.job(&d.namespace, &d.job_id).map(|job| {
-            let mut e = Evaluation::for_job(job, trigger::DEPLOYMENT_WATCHER, now);
-            e.deployment_id = d.id.clone();
-            if d.eval_priority > 0 {
-                e.priority = d.eval_priority;
-            }
-            e
-        });
         let cmd = match action {
-            Action::Evaluate => match eval {
+            Action::Evaluate => match deployment_eval(state, d, now) {
                 Some(e) => Command::EvalUpsert { evals: vec![e] },
                 None => continue,
             },
-            Action::Fail(desc) => {
-                tracing::info!(deployment = %d.id, job = %d.job_id, reason = desc, "deployment failed");
-                let update = DeploymentStatusUpdate {
+            Action::Fail { desc, rollback } => {
+                let (cmd, reverted) = fail(state, d, desc, rollback, now);
+                tracing::info!(deployment = %d.id, job = %d.job_id, reason = desc, reverted_to = ?reverted, "deployment failed");
+                cmd
+            }
+            Action::Promote => {
+                tracing::info!(deployment = %d.id, job = %d.job_id, "deployment auto-promoted");
+                Command::DeploymentPromotion {
                     deployment_id: d.id.clone(),
-                    status: status::FAILED.to_string(),
-                    status_description: desc.to_string(),
-                };
-                Command::DeploymentStatusUpdate { update, eval }
+                    all: true,
+                    groups: Vec::new(),
+                    eval: deployment_eval(state, d, now),
+                    now,
+                }
             }
         };
         out.push((d.id.clone(), cmd));
@@ -212,9 +280,19 @@ mod tests {
         // Unhealthy with a progress deadline: evaluate (the reconciler holds the rollout).
         assert_eq!(decide(&deployment(1, 1, 600 * S, 700 * S), Some(&seen), now), Some(Action::Evaluate));
         // Without one: fail at once.
-        assert_eq!(decide(&deployment(1, 1, 0, 0), Some(&seen), now), Some(Action::Fail("Failed due to unhealthy allocations")));
+        assert_eq!(
+            decide(&deployment(1, 1, 0, 0), Some(&seen), now),
+            Some(Action::Fail { desc: "Failed due to unhealthy allocations", rollback: false })
+        );
         // The deadline passed with a group short of healthy allocs.
-        assert_eq!(decide(&deployment(1, 0, 600 * S, 100 * S), Some(&seen), now), Some(Action::Fail("Failed due to progress deadline")));
+        assert_eq!(
+            decide(&deployment(1, 0, 600 * S, 100 * S), Some(&seen), now),
+            Some(Action::Fail { desc: "Failed due to progress deadline", rollback: false })
+        );
+        // A failing group with auto_revert asks for the revert.
+        let mut reverting = deployment(1, 0, 600 * S, 100 * S);
+        reverting.task_groups.get_mut("web").unwrap().auto_revert = true;
+        assert_eq!(decide(&reverting, Some(&seen), now), Some(Action::Fail { desc: "Failed due to progress deadline", rollback: true }));
         // Done groups are past their deadline harmlessly.
         assert_eq!(decide(&deployment(2, 0, 600 * S, 50 * S), Some(&counts(&deployment(2, 0, 0, 0))), now), None);
         // Paused: nothing.

@@ -166,15 +166,44 @@ impl<'a> GenericRun<'a> {
         let pool = Pool { in_pool: ready.nodes.len() as i64, by_dc: ready.by_dc };
         stack.set_nodes(ready.nodes);
         for d in &r.destructive_update {
-            let req = PlaceRequest { name: d.name.clone(), group: d.group.clone(), previous: Some(d.stop), reschedule: false, lost: false };
+            let req = PlaceRequest {
+                name: d.name.clone(),
+                group: d.group.clone(),
+                previous: Some(d.stop),
+                reschedule: false,
+                lost: false,
+                canary: false,
+                downgrade: false,
+            };
             self.place_one(job, stack, &pool, &req, true);
         }
         let mut fresh = std::mem::take(&mut r.fresh).into_iter().peekable();
+        // Stacks of the older job versions that replacements run while canaries wait.
+        let mut older: Vec<(Arc<Job>, Stack<'a>, Pool)> = Vec::new();
         for (i, req) in r.place.iter().enumerate() {
             while let Some(f) = fresh.next_if(|f| f.before <= i) {
                 self.place_fresh(job, stack, &pool, f);
             }
-            self.place_one(job, stack, &pool, req, false);
+            let old_job = req.previous.and_then(|p| p.job.as_ref()).filter(|old| req.downgrade && !same_version(old, job));
+            match old_job {
+                Some(old) => {
+                    let k = match older.iter().position(|(j, _, _)| same_version(j, old)) {
+                        Some(k) => k,
+                        None => {
+                            let ready = ready_nodes(self.state, old);
+                            let pool = Pool { in_pool: ready.nodes.len() as i64, by_dc: ready.by_dc };
+                            let mut s = Stack::new(old.clone(), StackKind::Service, seed_for(&self.eval.id, self.state.index));
+                            s.set_nodes(ready.nodes);
+                            older.push((old.clone(), s, pool));
+                            older.len() - 1
+                        }
+                    };
+                    let (old, old_stack, old_pool) = &mut older[k];
+                    let old = old.clone();
+                    self.place_one(&old, old_stack, old_pool, req, false);
+                }
+                None => self.place_one(job, stack, &pool, req, false),
+            }
         }
         for f in fresh {
             self.place_fresh(job, stack, &pool, f);
@@ -193,7 +222,15 @@ impl<'a> GenericRun<'a> {
                 return;
             }
             let name = fresh.names.take_next();
-            let req = PlaceRequest { name, group: fresh.group.clone(), previous: None, reschedule: false, lost: false };
+            let req = PlaceRequest {
+                name,
+                group: fresh.group.clone(),
+                previous: None,
+                reschedule: false,
+                lost: false,
+                canary: false,
+                downgrade: false,
+            };
             self.place_one(job, stack, pool, &req, false);
         }
     }
@@ -260,6 +297,16 @@ impl<'a> GenericRun<'a> {
             deployment_id: self.deployment_id.clone(),
             ..Allocation::default()
         };
+        if req.canary {
+            alloc.deployment_status =
+                Some(serde_json::json!({ "Healthy": null, "Timestamp": Timestamp::ZERO, "Canary": true, "ModifyIndex": 0 }));
+        }
+        if self.job.as_ref().is_some_and(|current| !same_version(current, job)) {
+            // An older version, placed while canaries of the current one wait: not part of
+            // the rollout, and it carries its own job.
+            alloc.job = req.previous.and_then(|p| p.job.clone());
+            alloc.deployment_id = String::new();
+        }
         if let Some(prev) = req.previous {
             alloc.previous_allocation = prev.id.clone();
             if req.reschedule {
@@ -337,6 +384,10 @@ impl<'a> GenericRun<'a> {
             e
         } else {
             let mut e = finished(eval, EvalStatus::Complete, "", self.now);
+            // The deployment the job's allocs roll out in, for `job run` to follow.
+            if !self.deployment_id.is_empty() {
+                e.deployment_id = self.deployment_id.clone();
+            }
             e.failed_tg_allocs = self.failed;
             e.queued_allocations = self.queued;
             e.blocked_eval = blocked_id;
@@ -353,6 +404,11 @@ impl<'a> GenericRun<'a> {
 }
 
 /// The ready nodes as every placement's metric reports them.
+/// The same version of the same job.
+fn same_version(a: &Job, b: &Job) -> bool {
+    a.version == b.version && a.create_index == b.create_index && a.job_modify_index == b.job_modify_index
+}
+
 struct Pool {
     in_pool: i64,
     by_dc: BTreeMap<String, i64>,

@@ -63,6 +63,42 @@ impl NameIndex {
         alloc_name(&self.job_id, &self.group, i)
     }
 
+    /// Names for `n` canaries (Nomad's `NextCanaries`): first the names of allocs being
+    /// replaced destructively (their replacements take them over), then free names below
+    /// `count`, then names from `count` up; never a name an existing canary has. Its cost is
+    /// the allocs and `n`, not the count.
+    pub(crate) fn next_canaries<'a>(
+        &mut self,
+        n: usize,
+        canaries: impl IntoIterator<Item = &'a Allocation>,
+        destructive: impl IntoIterator<Item = &'a Allocation>,
+    ) -> Vec<String> {
+        let canary: BTreeSet<u64> = canaries.into_iter().map(Allocation::index).collect();
+        let replaced: BTreeSet<u64> = destructive.into_iter().map(Allocation::index).filter(|i| *i < self.count).collect();
+        let mut out = Vec::with_capacity(n);
+        for i in replaced.into_iter().filter(|i| !canary.contains(i)) {
+            if out.len() == n {
+                return out;
+            }
+            self.used.insert(i);
+            out.push(alloc_name(&self.job_id, &self.group, i));
+        }
+        let mut i = 0;
+        while out.len() < n && i < self.count {
+            if !self.used.contains(&i) && !canary.contains(&i) {
+                self.used.insert(i);
+                out.push(alloc_name(&self.job_id, &self.group, i));
+            }
+            i += 1;
+        }
+        let mut i = self.count;
+        while out.len() < n {
+            out.push(alloc_name(&self.job_id, &self.group, i));
+            i += 1;
+        }
+        out
+    }
+
     /// Takes the next `n` names (see [`NameIndex::take_next`]).
     #[cfg(test)]
     pub(crate) fn next(&mut self, n: usize) -> Vec<String> {
@@ -91,6 +127,19 @@ mod tests {
         let mut idx = NameIndex::new("j", "g", 2, taken.iter());
         assert_eq!(idx.highest(2), vec!["j.g[5]", "j.g[1]"]);
         assert_eq!(idx.highest(5), vec!["j.g[0]"]);
+    }
+
+    #[test]
+    fn canaries_take_the_names_being_replaced_then_free_ones_then_names_past_count() {
+        let (a0, a1, a2) = (alloc(0), alloc(1), alloc(2));
+        let mut idx = NameIndex::new("j", "g", 3, [&a0, &a1, &a2]);
+        assert_eq!(idx.next_canaries(2, [], [&a2, &a1]), vec!["j.g[1]", "j.g[2]"]);
+        // An existing canary keeps its name; five canaries for a count of 3 go past it.
+        let mut idx = NameIndex::new("j", "g", 3, [&a0, &a1]);
+        assert_eq!(idx.next_canaries(4, [&a0], [&a0, &a1]), vec!["j.g[1]", "j.g[2]", "j.g[3]", "j.g[4]"]);
+        // A huge count is not walked.
+        let mut idx = NameIndex::new("j", "g", 1 << 40, [&a1]);
+        assert_eq!(idx.next_canaries(2, [], []), vec!["j.g[0]", "j.g[2]"]);
     }
 
     #[test]

@@ -15,7 +15,14 @@
 //! deployment is paused or failed; the deployment watcher evaluates the job again as health
 //! arrives. Without a deployment (a job whose new version only scales, say) they go
 //! `max_parallel` at a time and the rest continue in a `rolling-update` follow-up eval after
-//! the group's `min_healthy_time`. Canaries are not modelled (admission refuses them).
+//! the group's `min_healthy_time`.
+//!
+//! Canaries (`update { canary = n }`): a destructive change first places `n` canaries of the
+//! new version beside the old allocs (they take the replaced allocs' names) and nothing else
+//! changes until the deployment is promoted; then the old allocs with the canaries' names stop
+//! and the rest are replaced `max_parallel` at a time. While canarying, a replacement of a lost
+//! or failed old alloc runs the old alloc's job version. Canaries of a deployment that was
+//! replaced or failed before promotion are stopped.
 
 mod deployment;
 mod followups;
@@ -24,12 +31,14 @@ mod reconnect;
 use std::collections::BTreeMap;
 
 use nomad_proto::alloc::{ALLOC_JOB_STOPPED_DESC, ALLOC_LOST_DESC, ALLOC_MIGRATING_DESC, ALLOC_NOT_NEEDED_DESC, ALLOC_RESCHEDULED_DESC};
+use nomad_proto::deployment::alloc_is_canary;
 use nomad_proto::plan::DesiredUpdates;
 use nomad_proto::{Allocation, ClientStatus, Deployment, DeploymentStatusUpdate, Evaluation, Job, TaskGroup, Timestamp};
 
 use super::alloc_sets::{self, AllocSet, TaintedNodes, difference, filter_by_rescheduleable, filter_by_tainted};
 use super::ids::IdSource;
 use super::names::NameIndex;
+use deployment::requires_canaries;
 
 /// An alloc to place.
 #[derive(Debug, Clone)]
@@ -42,6 +51,11 @@ pub(crate) struct PlaceRequest<'a> {
     pub(crate) reschedule: bool,
     /// Replaces an alloc lost with its node.
     pub(crate) lost: bool,
+    /// Placed as a canary of the deployment.
+    pub(crate) canary: bool,
+    /// Runs the previous alloc's job version: it replaces an old alloc while canaries of the
+    /// new version wait for promotion.
+    pub(crate) downgrade: bool,
 }
 
 /// New allocs of one group under names no alloc carries, named only as they are placed: a
@@ -150,6 +164,9 @@ struct Run<'a, 'f, 'r> {
     results: ReconcileResults<'a>,
     /// The deployment of the job's current version, as this run changes it.
     deployment: Option<Deployment>,
+    /// The deployment of an earlier version (or of the stopped job): its unpromoted canaries
+    /// go.
+    old_deployment: Option<Deployment>,
     /// It is paused: nothing but replacements of lost or failed allocs is placed.
     deployment_paused: bool,
     /// It failed: likewise.
@@ -168,6 +185,7 @@ impl<'a, 'f> Reconciler<'a, 'f> {
             inputs: self,
             results: ReconcileResults::default(),
             deployment: None,
+            old_deployment: None,
             deployment_paused: false,
             deployment_failed: false,
         };
@@ -229,7 +247,7 @@ impl<'a> Run<'a, '_, '_> {
             self.results.desired_tg_updates.insert(group.to_string(), desired);
             return true;
         };
-        let existing_deployment = self.deployment.as_ref().is_some_and(|d| d.task_groups.contains_key(group));
+        let (mut dstate, existing_deployment) = self.deployment_state(tg);
         let mut desired_total: i64 = 0;
         let (now, batch) = (self.inputs.now, self.inputs.batch);
 
@@ -241,6 +259,8 @@ impl<'a> Run<'a, '_, '_> {
         } else {
             all.clone()
         };
+
+        let (canaries, all) = self.cancel_unneeded_canaries(&all, &mut desired);
 
         let mut split = filter_by_tainted(&all, self.inputs.tainted, now);
         desired.ignore += split.ignore.len() as u64;
@@ -275,7 +295,8 @@ impl<'a> Run<'a, '_, '_> {
         let mut names = NameIndex::new(self.inputs.job_id, group, tg.count, taken);
 
         let mut migrate = split.migrate;
-        let stop = self.compute_stop(tg, &mut names, &untainted, &mut migrate, &split.lost, &followup_ids);
+        let canarying = dstate.desired_canaries != 0 && !dstate.promoted;
+        let stop = self.compute_stop(tg, &mut names, &untainted, &mut migrate, &split.lost, &followup_ids, &canaries, canarying);
         desired.stop += stop.len() as u64;
         untainted = difference(&untainted, &stop);
 
@@ -285,10 +306,20 @@ impl<'a> Run<'a, '_, '_> {
         // In-place updates restart nothing: they stay out of the deployment (see deployment.rs).
         desired_total = desired_total.saturating_add(destructive.len() as i64);
 
-        let mut under = self.under_provisioned_by(tg, &untainted, &destructive, &migrate);
-        let place_ready = !self.deployment_paused && !self.deployment_failed;
+        // Canaries are neither counted nor replaced as part of the count until promoted.
+        if canarying {
+            untainted = difference(&untainted, &canaries);
+        }
+        let requires_canaries = requires_canaries(tg, &dstate, &destructive, &canaries);
+        if requires_canaries {
+            self.compute_canaries(tg, &mut dstate, &destructive, &canaries, &mut desired, &mut names);
+        }
+        let canarying = dstate.desired_canaries != 0 && !dstate.promoted;
+
+        let mut under = self.under_provisioned_by(tg, &untainted, &destructive, &migrate, canarying);
+        let place_ready = !self.deployment_paused && !self.deployment_failed && !canarying;
         let (place, mut fresh) = if lost_later.is_empty() {
-            self.compute_placements(tg, &untainted, &migrate, &reschedule_now, &split.lost)
+            self.compute_placements(tg, &untainted, &migrate, &reschedule_now, &split.lost, canarying)
         } else {
             (Vec::new(), 0)
         };
@@ -318,14 +349,15 @@ impl<'a> Run<'a, '_, '_> {
         for &a in name_order(&destructive).iter().take(n) {
             self.results.destructive_update.push(DestructiveUpdate { name: a.name.clone(), group: tg.name.clone(), stop: a });
         }
-        self.create_deployment(job, tg, existing_deployment, desired_total, &all, &destructive);
+        dstate.desired_total = dstate.desired_total.saturating_add(desired_total);
+        self.create_deployment(job, tg, existing_deployment, dstate, &all, &destructive);
         if n < destructive.len() && self.deployment.is_none() {
             // No deployment to wait on: go on after min_healthy_time.
             let wait = tg.update.as_ref().map_or(0, |u| u.min_healthy_time);
             let at = now.add_nanos(wait);
             self.results.rolling_wait_until = Some(self.results.rolling_wait_until.map_or(at, |t| t.max(at)));
         }
-        let work_left = !destructive.is_empty() || placing > 0 || !migrate.is_empty() || !resched.later.is_empty();
+        let work_left = !destructive.is_empty() || placing > 0 || !migrate.is_empty() || !resched.later.is_empty() || requires_canaries;
 
         desired.migrate += migrate.len() as u64;
         for a in name_order(&migrate) {
@@ -335,19 +367,25 @@ impl<'a> Run<'a, '_, '_> {
                 description: ALLOC_MIGRATING_DESC,
                 followup_eval_id: String::new(),
             });
+            let canary = alloc_is_canary(a);
             self.results.place.push(PlaceRequest {
                 name: a.name.clone(),
                 group: tg.name.clone(),
                 previous: Some(a),
                 reschedule: false,
                 lost: false,
+                canary,
+                downgrade: canarying && !canary,
             });
         }
         self.results.desired_tg_updates.insert(group.to_string(), desired);
         !work_left && self.group_healthy(group)
     }
 
-    /// Stops lost allocs and allocs above `count` (highest name indexes first).
+    /// Stops lost allocs and allocs above `count` (highest name indexes first). Canaries are
+    /// not counted while they wait for promotion; once promoted, the old allocs that carry
+    /// their names go first.
+    #[allow(clippy::too_many_arguments)]
     fn compute_stop(
         &mut self,
         tg: &TaskGroup,
@@ -356,6 +394,8 @@ impl<'a> Run<'a, '_, '_> {
         migrate: &mut AllocSet<'a>,
         lost: &AllocSet<'a>,
         followups: &BTreeMap<String, String>,
+        canaries: &AllocSet<'a>,
+        canarying: bool,
     ) -> AllocSet<'a> {
         let mut stop = lost.clone();
         for &a in lost.values() {
@@ -367,11 +407,12 @@ impl<'a> Run<'a, '_, '_> {
                 followup_eval_id,
             });
         }
-        let mut remove = untainted.len() as i64 + migrate.len() as i64 - tg.count;
+        let counted = if canarying { difference(untainted, canaries) } else { untainted.clone() };
+        let mut remove = counted.len() as i64 + migrate.len() as i64 - tg.count;
         if remove <= 0 {
             return stop;
         }
-        let mut live: AllocSet<'a> = untainted.iter().filter(|(_, a)| !a.terminal()).map(|(k, v)| (*k, *v)).collect();
+        let mut live: AllocSet<'a> = counted.iter().filter(|(_, a)| !a.terminal()).map(|(k, v)| (*k, *v)).collect();
         let stop_one = |this: &mut Self, a: &'a Allocation, stop: &mut AllocSet<'a>| {
             stop.insert(a.id.as_str(), a);
             this.results.stop.push(StopRequest {
@@ -381,6 +422,20 @@ impl<'a> Run<'a, '_, '_> {
                 followup_eval_id: String::new(),
             });
         };
+        // Promoted canaries took these names over.
+        if !canarying && !canaries.is_empty() {
+            let canary_names: std::collections::HashSet<&str> = canaries.values().map(|a| a.name.as_str()).collect();
+            let replaced: Vec<&'a Allocation> =
+                name_order(&difference(&live, canaries)).into_iter().filter(|a| canary_names.contains(a.name.as_str())).collect();
+            for a in replaced {
+                stop_one(self, a, &mut stop);
+                live.remove(a.id.as_str());
+                remove -= 1;
+                if remove == 0 {
+                    return stop;
+                }
+            }
+        }
         // Prefer stopping allocs that are migrating anyway.
         if !migrate.is_empty() {
             let mut migrating = NameIndex::new(self.inputs.job_id, &tg.name, tg.count, migrate.values().copied());
@@ -444,11 +499,22 @@ impl<'a> Run<'a, '_, '_> {
         migrate: &AllocSet<'a>,
         reschedule: &AllocSet<'a>,
         lost: &AllocSet<'a>,
+        canarying: bool,
     ) -> (Vec<PlaceRequest<'a>>, u64) {
-        let mut place: Vec<PlaceRequest<'a>> = reschedule
-            .values()
-            .map(|&a| PlaceRequest { name: a.name.clone(), group: tg.name.clone(), previous: Some(a), reschedule: true, lost: false })
-            .collect();
+        // A canary's replacement is a canary; an old alloc's runs its version while canarying.
+        let replace = |a: &'a Allocation, reschedule: bool, lost: bool| {
+            let canary = alloc_is_canary(a);
+            PlaceRequest {
+                name: a.name.clone(),
+                group: tg.name.clone(),
+                previous: Some(a),
+                reschedule,
+                lost,
+                canary,
+                downgrade: canarying && !canary,
+            }
+        };
+        let mut place: Vec<PlaceRequest<'a>> = reschedule.values().map(|&a| replace(a, true, false)).collect();
         let mut existing = (untainted.len() + migrate.len() + reschedule.len()) as i64;
         // Names a live alloc keeps (or a rescheduled one passes on).
         let live: std::collections::HashSet<&str> =
@@ -464,7 +530,7 @@ impl<'a> Run<'a, '_, '_> {
                 continue;
             }
             existing += 1;
-            place.push(PlaceRequest { name: a.name.clone(), group: tg.name.clone(), previous: Some(a), reschedule: false, lost: true });
+            place.push(replace(a, false, true));
         }
         let fresh = if existing < tg.count { (tg.count - existing) as u64 } else { 0 };
         (place, fresh)

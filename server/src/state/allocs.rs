@@ -4,6 +4,7 @@ use std::collections::BTreeSet;
 use std::ops::Bound;
 use std::sync::Arc;
 
+use nomad_proto::deployment::alloc_is_canary;
 use nomad_proto::{Allocation, ClientStatus, DesiredStatus, DesiredTransition, NamespacedId};
 
 use super::{Key, State, Table, Txn, TxnError, Watch};
@@ -55,15 +56,23 @@ impl State {
     }
 }
 
-/// The fields a client may set on its allocs (`Node.UpdateAlloc`).
-fn merge_client_fields(stored: &Allocation, update: &Allocation) -> Allocation {
+/// The fields a client may set on its allocs (`Node.UpdateAlloc`). Of the deployment status
+/// only the health and its time: whether the alloc is a canary is the servers' to say.
+fn merge_client_fields(stored: &Allocation, update: &Allocation, index: u64) -> Allocation {
     let mut a = stored.clone();
     a.client_status = update.client_status;
     a.client_description = update.client_description.clone();
     a.task_states = update.task_states.clone();
     a.network_status = update.network_status.clone();
-    if update.deployment_status.is_some() {
-        a.deployment_status = update.deployment_status.clone();
+    if let Some(reported) = &update.deployment_status {
+        let field = |k: &str| reported.get(k).cloned().unwrap_or(serde_json::Value::Null);
+        let canary = alloc_is_canary(stored);
+        a.deployment_status = Some(serde_json::json!({
+            "Healthy": field("Healthy"),
+            "Timestamp": field("Timestamp"),
+            "Canary": canary,
+            "ModifyIndex": index,
+        }));
     }
     a
 }
@@ -167,7 +176,7 @@ impl Txn<'_> {
         for u in updates {
             nodes.insert(u.node_id.clone());
             let Some(stored) = self.state.allocs.get(u.id.as_str()) else { continue };
-            let mut a = merge_client_fields(stored, u);
+            let mut a = merge_client_fields(stored, u, index);
             a.modify_index = index;
             a.modify_time = now_ns;
             jobs.insert(NamespacedId::new(&a.namespace, &a.job_id));

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use nomad_proto::deployment::{alloc_health, alloc_health_time, status};
+use nomad_proto::deployment::{alloc_health, alloc_health_time, alloc_is_canary, description, status};
 use nomad_proto::{Allocation, Deployment, DeploymentStatusUpdate, NamespacedId, Timestamp};
 
 use super::{Key, State, Table, Txn, TxnError, Watch};
@@ -110,7 +110,7 @@ impl Txn<'_> {
             if g.require_progress_by.is_zero() && g.progress_deadline > 0 {
                 g.require_progress_by = Timestamp::from_unix_nanos(new.modify_time.saturating_add(g.progress_deadline));
             }
-            if new.deployment_status.as_ref().and_then(|s| s.get("Canary")).and_then(|c| c.as_bool()) == Some(true) {
+            if alloc_is_canary(new) {
                 g.placed_canaries.push(new.id.clone());
             }
         }
@@ -137,6 +137,64 @@ impl Txn<'_> {
             d.modify_index = self.index;
             self.put_deployment(d);
         }
+    }
+
+    /// Promotes the canaries of every group (`all`) or of the named ones (Nomad's
+    /// `UpdateDeploymentPromotion`): each group must have as many healthy canaries as it asked
+    /// for; its canaries stop being canaries and its progress deadline starts again from `now`.
+    pub fn promote_deployment(&mut self, id: &str, all: bool, groups: &[String], now: Timestamp) -> Result<(), TxnError> {
+        let Some(d) = self.state.deployments.get(id).cloned() else {
+            return Err(TxnError(format!("Deployment ID {id:?} couldn't be updated as it does not exist")));
+        };
+        if !d.active() {
+            return Err(TxnError(format!("Deployment {id:?} has terminal status {:?}:", d.status)));
+        }
+        let chosen = |g: &str| all || groups.iter().any(|x| x == g);
+        let mut healthy: std::collections::BTreeMap<&str, i64> = std::collections::BTreeMap::new();
+        let mut promotable = Vec::new();
+        for (group, g) in d.task_groups.iter().filter(|(name, _)| chosen(name)) {
+            for a in g.placed_canaries.iter().filter_map(|c| self.state.allocs.get(c.as_str())) {
+                if !a.terminal() && alloc_health(a) == Some(true) {
+                    *healthy.entry(group.as_str()).or_default() += 1;
+                    promotable.push(a.clone());
+                }
+            }
+        }
+        let short: Vec<String> = d
+            .task_groups
+            .iter()
+            .filter(|(name, g)| chosen(name) && g.desired_canaries > 0)
+            .filter_map(|(name, g)| {
+                let have = healthy.get(name.as_str()).copied().unwrap_or(0);
+                (have < g.desired_canaries).then(|| format!("Task group {name:?} has {have}/{} healthy allocations", g.desired_canaries))
+            })
+            .collect();
+        if !short.is_empty() {
+            return Err(TxnError(short.join("; ")));
+        }
+        let mut d = (*d).clone();
+        for (_, g) in d.task_groups.iter_mut().filter(|(name, _)| chosen(name)) {
+            if g.progress_deadline > 0 && !g.require_progress_by.is_zero() {
+                g.require_progress_by = Timestamp::from_unix_nanos(now.unix_nanos().saturating_add(g.progress_deadline));
+            }
+            g.promoted = true;
+        }
+        if d.status == status::RUNNING && !d.requires_promotion() {
+            d.status_description = description::RUNNING.to_string();
+        }
+        d.modify_index = self.index;
+        self.put_deployment(d);
+        for a in promotable {
+            let mut a = (*a).clone();
+            if let Some(serde_json::Value::Object(m)) = a.deployment_status.as_mut() {
+                m.insert("Canary".into(), serde_json::Value::Bool(false));
+                m.insert("ModifyIndex".into(), self.index.into());
+            }
+            a.modify_index = self.index;
+            a.alloc_modify_index = self.index;
+            self.put_alloc(a);
+        }
+        Ok(())
     }
 
     /// Sets the health of a deployment's allocs by hand; each must be in the deployment.

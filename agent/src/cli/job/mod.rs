@@ -1,6 +1,7 @@
 //! `nomad-rs job ...`: run, status, stop, plan, inspect, validate, init, eval, history, revert,
-//! dispatch, periodic force, scale, scaling-events.
+//! dispatch, periodic force, scale, scaling-events, promote, deployments.
 
+pub mod deployments;
 pub mod dispatch;
 pub mod eval;
 pub mod history;
@@ -69,6 +70,10 @@ pub enum JobCommand {
     /// List a job's scaling events, newest first.
     #[command(name = "scaling-events")]
     ScalingEvents(scale::ScalingEventsArgs),
+    /// Promote the canaries of the job's newest deployment and follow the evaluation.
+    Promote(deployments::PromoteArgs),
+    /// List a job's deployments (`-latest`: the newest, in full).
+    Deployments(deployments::DeploymentsArgs),
 }
 
 /// Runs a job command.
@@ -88,6 +93,8 @@ pub async fn run(a: JobArgs) -> CmdResult {
         JobCommand::ScalingEvents(e) => scale::run_events(&a.api, e).await,
         JobCommand::Dispatch(d) => dispatch::run(&a.api, d).await,
         JobCommand::Periodic(p) => periodic::run(&a.api, p).await,
+        JobCommand::Promote(p) => deployments::promote(&a.api, p).await,
+        JobCommand::Deployments(d) => deployments::deployments(&a.api, d).await,
     }
 }
 

@@ -299,9 +299,14 @@ impl AllocRunner {
             tracing::warn!(alloc_id = %self.id, hook, error = %e, "alloc postrun hook failed");
         }
         self.on_change();
-        tokio::select! {
-            _ = self.destroy.cancelled() => {}
-            _ = self.ctx.shutdown.cancelled() => return,
+        // A verdict can still come (the health hook judging the failure that ended the
+        // alloc): it goes to the servers like any other change.
+        loop {
+            tokio::select! {
+                _ = self.changed.notified() => self.on_change(),
+                _ = self.destroy.cancelled() => break,
+                _ = self.ctx.shutdown.cancelled() => return,
+            }
         }
         self.hook_cancel.cancel();
         for (hook, e) in run_phase(&self.hooks, Phase::Destroy, &self.alloc(), &alloc_dir, &states) {

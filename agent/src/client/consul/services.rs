@@ -9,8 +9,9 @@
 //!   the two keeps its checks.
 //! - Name, tags, meta (plus `external-source = nomad`), address, port label, tagged addresses and
 //!   the check fields interpolated with the alloc's (or task's) environment, as Nomad's
-//!   `taskenv.InterpolateServices` does. `canary_tags`/`canary_meta` are not used: no alloc here
-//!   is a canary.
+//!   `taskenv.InterpolateServices` does; an unpromoted canary registers `canary_tags` and
+//!   `canary_meta` instead of `tags` and `meta` when the service has them. Promotion updates
+//!   the alloc, and the services hook registers it again with the ordinary ones.
 //! - Address and port from `address_mode` ([`get_address`]); checks default to the host address
 //!   unless the service has a custom address.
 //! - http, tcp and grpc checks are registered for Consul to run; script checks as TTL checks
@@ -28,7 +29,7 @@ use nomad_proto::{Allocation, Node, Task};
 
 use super::{ServiceAddress, ServiceCheck, ServiceRegistration};
 use crate::cli::format::go_duration;
-use crate::client::services::{Which, env_for, get_address, group_task_name, registration_id};
+use crate::client::services::{Which, env_for, get_address, group_task_name, registration_id, service_tags};
 use crate::client::taskrunner::interpolate::Interpolator;
 use connect::{ConnectParts, connect_parts};
 
@@ -147,7 +148,9 @@ fn registration(
             .map_err(|e| format!("invalid Consul Connect configuration: {e}"))?,
     };
 
-    let mut meta: BTreeMap<String, String> = s.meta.iter().map(|(k, v)| (k.clone(), interp.replace(v))).collect();
+    let canary = nomad_proto::deployment::alloc_is_canary(alloc);
+    let meta_src = if canary && !s.canary_meta.is_empty() { &s.canary_meta } else { &s.meta };
+    let mut meta: BTreeMap<String, String> = meta_src.iter().map(|(k, v)| (k.clone(), interp.replace(v))).collect();
     meta.insert("external-source".into(), "nomad".into());
     let mut tagged_addresses = BTreeMap::new();
     for (k, v) in &s.tagged_addresses {
@@ -166,7 +169,7 @@ fn registration(
         kind: connect.kind.to_string(),
         id,
         name: name.to_string(),
-        tags: s.tags.iter().map(|t| interp.replace(t)).collect(),
+        tags: service_tags(alloc, s).iter().map(|t| interp.replace(t)).collect(),
         port,
         address,
         tagged_addresses,

@@ -8,15 +8,24 @@
 //! new one: the client judges an alloc's health once, when it starts (a departure from Nomad,
 //! whose clients judge in-place updated allocs again).
 
+use nomad_proto::alloc::{ALLOC_LOST_DESC, ALLOC_MIGRATING_DESC, ALLOC_NOT_NEEDED_DESC};
 use nomad_proto::deployment::{alloc_health, description, status};
-use nomad_proto::{Allocation, Deployment, DeploymentState, DeploymentStatusUpdate, Job, TaskGroup};
+use nomad_proto::plan::DesiredUpdates;
+use nomad_proto::{Allocation, ClientStatus, Deployment, DeploymentState, DeploymentStatusUpdate, DesiredStatus, Job, TaskGroup};
 
-use super::Run;
-use crate::scheduler::alloc_sets::AllocSet;
+use super::{PlaceRequest, Run};
+use crate::scheduler::alloc_sets::{AllocSet, difference, filter_by_tainted};
+use crate::scheduler::names::NameIndex;
 
 /// The group has an update strategy that rolls out in a deployment.
 fn has_strategy(tg: &TaskGroup) -> bool {
     tg.update.as_ref().is_some_and(|u| u.max_parallel > 0)
+}
+
+/// The group wants more canaries for a destructive change (Nomad's `requiresCanaries`).
+pub(super) fn requires_canaries(tg: &TaskGroup, dstate: &DeploymentState, destructive: &AllocSet<'_>, canaries: &AllocSet<'_>) -> bool {
+    let wanted = tg.update.as_ref().map_or(0, |u| usize::try_from(u.canary.max(0)).unwrap_or(usize::MAX));
+    !destructive.is_empty() && canaries.len() < wanted && !dstate.promoted
 }
 
 impl<'a> Run<'a, '_, '_> {
@@ -35,16 +44,19 @@ impl<'a> Run<'a, '_, '_> {
                 if d.active() {
                     self.results.deployment_updates.push(cancel(description::STOPPED_JOB));
                 }
+                self.old_deployment = Some(d.clone());
             }
             Some(job) if job.stop => {
                 if d.active() {
                     self.results.deployment_updates.push(cancel(description::STOPPED_JOB));
                 }
+                self.old_deployment = Some(d.clone());
             }
             Some(job) if !d.is_for(job) => {
                 if d.active() {
                     self.results.deployment_updates.push(cancel(description::NEWER_JOB));
                 }
+                self.old_deployment = Some(d.clone());
             }
             Some(_) if d.status == status::SUCCESSFUL => {}
             Some(_) => self.deployment = Some(d.clone()),
@@ -54,21 +66,105 @@ impl<'a> Run<'a, '_, '_> {
         }
     }
 
+    /// The group's part of the current deployment, or a new one from its update strategy;
+    /// and whether the deployment has it already (Nomad's `initializeDeploymentState`).
+    pub(super) fn deployment_state(&self, tg: &TaskGroup) -> (DeploymentState, bool) {
+        if let Some(existing) = self.deployment.as_ref().and_then(|d| d.task_groups.get(&tg.name)) {
+            return (existing.clone(), true);
+        }
+        let state = match tg.update.as_ref().filter(|u| u.max_parallel > 0) {
+            Some(u) => DeploymentState {
+                auto_revert: u.auto_revert,
+                auto_promote: u.auto_promote,
+                progress_deadline: u.progress_deadline,
+                ..DeploymentState::default()
+            },
+            None => DeploymentState::default(),
+        };
+        (state, false)
+    }
+
+    /// Stops the unpromoted canaries of an older deployment or of a failed current one, and
+    /// canaries whose node is draining or gone (they are placed again, not migrated). Returns
+    /// the current deployment's canaries still in place, and the group's allocs without those
+    /// stopped (Nomad's `cancelUnneededCanaries`).
+    pub(super) fn cancel_unneeded_canaries(&mut self, all: &AllocSet<'a>, desired: &mut DesiredUpdates) -> (AllocSet<'a>, AllocSet<'a>) {
+        let unpromoted = |d: &Deployment| -> Vec<String> {
+            d.task_groups.values().filter(|g| !g.promoted).flat_map(|g| g.placed_canaries.iter().cloned()).collect()
+        };
+        let mut stop_ids = self.old_deployment.as_ref().map(unpromoted).unwrap_or_default();
+        if let Some(d) = self.deployment.as_ref().filter(|d| d.status == status::FAILED) {
+            stop_ids.extend(unpromoted(d));
+        }
+        let stop: AllocSet<'a> = from_keys(all, &stop_ids);
+        // Once stopped, a canary is history (stopping it in every eval would churn); a failed
+        // one the servers still want running is stopped too, or it would be rescheduled.
+        let live: AllocSet<'a> = stop.iter().filter(|(_, a)| a.desired_status == DesiredStatus::Run).map(|(k, v)| (*k, *v)).collect();
+        self.mark_stop(&live, None, ALLOC_NOT_NEEDED_DESC);
+        desired.stop += live.len() as u64;
+        let mut all = difference(all, &stop);
+
+        let Some(d) = &self.deployment else { return (AllocSet::new(), all) };
+        let ids: Vec<String> = d.task_groups.values().flat_map(|g| g.placed_canaries.iter().cloned()).collect();
+        let canaries = from_keys(&all, &ids);
+        let split = filter_by_tainted(&canaries, self.inputs.tainted, self.inputs.now);
+        // Not counted in the desired changes: they are part of the rollout, not a change to it.
+        self.mark_stop(&split.migrate, None, ALLOC_MIGRATING_DESC);
+        self.mark_stop(&split.lost, Some(ClientStatus::Lost), ALLOC_LOST_DESC);
+        all = difference(&difference(&all, &split.migrate), &split.lost);
+        (split.untainted, all)
+    }
+
+    /// Places the canaries the group still lacks, unless the deployment is paused or failed
+    /// (Nomad's `computeCanaries`).
+    pub(super) fn compute_canaries(
+        &mut self,
+        tg: &TaskGroup,
+        dstate: &mut DeploymentState,
+        destructive: &AllocSet<'a>,
+        canaries: &AllocSet<'a>,
+        desired: &mut DesiredUpdates,
+        names: &mut NameIndex,
+    ) {
+        let wanted = tg.update.as_ref().map_or(0, |u| u.canary.max(0));
+        dstate.desired_canaries = wanted;
+        if self.deployment_paused || self.deployment_failed {
+            return;
+        }
+        let missing = usize::try_from(wanted).unwrap_or(usize::MAX).saturating_sub(canaries.len());
+        desired.canary += missing as u64;
+        for name in names.next_canaries(missing, canaries.values().copied(), destructive.values().copied()) {
+            self.results.place.push(PlaceRequest {
+                name,
+                group: tg.name.clone(),
+                previous: None,
+                reschedule: false,
+                lost: false,
+                canary: true,
+                downgrade: false,
+            });
+        }
+    }
+
     /// How many destructive updates may go now: the group's count without an update strategy
     /// or pending changes; `max_parallel` without a deployment; in one, `max_parallel` less its
-    /// allocs whose health is not known, and none while one is unhealthy or the deployment is
-    /// paused or failed.
+    /// allocs whose health is not known, and none while one is unhealthy, the deployment is
+    /// paused or failed, or canaries wait for promotion.
     pub(super) fn under_provisioned_by(
         &self,
         tg: &TaskGroup,
         untainted: &AllocSet<'a>,
         destructive: &AllocSet<'a>,
         migrate: &AllocSet<'a>,
+        canarying: bool,
     ) -> usize {
         let count = usize::try_from(tg.count.max(0)).unwrap_or(usize::MAX);
         let Some(update) = tg.update.as_ref().filter(|u| u.max_parallel > 0) else { return count };
         if destructive.len() + migrate.len() == 0 {
             return count;
+        }
+        if canarying {
+            return 0;
         }
         let max_parallel = usize::try_from(update.max_parallel).unwrap_or(usize::MAX);
         let Some(d) = &self.deployment else { return max_parallel };
@@ -94,11 +190,11 @@ impl<'a> Run<'a, '_, '_> {
         job: &Job,
         tg: &TaskGroup,
         existing: bool,
-        desired_total: i64,
+        state: DeploymentState,
         all: &AllocSet<'a>,
         destructive: &AllocSet<'a>,
     ) {
-        if existing || !has_strategy(tg) || desired_total == 0 {
+        if existing || !has_strategy(tg) || state.desired_total == 0 {
             return;
         }
         let had_running = all
@@ -107,14 +203,6 @@ impl<'a> Run<'a, '_, '_> {
         if had_running && destructive.is_empty() {
             return;
         }
-        let update = tg.update.as_ref().expect("has_strategy");
-        let state = DeploymentState {
-            auto_revert: update.auto_revert,
-            auto_promote: update.auto_promote,
-            progress_deadline: update.progress_deadline,
-            desired_total,
-            ..DeploymentState::default()
-        };
         if self.deployment.is_none() {
             let d = Deployment::new(self.inputs.ids.next_id(), job, self.inputs.eval_priority);
             self.results.deployment_id = Some(d.id.clone());
@@ -126,6 +214,7 @@ impl<'a> Run<'a, '_, '_> {
         }
         if let Some(d) = self.results.deployment.as_mut() {
             d.task_groups.insert(tg.name.clone(), state);
+            d.status_description = d.running_description().to_string();
         }
     }
 
@@ -152,4 +241,9 @@ impl<'a> Run<'a, '_, '_> {
             });
         }
     }
+}
+
+/// The allocs of `set` with these IDs.
+fn from_keys<'a>(set: &AllocSet<'a>, ids: &[String]) -> AllocSet<'a> {
+    ids.iter().filter_map(|id| set.get_key_value(id.as_str()).map(|(k, v)| (*k, *v))).collect()
 }

@@ -94,6 +94,10 @@ struct Summary {
     deployment: Option<Deployment>,
     deployment_updates: Vec<(String, String, String)>,
     deployment_id: Option<String>,
+    /// Names placed as canaries.
+    canaries: Vec<String>,
+    /// Names placed with the previous alloc's (older) job version.
+    downgrades: Vec<String>,
 }
 
 impl Summary {
@@ -180,6 +184,8 @@ fn reconcile_full(
             .map(|u| (u.deployment_id.clone(), u.status.clone(), u.status_description.clone()))
             .collect(),
         deployment_id: res.deployment_id.clone(),
+        canaries: res.place.iter().filter(|p| p.canary).map(|p| p.name.clone()).collect(),
+        downgrades: res.place.iter().filter(|p| p.downgrade).map(|p| p.name.clone()).collect(),
     }
 }
 
@@ -356,6 +362,108 @@ fn a_deployment_succeeds_when_every_alloc_is_healthy_and_is_cancelled_by_a_newer
     stopped.stop = true;
     let s = reconcile_full(Some(&stopped), &allocs, &[], NOW, false, Some(&d));
     assert_eq!(s.deployment_updates, [("d1".to_string(), "cancelled".to_string(), "Cancelled because job is stopped".to_string())]);
+}
+
+// ---- canaries -----------------------------------------------------------------
+
+fn canary_job(auto_promote: bool) -> Arc<Job> {
+    job_with(3, |j| j.update = Some(UpdateStrategy { max_parallel: 1, canary: 1, auto_promote, ..UpdateStrategy::default_service() }))
+}
+
+/// `job`'s canary `c0` named `web.web[0]` in deployment `d`, health as given.
+fn canary(job: &Arc<Job>, d: &mut Deployment, healthy: Option<bool>) -> Allocation {
+    let mut c = alloc(job, 0, "n9", ClientStatus::Running);
+    c.id = "c0".into();
+    c.deployment_id = d.id.clone();
+    c.deployment_status = Some(serde_json::json!({ "Healthy": healthy, "Canary": !d.task_groups["web"].promoted }));
+    let g = d.task_groups.get_mut("web").unwrap();
+    g.placed_canaries = vec!["c0".into()];
+    g.healthy_allocs = i64::from(healthy == Some(true));
+    c
+}
+
+#[test]
+fn a_destructive_change_places_canaries_first_and_replaces_the_rest_only_after_promotion() {
+    let v1 = canary_job(false);
+    let v2 = bump(&v1, true);
+    let old = running(&v1, 3);
+
+    // First: one canary beside the three old allocs, under the name it will replace.
+    let s = reconcile(&v2, &old, &[]);
+    assert_eq!(s.canaries, ["web.web[0]"]);
+    assert!(s.destructive.is_empty() && s.stop.is_empty(), "{s:?}");
+    assert_eq!((s.desired["web"].canary, s.desired["web"].ignore), (1, 3));
+    let mut d = s.deployment.clone().expect("a deployment");
+    assert_eq!((d.task_groups["web"].desired_canaries, d.task_groups["web"].desired_total), (1, 3));
+    assert_eq!(d.status_description, "Deployment is running but requires manual promotion");
+
+    // Placed, then healthy: nothing more happens until it is promoted.
+    for health in [None, Some(true)] {
+        let mut allocs = old.clone();
+        allocs.push(canary(&v2, &mut d, health));
+        let s = reconcile_full(Some(&v2), &allocs, &[], NOW, false, Some(&d));
+        assert!(s.place.is_empty() && s.destructive.is_empty() && s.stop.is_empty(), "{health:?}: {s:?}");
+        assert!(s.deployment_updates.is_empty(), "not complete while it waits for promotion");
+    }
+
+    // Promoted: the old alloc under the canary's name stops, the rest roll max_parallel at a time.
+    d.task_groups.get_mut("web").unwrap().promoted = true;
+    let mut allocs = old.clone();
+    allocs.push(canary(&v2, &mut d, Some(true)));
+    let s = reconcile_full(Some(&v2), &allocs, &[], NOW, false, Some(&d));
+    assert_eq!(s.stop.iter().map(|s| (s.0.as_str(), s.2)).collect::<Vec<_>>(), [("a0-n0", "alloc not needed due to job update")]);
+    assert_eq!(s.destructive, [("web.web[1]".to_string(), "a1-n1".to_string())]);
+    assert!(s.canaries.is_empty());
+}
+
+#[test]
+fn auto_promote_is_said_in_the_description_of_the_new_deployment() {
+    let v1 = canary_job(true);
+    let s = reconcile(&bump(&v1, true), &running(&v1, 3), &[]);
+    assert_eq!(s.deployment.unwrap().status_description, "Deployment is running pending automatic promotion");
+}
+
+#[test]
+fn canaries_of_a_failed_or_replaced_deployment_are_stopped() {
+    let v1 = canary_job(false);
+    let v2 = bump(&v1, true);
+    let mut d = reconcile(&v2, &running(&v1, 3), &[]).deployment.unwrap();
+    let mut allocs = running(&v1, 3);
+    allocs.push(canary(&v2, &mut d, Some(false)));
+
+    d.status = "failed".into();
+    let s = reconcile_full(Some(&v2), &allocs, &[], NOW, false, Some(&d));
+    assert_eq!(s.stop_of("c0").map(|s| s.2), Some("alloc not needed due to job update"), "{s:?}");
+    assert!(s.place.is_empty() && s.destructive.is_empty(), "a failed deployment places nothing: {s:?}");
+
+    // A newer version while canarying: its canary goes, the new version places its own.
+    d.status = "running".into();
+    let v3 = bump(&v2, true);
+    let s = reconcile_full(Some(&v3), &allocs, &[], NOW, false, Some(&d));
+    assert_eq!(s.deployment_updates[0].2, "Cancelled due to newer version of job");
+    assert_eq!(s.stop_of("c0").map(|s| s.2), Some("alloc not needed due to job update"));
+    assert_eq!(s.canaries, ["web.web[0]"]);
+
+    // A canary whose task failed is stopped, not rescheduled; one already stopped is left be.
+    allocs.last_mut().unwrap().client_status = ClientStatus::Failed;
+    let s = reconcile_full(Some(&v3), &allocs, &[], NOW, false, Some(&d));
+    assert!(s.stop_of("c0").is_some() && s.followups.is_empty(), "{s:?}");
+    allocs.last_mut().unwrap().desired_status = nomad_proto::DesiredStatus::Stop;
+    let s = reconcile_full(Some(&v3), &allocs, &[], NOW, false, Some(&d));
+    assert!(s.stop_of("c0").is_none(), "{s:?}");
+}
+
+#[test]
+fn an_old_alloc_lost_while_canarying_is_replaced_with_its_own_version() {
+    let v1 = canary_job(false);
+    let v2 = bump(&v1, true);
+    let mut d = reconcile(&v2, &running(&v1, 3), &[]).deployment.unwrap();
+    let mut allocs = running(&v1, 3);
+    allocs.push(canary(&v2, &mut d, None));
+    let s = reconcile_full(Some(&v2), &allocs, &[node("n1", NodeStatus::Down)], NOW, false, Some(&d));
+    assert_eq!(s.stop_of("a1-n1").map(|s| s.1), Some(Some(ClientStatus::Lost)));
+    assert_eq!(s.downgrades, ["web.web[1]"], "{s:?}");
+    assert!(s.canaries.is_empty() && s.destructive.is_empty());
 }
 
 // ---- stop -------------------------------------------------------------------

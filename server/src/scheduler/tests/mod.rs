@@ -3,6 +3,7 @@
 
 mod bench;
 mod bounded;
+mod canary;
 mod csi;
 mod feasibility;
 mod generic;

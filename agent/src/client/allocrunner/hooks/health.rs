@@ -58,6 +58,8 @@ impl HealthConfig {
         let job = alloc.job.as_ref()?;
         let group = job.lookup_task_group(&alloc.task_group)?;
         let ns = |v: i64, default: u64| if v > 0 { Duration::from_nanos(v as u64) } else { Duration::from_secs(default) };
+        // `min_healthy_time = 0` in an update block means healthy as soon as running.
+        let at_least_zero = |v: i64, default: u64| if v >= 0 { Duration::from_nanos(v as u64) } else { Duration::from_secs(default) };
         if alloc.deployment_id.is_empty() {
             if job.job_type != nomad_proto::JobType::Service {
                 return None;
@@ -74,7 +76,7 @@ impl HealthConfig {
             return None;
         }
         Some(HealthConfig {
-            min_healthy_time: ns(update.map_or(0, |u| u.min_healthy_time), 10),
+            min_healthy_time: update.map_or(Duration::from_secs(10), |u| at_least_zero(u.min_healthy_time, 10)),
             healthy_deadline: ns(update.map_or(0, |u| u.healthy_deadline), 300),
             use_checks: uses_checks(update.map_or("", |u| u.health_check.as_str())),
         })
@@ -297,9 +299,23 @@ impl HealthHook {
                     }
                 };
                 let mut watcher_gone = false;
+                // The alloc can finish (postrun stops this watcher) before a look at the task
+                // failure that finished it: a failure seen last still decides the verdict.
+                let failed_at_end = |rx: &watch::Receiver<BTreeMap<String, TaskState>>| rx.borrow().values().any(|s| s.failed);
                 tokio::select! {
-                    _ = stop.cancelled() => return,
-                    changed = rx.changed() => if changed.is_err() { return },
+                    biased;
+                    changed = rx.changed() => if changed.is_err() {
+                        if failed_at_end(&rx) {
+                            report(deployment_status(false));
+                        }
+                        return;
+                    },
+                    _ = stop.cancelled() => {
+                        if failed_at_end(&rx) {
+                            report(deployment_status(false));
+                        }
+                        return;
+                    }
                     ok = polled => watcher_gone = !ok,
                     _ = tokio::time::sleep(NOMAD_CHECKS_POLL), if nomad.is_some() => {}
                     _ = tokio::time::sleep_until(recheck) => {}
@@ -405,6 +421,39 @@ mod tests {
         assert!(!consul_checks_pass(&expected, &statuses("passing", "passing", None)), "an ignored check must still be registered");
     }
 
+    /// A task failure that ends the alloc at once: postrun stops the watcher in the same
+    /// moment the failure arrives, and the verdict is still unhealthy (it was lost before, and
+    /// a deployment with `progress_deadline = 0` waited forever).
+    #[tokio::test]
+    async fn a_failure_that_ends_the_alloc_is_reported_though_postrun_stops_the_watcher() {
+        use crate::client::allocrunner::hooks::services::tests::{FakeRegistrar, env};
+        for _ in 0..20 {
+            let (tx, rx) = watch::channel(BTreeMap::from([("t".to_string(), state(task_state::PENDING, false))]));
+            let mut hook_env = env(rx, Arc::new(FakeRegistrar::default()));
+            let (verdict_tx, mut verdict) = watch::channel(None::<serde_json::Value>);
+            hook_env.deployment_status = Arc::new(move |v| {
+                verdict_tx.send_replace(Some(v));
+            });
+            let hook = HealthHook::new(hook_env);
+            let group = nomad_proto::TaskGroup {
+                name: "g".into(),
+                tasks: vec![nomad_proto::Task { name: "t".into(), ..Default::default() }],
+                update: Some(nomad_proto::job::UpdateStrategy::default_service()),
+                ..Default::default()
+            };
+            let job = nomad_proto::Job { job_type: nomad_proto::JobType::Service, task_groups: vec![group], ..Default::default() };
+            let alloc = Allocation { task_group: "g".into(), deployment_id: "d".into(), job: Some(Arc::new(job)), ..Default::default() };
+            let req = AllocHookRequest { alloc: &alloc, alloc_dir: std::path::Path::new("/nonexistent"), previous: None };
+            hook.prerun_now(&req).unwrap();
+            tokio::task::yield_now().await;
+            tx.send_replace(BTreeMap::from([("t".to_string(), state(task_state::DEAD, true))]));
+            PostrunHook::postrun(&hook, &req).unwrap();
+            let got =
+                tokio::time::timeout(Duration::from_secs(10), verdict.wait_for(Option::is_some)).await.expect("a verdict").unwrap().clone();
+            assert_eq!(got.unwrap()["Healthy"], false);
+        }
+    }
+
     #[test]
     fn deployments_use_update_settings_and_other_service_allocs_use_migrate() {
         let mut a = Allocation::default();
@@ -431,5 +480,9 @@ mod tests {
             Some(HealthConfig { min_healthy_time: Duration::from_secs(10), healthy_deadline: Duration::from_secs(300), use_checks: true }),
             "in a deployment: the update defaults"
         );
+        let mut g = group.clone();
+        g.update = Some(nomad_proto::job::UpdateStrategy { min_healthy_time: 0, ..nomad_proto::job::UpdateStrategy::default_service() });
+        a.job = Some(Arc::new(nomad_proto::Job { task_groups: vec![g], ..Default::default() }));
+        assert_eq!(HealthConfig::for_alloc(&a).map(|c| c.min_healthy_time), Some(Duration::ZERO), "min_healthy_time = 0 is kept");
     }
 }

@@ -125,7 +125,7 @@ fn id_name_tags_meta_and_flags() {
     assert_eq!(r.id, "_nomad-task-a1b2-group-front-web-api-http");
     assert_eq!(r.name, "web-api");
     assert_eq!(r.kind, "");
-    assert_eq!(r.tags, ["idx-3", "rack-r7"], "tags interpolated; canary_tags unused");
+    assert_eq!(r.tags, ["idx-3", "rack-r7"], "tags interpolated; canary_tags only for canaries");
     assert_eq!(r.meta, BTreeMap::from([("external-source".into(), "nomad".into()), ("version".into(), "3".into())]));
     assert!(r.enable_tag_override);
     assert!(r.checks.is_empty());
@@ -135,6 +135,27 @@ fn id_name_tags_meta_and_flags() {
     assert_eq!(json["ID"], "_nomad-task-a1b2-group-front-web-api-http");
     assert_eq!(json["Meta"]["external-source"], "nomad");
     assert!(json.get("Connect").is_none() && json.get("Proxy").is_none() && json.get("Kind").is_none());
+}
+
+#[test]
+fn an_unpromoted_canary_registers_its_canary_tags_and_meta() {
+    let mut s = svc("api", "http");
+    s.tags = vec!["live".into()];
+    s.canary_tags = vec!["canary-${NOMAD_ALLOC_INDEX}".into()];
+    s.meta = BTreeMap::from([("role".into(), "live".into())]);
+    s.canary_meta = BTreeMap::from([("role".into(), "canary".into())]);
+    let (mut alloc, node) = fixture(vec![s.clone()], vec![]);
+    alloc.deployment_status = Some(serde_json::json!({"Healthy": null, "Canary": true}));
+    let built = build_consul(&alloc, &node, "global", "", Which::All);
+    let r = built.registrations.values().next().unwrap();
+    assert_eq!(r.tags, ["canary-3"]);
+    assert_eq!(r.meta.get("role").map(String::as_str), Some("canary"));
+    // Promoted: the ordinary ones again, under the same service ID.
+    alloc.deployment_status = Some(serde_json::json!({"Healthy": true, "Canary": false}));
+    let promoted = build_consul(&alloc, &node, "global", "", Which::All);
+    let p = promoted.registrations.values().next().unwrap();
+    assert_eq!((p.id.as_str(), p.tags.as_slice()), (r.id.as_str(), ["live".to_string()].as_slice()));
+    assert_eq!(p.meta.get("role").map(String::as_str), Some("live"));
 }
 
 #[test]
