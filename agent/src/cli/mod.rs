@@ -29,6 +29,7 @@ pub mod prefix;
 pub mod root_keyring;
 pub mod server;
 pub mod service;
+pub mod snapshot;
 pub mod status;
 pub mod system;
 pub mod tables;

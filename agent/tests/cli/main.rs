@@ -11,5 +11,6 @@ mod examples;
 mod jobs;
 mod monitor;
 mod objects;
+mod snapshot;
 mod variables;
 mod volumes;

@@ -28,6 +28,7 @@ mod periodic;
 mod scaling;
 mod services;
 mod si_token;
+mod snapshot;
 
 use std::sync::Arc;
 
@@ -44,6 +45,7 @@ pub use job_plan::JobPlanResponse;
 pub use job_versions::{JobRevertRequest, JobVersionsResponse};
 pub use node_evals::{create_node_evals, should_create_node_eval};
 pub use scaling::{JobScaleRequest, job_scale_status};
+pub use snapshot::SavedSnapshot;
 
 use crate::consensus::Consensus;
 use crate::heartbeat::Heartbeater;

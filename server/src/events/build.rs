@@ -56,7 +56,9 @@ fn event_type(cmd: &Command) -> Option<&'static str> {
         // Nor stability marks (Nomad's `JobStabilityRequestType` has no events), nor
         // recomputed summaries (no summary topic).
         | Command::JobStability { .. }
-        | Command::ReconcileJobSummaries => return None,
+        | Command::ReconcileJobSummaries
+        // A restore replaces everything; subscribers see the new indexes on their next query.
+        | Command::SnapshotRestore { .. } => return None,
     })
 }
 

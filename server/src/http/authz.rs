@@ -232,6 +232,8 @@ pub const ROWS: &[Row] = &[
     row(Get, "/v1/agent/members", Node(false)),
     row(Get, "/v1/operator/raft/configuration", Management),
     row(Delete, "/v1/operator/raft/peer", Management),
+    row(Get, "/v1/operator/snapshot", Management),
+    row(Write, "/v1/operator/snapshot", Management),
     // The event stream: topics checked at subscription, each event by its own namespace.
     row(Get, "/v1/event/stream", EventStream),
     // Services.

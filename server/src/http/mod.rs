@@ -103,6 +103,7 @@ server_routes! {
     "/v1/regions" => agent::regions,
     "/v1/operator/raft/configuration" => operator::raft_configuration,
     "/v1/operator/raft/peer" => operator::raft_peer,
+    "/v1/operator/snapshot" => operator::snapshot,
     "/v1/event/stream" => events::stream,
     "/v1/services" => services::services,
     "/v1/service/{*rest}" => services::service_specific,
@@ -156,6 +157,8 @@ mod plan_tests;
 mod scaling_tests;
 #[cfg(test)]
 mod secret_tests;
+#[cfg(test)]
+mod snapshot_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -164,9 +164,14 @@ impl Leader {
         &self.blocked
     }
 
-    /// Follows leadership until the consensus handle goes away (or the task is dropped).
+    /// Follows leadership until the consensus handle goes away (or the task is dropped). When
+    /// the whole state is replaced while leading (an operator's snapshot restore), the term's
+    /// subsystems start over from the new state, as Nomad's leader re-asserts itself: the
+    /// broker's queue, blocked evals and heartbeat timers described the old one.
     pub async fn run(self: Arc<Self>) {
         let mut leadership = self.deps.consensus.leadership();
+        let mut restores = self.deps.store.restores();
+        restores.borrow_and_update();
         let mut term: Option<Term> = None;
         loop {
             let leading = *leadership.borrow_and_update();
@@ -175,9 +180,19 @@ impl Leader {
                 (false, true) => self.revoke(term.take()),
                 _ => {}
             }
-            if leadership.changed().await.is_err() {
-                self.revoke(term.take());
-                return;
+            tokio::select! {
+                changed = leadership.changed() => {
+                    if changed.is_err() {
+                        self.revoke(term.take());
+                        return;
+                    }
+                }
+                Ok(()) = restores.changed() => {
+                    if term.is_some() {
+                        tracing::info!("the state was restored from a snapshot: restarting the leader's subsystems on it");
+                        self.revoke(term.take());
+                    }
+                }
             }
         }
     }

@@ -205,6 +205,13 @@ impl State {
         self.table_index[t.slot()]
     }
 
+    /// Stamps the state and every table with `index`: a state restored by an operator at that
+    /// Raft index, so every reader sees it as newer than anything it saw before.
+    pub fn stamp_all(&mut self, index: u64) {
+        self.index = index;
+        self.table_index = [index; TABLES];
+    }
+
     /// The highest index among `tables`.
     pub fn max_index(&self, tables: &[Table]) -> u64 {
         tables.iter().map(|t| self.table_index(*t)).max().unwrap_or(0)
@@ -326,6 +333,8 @@ pub struct StateStore {
     watchers: [watch::Sender<u64>; TABLES],
     /// Blocking queries, by what they wait on.
     waiters: Arc<waiters::Registry>,
+    /// How many times the whole state was replaced ([`StateStore::restore`]).
+    restores: watch::Sender<u64>,
 }
 
 impl Default for StateStore {
@@ -343,7 +352,12 @@ impl std::fmt::Debug for StateStore {
 impl StateStore {
     /// An empty store with the `default` namespace.
     pub fn new() -> StateStore {
-        StateStore { current: RwLock::new(State::new()), watchers: std::array::from_fn(|_| watch::channel(0).0), waiters: Arc::default() }
+        StateStore {
+            current: RwLock::new(State::new()),
+            watchers: std::array::from_fn(|_| watch::channel(0).0),
+            waiters: Arc::default(),
+            restores: watch::channel(0).0,
+        }
     }
 
     /// The state now. O(1); later writes do not change it.
@@ -399,6 +413,14 @@ impl StateStore {
             self.watchers[t.slot()].send_replace(indexes[t.slot()]);
         }
         self.waiters.wake_all();
+        self.restores.send_modify(|n| *n += 1);
+    }
+
+    /// Changes each time the whole state is replaced (a snapshot installed or restored): the
+    /// leader's subsystems, which hold views of the state (queued evals, heartbeat timers),
+    /// start over from the new one.
+    pub fn restores(&self) -> watch::Receiver<u64> {
+        self.restores.subscribe()
     }
 
     /// Waits until one of `tables` has an index above `min_index`, or until `wait` passes.
