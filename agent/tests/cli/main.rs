@@ -7,6 +7,7 @@ mod support;
 
 mod acl;
 mod errors;
+mod eval_delete;
 mod examples;
 mod jobs;
 mod monitor;

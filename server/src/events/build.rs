@@ -57,6 +57,8 @@ fn event_type(cmd: &Command) -> Option<&'static str> {
         // recomputed summaries (no summary topic).
         | Command::JobStability { .. }
         | Command::ReconcileJobSummaries
+        // No operator topic in Nomad's stream.
+        | Command::SchedulerSetConfig { .. }
         // A restore replaces everything; subscribers see the new indexes on their next query.
         | Command::SnapshotRestore { .. } => return None,
     })

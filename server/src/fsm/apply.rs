@@ -258,6 +258,9 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnE
                 txn.complete_node_drain(&n.node_id, n.event.clone(), *now);
             }
         }
+        Command::SchedulerSetConfig { config, cas } => {
+            txn.set_scheduler_config(config, *cas);
+        }
         // Replaces the store rather than writing through a transaction (`ServerFsm::apply`).
         Command::SnapshotRestore { .. } => return Err(TxnError("a snapshot restore is not applied in a transaction".into())),
     }

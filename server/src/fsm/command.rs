@@ -346,6 +346,14 @@ pub enum Command {
         /// Server time.
         now: Timestamp,
     },
+    /// Write the scheduler configuration (`PUT /v1/operator/scheduler/configuration`); with
+    /// `cas`, only over the stored one whose `ModifyIndex` it is.
+    SchedulerSetConfig {
+        /// The configuration, checked by the endpoint.
+        config: crate::state::SchedulerConfiguration,
+        /// Check-and-set index.
+        cas: Option<u64>,
+    },
     /// Replace the whole state with an operator's snapshot (`PUT /v1/operator/snapshot`). It
     /// travels through the log like any write, so every server (and every replay) restores the
     /// same state at the same index.

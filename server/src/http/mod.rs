@@ -104,6 +104,7 @@ server_routes! {
     "/v1/operator/raft/configuration" => operator::raft_configuration,
     "/v1/operator/raft/peer" => operator::raft_peer,
     "/v1/operator/snapshot" => operator::snapshot,
+    "/v1/operator/scheduler/configuration" => operator::scheduler_configuration,
     "/v1/event/stream" => events::stream,
     "/v1/services" => services::services,
     "/v1/service/{*rest}" => services::service_specific,
@@ -147,6 +148,8 @@ pub const NOT_FOUND_TEXT: &str = "404 page not found\n";
 mod csi_tests;
 #[cfg(test)]
 mod deployment_tests;
+#[cfg(test)]
+mod eval_delete_tests;
 #[cfg(test)]
 mod forward_tests;
 #[cfg(test)]

@@ -5,6 +5,9 @@
 //!
 //! `/v1/operator/snapshot`: GET saves the state as an archive (`crate::snapshot`), PUT/POST
 //! restores one through Raft (`nomad operator snapshot save|restore`).
+//!
+//! `/v1/operator/scheduler/configuration`: the scheduler configuration (`PauseEvalBroker`
+//! honoured, see `crate::state::SchedulerConfiguration`).
 
 use axum::body::Body;
 use axum::extract::State;
@@ -98,6 +101,42 @@ pub async fn snapshot(State(s): State<HttpState>, method: Method, uri: Uri, body
         let mut response = Response::new(Body::empty());
         set_meta(response.headers_mut(), s.meta(index));
         Ok(response)
+    })
+    .await
+}
+
+/// `GET /v1/operator/scheduler/configuration` (operator read) answers
+/// `{SchedulerConfig, Index, KnownLeader, LastContact}`; `PUT|POST` (operator write) writes the
+/// configuration in the body, with `?cas=<ModifyIndex>` only over that one, and answers
+/// `{Updated, Index}`.
+pub async fn scheduler_configuration(State(s): State<HttpState>, method: Method, uri: Uri, body: Body) -> Response {
+    super::respond(async {
+        require_method(&method, &[Method::GET, Method::PUT, Method::POST])?;
+        let q = QueryOptions::parse(&uri)?;
+        if method == Method::GET {
+            let state = s.endpoints.store().snapshot();
+            let index = state.table_index(crate::state::Table::SchedulerConfig).max(1);
+            let meta = s.meta(index);
+            let reply = json!({
+                "SchedulerConfig": state.scheduler_config(),
+                "Index": index,
+                "KnownLeader": meta.known_leader,
+                "LastContact": 0,
+            });
+            return json_response(&reply, Some(meta), q.pretty);
+        }
+        let body = read_body(body).await?;
+        if body.iter().all(u8::is_ascii_whitespace) {
+            return Err(HttpError::bad_request("Error parsing scheduler config: Request body is empty"));
+        }
+        let config: crate::state::SchedulerConfiguration =
+            nomad_proto::lenient::from_slice(&body).map_err(|e| HttpError::bad_request(format!("Error parsing scheduler config: {e}")))?;
+        let cas = match q.params.get("cas") {
+            None => None,
+            Some(v) => Some(v.parse::<u64>().map_err(|e| HttpError::bad_request(format!("Error parsing cas value: {e}")))?),
+        };
+        let (updated, index) = s.endpoints.set_scheduler_config(config, cas).await?;
+        json_response(&json!({ "Updated": updated, "Index": index }), Some(s.meta(index)), q.pretty)
     })
     .await
 }

@@ -28,6 +28,7 @@ mod node_load;
 mod nodes;
 mod persist;
 mod scaling;
+mod scheduler_config;
 mod services;
 mod si_accessors;
 mod variables;
@@ -45,6 +46,7 @@ use tokio::sync::watch;
 pub use csi_volumes::CsiVolumeView;
 pub use job_versions::{JOB_TRACKED_VERSIONS, PeriodicLaunch};
 pub use jobs::job_status;
+pub use scheduler_config::{PreemptionConfig, SCHEDULER_ALGORITHM_BINPACK, SchedulerConfigError, SchedulerConfiguration};
 pub use si_accessors::{ClusterMetadata, SiTokenAccessor};
 pub use variables::{CAS_CONFLICT, VarOp};
 pub use waiters::Watch;
@@ -98,10 +100,12 @@ pub enum Table {
     ScalingPolicies,
     /// Jobs' scaling events.
     ScalingEvents,
+    /// The scheduler configuration.
+    SchedulerConfig,
 }
 
 /// Number of tables.
-const TABLES: usize = 20;
+const TABLES: usize = 21;
 
 impl Table {
     /// Every table.
@@ -126,6 +130,7 @@ impl Table {
         Table::Deployments,
         Table::ScalingPolicies,
         Table::ScalingEvents,
+        Table::SchedulerConfig,
     ];
 
     fn slot(self) -> usize {
@@ -187,6 +192,8 @@ pub struct State {
     variables: OrdMap<NamespacedId, Arc<crate::keyring::EncryptedVariable>>,
     /// Keyring root keys (wrapped), by KeyID.
     root_keys: OrdMap<String, Arc<crate::keyring::StoredRootKey>>,
+    /// The scheduler configuration, once written.
+    scheduler_config: Option<Arc<SchedulerConfiguration>>,
 }
 
 impl State {
