@@ -42,6 +42,10 @@ pub trait Consensus: Send + Sync + 'static {
     fn leader_rpc_addr(&self) -> Option<String>;
     /// RPC addresses of the voting servers.
     fn peers(&self) -> Vec<String>;
+    /// The current Raft term (0 where no Raft runs), recorded in operator snapshots.
+    fn raft_term(&self) -> u64 {
+        0
+    }
     /// Every server of the Raft configuration; empty where no Raft runs.
     fn raft_configuration(&self) -> Vec<crate::raft::RaftPeer> {
         Vec::new()
@@ -232,6 +236,10 @@ impl Consensus for RaftConsensus {
 
     fn raft_configuration(&self) -> Vec<crate::raft::RaftPeer> {
         self.raft.configuration()
+    }
+
+    fn raft_term(&self) -> u64 {
+        self.raft.metrics().borrow().current_term
     }
 
     fn members(&self) -> BoxFuture<'_, Option<Vec<crate::raft::RaftMember>>> {

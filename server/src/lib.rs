@@ -23,6 +23,7 @@ pub mod rpc_tls;
 pub mod scheduler;
 pub mod server;
 pub mod sim;
+pub mod snapshot;
 pub mod state;
 #[cfg(test)]
 mod test_support;

@@ -413,7 +413,7 @@ impl Client {
         if let Some(t) = &self.config.token {
             req = req.header("X-Nomad-Token", t);
         }
-        if body.is_some() {
+        if body.is_some() && !q.headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("content-type")) {
             req = req.header(http::header::CONTENT_TYPE, "application/json");
         }
         for (name, value) in &q.headers {
@@ -528,6 +528,19 @@ impl Client {
     /// `DELETE path`.
     pub async fn delete<T: DeserializeOwned>(&self, path: &str, q: &Query) -> Result<Answer<T>, ApiError> {
         self.write(Method::DELETE, path, q, None::<&()>).await
+    }
+
+    /// `GET path`, the body as bytes, with the answer's headers (a snapshot archive).
+    pub async fn get_bytes(&self, path: &str, q: &Query) -> Result<(Bytes, http::HeaderMap), ApiError> {
+        let (bytes, headers, _url) = self.call(Method::GET, path, q, None).await?;
+        Ok((bytes, headers))
+    }
+
+    /// `PUT path` with `body` sent as it is (`application/octet-stream`); the answer's index.
+    pub async fn put_bytes(&self, path: &str, q: &Query, body: Vec<u8>) -> Result<u64, ApiError> {
+        let q = q.clone().header("Content-Type", "application/octet-stream");
+        let (_bytes, headers, _url) = self.call(Method::PUT, path, &q, Some(body)).await?;
+        Ok(index_of(&headers))
     }
 
     /// `GET path` whose body is read as a stream (task logs). A non-2xx answer is an error.

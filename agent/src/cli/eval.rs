@@ -1,4 +1,6 @@
-//! `nomad-rs eval status [-json] [-verbose] <id prefix>` and `nomad-rs eval list`.
+//! `nomad-rs eval status [-json] [-verbose] <id prefix>`, `nomad-rs eval list` and
+//! `nomad-rs eval delete [-filter <expr>] [-yes] [<id>]` (the eval broker must be paused first:
+//! `operator scheduler set-config -pause-eval-broker=true`).
 
 use clap::{Args, Subcommand};
 use nomad_proto::{AllocListStub, Evaluation};
@@ -25,6 +27,21 @@ pub enum EvalCommand {
     Status(StatusArgs),
     /// List evaluations (by job, status or filter expression; paged).
     List(ListArgs),
+    /// Delete evaluations by ID or filter expression (the eval broker must be paused).
+    Delete(DeleteArgs),
+}
+
+/// Flags of `eval delete`.
+#[derive(Debug, Args)]
+pub struct DeleteArgs {
+    /// Delete the evaluations this filter expression matches (asks first unless -yes).
+    #[arg(long)]
+    pub filter: Option<String>,
+    /// Delete without asking.
+    #[arg(long)]
+    pub yes: bool,
+    /// The evaluation's full ID.
+    pub ids: Vec<String>,
 }
 
 /// Flags of `eval list`.
@@ -78,6 +95,84 @@ pub async fn run(a: EvalArgs) -> CmdResult {
             let ctx = Ctx::new(&a.api)?;
             list(&ctx, l).await
         }
+        EvalCommand::Delete(d) => delete(&a.api, d).await,
+    }
+}
+
+/// Deletes evaluations as Nomad's `eval delete` does: one by ID (no question), or those a
+/// filter matches (after confirming their count unless `-yes`).
+async fn delete(api: &ApiFlags, args: DeleteArgs) -> CmdResult {
+    let filter = args.filter.clone().filter(|f| !f.is_empty());
+    let invalid = |e: String| Failure::new(format!("Error validating command args and flags: {e}"));
+    if filter.is_none() == args.ids.is_empty() {
+        return Err(invalid("evaluation ID or filter flag required".into()));
+    }
+    if args.ids.len() > 1 {
+        return Err(invalid(format!("expected 1 argument, got {}", args.ids.len())));
+    }
+    let ctx = Ctx::new(api)?;
+    let config = super::scheduler_config::current(&ctx).await?;
+    if config["PauseEvalBroker"].as_bool() != Some(true) {
+        eprintln!("Eval broker is not paused");
+        println!(
+            r#"To delete evaluations you must first pause the eval broker by running "nomad-rs operator scheduler set-config -pause-eval-broker=true""#
+        );
+        println!(
+            r#"After the deletion is complete, unpause the eval broker by running "nomad-rs operator scheduler set-config -pause-eval-broker=false""#
+        );
+        return Ok(exit::ERROR);
+    }
+    let (code, outcome) = match (args.ids.first(), filter) {
+        (Some(id), _) => delete_by_id(&ctx, id).await,
+        (None, Some(filter)) => delete_by_filter(&ctx, &filter, args.yes).await,
+        (None, None) => return Err(invalid("evaluation ID or filter flag required".into())),
+    };
+    match outcome {
+        Ok(n) if n > 0 => println!("Successfully deleted {n} {}", if n > 1 { "evaluations" } else { "evaluation" }),
+        Ok(_) => println!("No evaluations were deleted"),
+        Err(e) => eprintln!("Error deleting evaluations: {e}"),
+    }
+    Ok(code)
+}
+
+/// `DELETE /v1/evaluations` with `body`; the number deleted.
+async fn delete_request(ctx: &Ctx, body: serde_json::Value) -> Result<u64, String> {
+    let reply: serde_json::Value =
+        ctx.client.write(http::Method::DELETE, "/v1/evaluations", &Query::new(), Some(&body)).await.map_err(|e| e.to_string())?.value;
+    Ok(reply["Count"].as_u64().unwrap_or(0))
+}
+
+async fn delete_by_id(ctx: &Ctx, id: &str) -> (u8, Result<u64, String>) {
+    let found = ctx.client.get::<serde_json::Value>(&format!("/v1/evaluation/{}", encode_path(id)), &Query::new()).await;
+    if let Err(e) = found {
+        return (exit::ERROR, Err(e.to_string()));
+    }
+    match delete_request(ctx, serde_json::json!({ "EvalIDs": [id] })).await {
+        Ok(n) => (exit::OK, Ok(n)),
+        Err(e) => (exit::ERROR, Err(e)),
+    }
+}
+
+async fn delete_by_filter(ctx: &Ctx, filter: &str, yes: bool) -> (u8, Result<u64, String>) {
+    if !yes {
+        let matching = ctx.client.get::<Vec<serde_json::Value>>("/v1/evaluations", &Query::new().param("filter", filter)).await;
+        let count = match matching {
+            Ok(answer) => answer.value.len(),
+            Err(e) => return (exit::ERROR, Err(e.to_string())),
+        };
+        let question = format!("Are you sure you want to delete {count} evals? [y/N] ");
+        match super::ask_exact_yes(&question, "Cancelling eval deletion") {
+            Ok(None) => println!(),
+            Ok(Some(code)) => {
+                println!();
+                return (code, Ok(0));
+            }
+            Err(e) => return (exit::ERROR, Err(e.message)),
+        }
+    }
+    match delete_request(ctx, serde_json::json!({ "Filter": filter })).await {
+        Ok(n) => (exit::OK, Ok(n)),
+        Err(e) => (exit::ERROR, Err(e)),
     }
 }
 

@@ -27,8 +27,10 @@ pub mod operator;
 pub mod plugin;
 pub mod prefix;
 pub mod root_keyring;
+pub mod scheduler_config;
 pub mod server;
 pub mod service;
+pub mod snapshot;
 pub mod status;
 pub mod system;
 pub mod tables;
@@ -224,6 +226,42 @@ pub fn confirm(question: &str) -> Result<Option<bool>, Failure> {
     let mut answer = String::new();
     std::io::stdin().lock().read_line(&mut answer).map_err(|e| Failure::new(format!("Failed to read answer: {e}")))?;
     Ok(Some(matches!(answer.trim().to_lowercase().as_str(), "y" | "yes")))
+}
+
+/// Asks on stdout and reads one line from stdin (a terminal or a pipe, as Nomad's UI does); an
+/// input that ends before a line is an error.
+pub fn ask(question: &str) -> Result<String, Failure> {
+    print!("{question}");
+    let _ = std::io::stdout().flush();
+    let mut line = String::new();
+    let n = std::io::Read::take(std::io::stdin().lock(), 4096)
+        .read_line(&mut line)
+        .map_err(|e| Failure::new(format!("Failed to parse answer: {e}")))?;
+    if n == 0 {
+        return Err(Failure::new("Failed to parse answer: EOF"));
+    }
+    Ok(line.trim_end_matches(['\n', '\r']).to_string())
+}
+
+/// Nomad's confirmation: empty or "n..." prints `on_no` and ends with 0, an exact "y" goes on
+/// (`None`), "yes" and the like are not exact enough (0), anything else is an error (1).
+pub fn ask_exact_yes(question: &str, on_no: &str) -> Result<Option<u8>, Failure> {
+    let answer = ask(question)?;
+    Ok(match answer.as_str() {
+        "y" => None,
+        a if a.is_empty() || a.to_lowercase().starts_with('n') => {
+            println!("{on_no}");
+            Some(exit::OK)
+        }
+        a if a.to_lowercase().starts_with('y') => {
+            println!("For confirmation, an exact ‘y’ is required.");
+            Some(exit::OK)
+        }
+        _ => {
+            println!("No confirmation detected. For confirmation, an exact 'y' is required.");
+            Some(exit::ERROR)
+        }
+    })
 }
 
 /// What `version` and `-version` print.

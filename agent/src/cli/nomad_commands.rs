@@ -401,7 +401,7 @@ mod tests {
         assert_eq!(unimplemented_in(&args("nomad-rs job restart web")).as_deref(), Some("job restart"));
         assert_eq!(unimplemented_in(&args("nomad-rs job -namespace prod restart web")).as_deref(), Some("job restart"));
         assert_eq!(unimplemented_in(&args("nomad-rs -h quota apply q.hcl")).as_deref(), Some("quota apply"));
-        assert_eq!(unimplemented_in(&args("nomad-rs operator snapshot save x.snap")).as_deref(), Some("operator snapshot save"));
+        assert_eq!(unimplemented_in(&args("nomad-rs operator snapshot state x.snap")).as_deref(), Some("operator snapshot state"));
         assert_eq!(unimplemented_in(&args("nomad-rs operator raft info")).as_deref(), Some("operator raft info"));
         assert_eq!(unimplemented_in(&args("nomad-rs volume snapshot list")).as_deref(), Some("volume snapshot list"));
         assert_eq!(unimplemented_in(&args("nomad-rs volume -namespace x init")).as_deref(), Some("volume init"));

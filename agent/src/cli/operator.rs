@@ -2,7 +2,9 @@
 //! `nomad-rs operator raft remove-peer (-peer-id ID | -peer-address IP:PORT)`: the servers of the
 //! Raft configuration, and taking out one that is gone for good. `nomad-rs operator keygen`: a
 //! new cluster key for `server { encrypt }`. `nomad-rs operator root keyring ...`: see
-//! [`super::root_keyring`].
+//! [`super::root_keyring`]. `nomad-rs operator snapshot save|restore|inspect`: see
+//! [`super::snapshot`]. `nomad-rs operator scheduler get-config|set-config`: see
+//! [`super::scheduler_config`].
 
 use clap::{Args, Subcommand};
 use serde_json::Value;
@@ -33,6 +35,12 @@ pub enum OperatorCommand {
     /// The root keys that encrypt variables: list, rotate, remove.
     #[command(subcommand)]
     Root(super::root_keyring::RootCommand),
+    /// The scheduler configuration: get-config, set-config.
+    #[command(subcommand)]
+    Scheduler(super::scheduler_config::SchedulerCommand),
+    /// Snapshots of the servers' state: save, restore, inspect.
+    #[command(subcommand)]
+    Snapshot(super::snapshot::SnapshotCommand),
 }
 
 /// `operator raft` commands.
@@ -72,6 +80,8 @@ pub async fn run(a: OperatorArgs) -> CmdResult {
         }
         OperatorCommand::Raft(command) => command,
         OperatorCommand::Root(command) => return super::root_keyring::run(&Ctx::new(&a.api)?, command).await,
+        OperatorCommand::Snapshot(command) => return super::snapshot::run(|| Ctx::new(&a.api), command).await,
+        OperatorCommand::Scheduler(command) => return super::scheduler_config::run(&Ctx::new(&a.api)?, command).await,
     };
     let ctx = Ctx::new(&a.api)?;
     match command {

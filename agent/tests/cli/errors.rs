@@ -104,9 +104,9 @@ async fn a_nomad_command_nomad_rs_lacks_says_so_and_exits_1() {
         (&["quota", "apply", "quota.hcl"], "quota apply"),
         (&["acl", "auth-method", "list"], "acl auth-method list"),
         (&["volume", "snapshot", "list"], "volume snapshot list"),
-        (&["operator", "snapshot", "save", "backup.snap"], "operator snapshot save"),
+        (&["operator", "snapshot", "state", "backup.snap"], "operator snapshot state"),
         (&["deployment", "unblock", "d1"], "deployment unblock"),
-        (&["eval", "delete", "e1"], "eval delete"),
+        (&["operator", "autopilot", "get-config"], "operator autopilot get-config"),
     ] {
         let run = nomad(args).await;
         run.expect_code(1);

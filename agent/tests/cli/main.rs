@@ -7,9 +7,11 @@ mod support;
 
 mod acl;
 mod errors;
+mod eval_delete;
 mod examples;
 mod jobs;
 mod monitor;
 mod objects;
+mod snapshot;
 mod variables;
 mod volumes;

@@ -15,6 +15,7 @@ mod dispatch;
 mod drain;
 mod eligibility;
 mod error;
+mod eval_delete;
 mod gc;
 mod identity;
 mod job;
@@ -28,6 +29,7 @@ mod periodic;
 mod scaling;
 mod services;
 mod si_token;
+mod snapshot;
 
 use std::sync::Arc;
 
@@ -38,12 +40,14 @@ pub use deployment::DeploymentUpdateResponse;
 pub use dispatch::{DISPATCH_PAYLOAD_SIZE_LIMIT, DispatchRequest, DispatchResponse};
 pub use drain::{DrainRequest, DrainSpec, NodeWriteResponse};
 pub use error::EndpointError;
+pub use eval_delete::{EvalSelection, MAX_UUIDS_PER_WRITE_REQUEST, eval_is_user_delete_safe};
 pub use gc::{GcConfig, GcCutoffs, GcReport, collect_garbage};
 pub use job::{JobDeregisterResponse, JobRegisterOptions, JobRegisterResponse, JobValidateResponse};
 pub use job_plan::JobPlanResponse;
 pub use job_versions::{JobRevertRequest, JobVersionsResponse};
 pub use node_evals::{create_node_evals, should_create_node_eval};
 pub use scaling::{JobScaleRequest, job_scale_status};
+pub use snapshot::SavedSnapshot;
 
 use crate::consensus::Consensus;
 use crate::heartbeat::Heartbeater;

@@ -57,7 +57,11 @@ fn event_type(cmd: &Command) -> Option<&'static str> {
         // Nor stability marks (Nomad's `JobStabilityRequestType` has no events), nor
         // recomputed summaries (no summary topic).
         | Command::JobStability { .. }
-        | Command::ReconcileJobSummaries => return None,
+        | Command::ReconcileJobSummaries
+        // No operator topic in Nomad's stream.
+        | Command::SchedulerSetConfig { .. }
+        // A restore replaces everything; subscribers see the new indexes on their next query.
+        | Command::SnapshotRestore { .. } => return None,
     })
 }
 

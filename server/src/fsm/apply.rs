@@ -34,8 +34,31 @@ impl ServerFsm {
     }
 }
 
+impl ServerFsm {
+    /// Applies an operator's restore at `index`: the restored state is stamped with `index`
+    /// (every table too), so each blocking query answers and every client pulls its allocs
+    /// anew, whatever indexes the snapshot was saved at.
+    fn restore_at(&self, index: u64, bytes: &[u8]) -> ApplyResult {
+        match State::from_bytes(bytes) {
+            Ok(mut state) => {
+                state.stamp_all(index);
+                self.store.restore(state);
+                ApplyResult::ok()
+            }
+            Err(e) => {
+                // Still record that this index was applied, so replays line up.
+                let _ = self.store.write(index, |_| Ok(()));
+                ApplyResult::err(e)
+            }
+        }
+    }
+}
+
 impl Fsm for ServerFsm {
     fn apply(&self, index: u64, mut cmd: Command) -> ApplyResult {
+        if let Command::SnapshotRestore { state } = &cmd {
+            return self.restore_at(index, state.0.as_bytes());
+        }
         // A plan's allocs move into the state rather than being copied out of the command.
         let plans = match &mut cmd {
             Command::PlanApply(plan) => Some(vec![std::mem::take(plan)]),
@@ -250,6 +273,11 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, cmd: &Command) -> Result<(), TxnE
                 txn.complete_node_drain(&n.node_id, n.event.clone(), *now);
             }
         }
+        Command::SchedulerSetConfig { config, cas } => {
+            txn.set_scheduler_config(config, *cas);
+        }
+        // Replaces the store rather than writing through a transaction (`ServerFsm::apply`).
+        Command::SnapshotRestore { .. } => return Err(TxnError("a snapshot restore is not applied in a transaction".into())),
     }
     for key in &jobs {
         txn.refresh_job_status(key);

@@ -363,6 +363,34 @@ pub enum Command {
         /// Server time.
         now: Timestamp,
     },
+    /// Write the scheduler configuration (`PUT /v1/operator/scheduler/configuration`); with
+    /// `cas`, only over the stored one whose `ModifyIndex` it is.
+    SchedulerSetConfig {
+        /// The configuration, checked by the endpoint.
+        config: crate::state::SchedulerConfiguration,
+        /// Check-and-set index.
+        cas: Option<u64>,
+    },
+    /// Replace the whole state with an operator's snapshot (`PUT /v1/operator/snapshot`). It
+    /// travels through the log like any write, so every server (and every replay) restores the
+    /// same state at the same index.
+    SnapshotRestore {
+        /// The state, as [`crate::state::State::to_bytes`] wrote it.
+        state: StateImage,
+    },
+}
+
+/// A whole state in its persisted form, carried by [`Command::SnapshotRestore`]. A JSON string
+/// (the persisted form is JSON text), so the log entry stays text; shown by its length, never
+/// printed whole.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct StateImage(pub String);
+
+impl std::fmt::Debug for StateImage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "StateImage({} bytes)", self.0.len())
+    }
 }
 
 /// One node whose drain is done.

@@ -10,7 +10,7 @@ mod command;
 pub use apply::ServerFsm;
 #[cfg(test)]
 pub(crate) use apply::apply_command;
-pub use command::{AllocStop, ApplyResult, Command, DrainComplete, PlanApply};
+pub use command::{AllocStop, ApplyResult, Command, DrainComplete, PlanApply, StateImage};
 
 /// What the Raft layer needs from the state machine.
 ///

@@ -199,6 +199,8 @@ pub const ROWS: &[Row] = &[
     row(Get, "/v1/allocation/:id/checks", Ns(&["read-job"], ALLOC)),
     row(Get, "/v1/allocation/*", Ns(&["read-job"], ALLOC)),
     row(Get, "/v1/evaluations", Ns(&["read-job"], Query)),
+    // Deleting evals alters the cluster's core state: management only, as Nomad.
+    row(Delete, "/v1/evaluations", Management),
     row(Get, "/v1/evaluation/*", Ns(&["read-job"], Resp)),
     // Nodes.
     row(Get, "/v1/nodes", Node(false)),
@@ -232,6 +234,10 @@ pub const ROWS: &[Row] = &[
     row(Get, "/v1/agent/members", Node(false)),
     row(Get, "/v1/operator/raft/configuration", Management),
     row(Delete, "/v1/operator/raft/peer", Management),
+    row(Get, "/v1/operator/snapshot", Management),
+    row(Write, "/v1/operator/snapshot", Management),
+    row(Get, "/v1/operator/scheduler/configuration", Operator(false)),
+    row(Write, "/v1/operator/scheduler/configuration", Operator(true)),
     // The event stream: topics checked at subscription, each event by its own namespace.
     row(Get, "/v1/event/stream", EventStream),
     // Services.

@@ -85,6 +85,17 @@ pub fn needs_leader(method: &Method, path: &str) -> bool {
     !read && !stateless
 }
 
+/// Reads only the leader answers: a snapshot save, unless the caller allows a stale one
+/// (`?stale`, Nomad's `AllowStale`), so a backup holds everything committed.
+pub fn read_needs_leader(method: &Method, uri: &axum::http::Uri) -> bool {
+    *method == Method::GET
+        && uri.path() == "/v1/operator/snapshot"
+        && !uri.query().unwrap_or_default().split('&').any(|pair| {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            key == "stale" && value != "false"
+        })
+}
+
 /// The follower half: passes requests that need the leader to it.
 pub struct LeaderForwarder {
     consensus: Arc<dyn Consensus>,
@@ -148,7 +159,7 @@ impl LeaderForwarder {
 /// The middleware on a server's API routes (see the module docs).
 pub async fn to_leader(State(forwarder): State<Arc<LeaderForwarder>>, request: Request, next: Next) -> Response {
     if request.extensions().get::<Forwarded>().is_some()
-        || !needs_leader(request.method(), request.uri().path())
+        || !(needs_leader(request.method(), request.uri().path()) || read_needs_leader(request.method(), request.uri()))
         || forwarder.consensus.is_leader()
     {
         return next.run(request).await;
@@ -272,6 +283,17 @@ mod tests {
         assert!(!needs_leader(&Method::GET, "/v1/jobs"));
         assert!(!needs_leader(&Method::PUT, "/v1/jobs/parse"));
         assert!(!needs_leader(&Method::PUT, "/v1/validate/job"));
+    }
+
+    #[test]
+    fn a_snapshot_save_is_the_leaders_unless_stale_is_allowed() {
+        let uri = |s: &str| s.parse::<axum::http::Uri>().unwrap();
+        assert!(read_needs_leader(&Method::GET, &uri("/v1/operator/snapshot")));
+        assert!(read_needs_leader(&Method::GET, &uri("/v1/operator/snapshot?stale=false")));
+        assert!(!read_needs_leader(&Method::GET, &uri("/v1/operator/snapshot?stale")));
+        assert!(!read_needs_leader(&Method::GET, &uri("/v1/operator/snapshot?region=global&stale=true")));
+        assert!(!read_needs_leader(&Method::GET, &uri("/v1/jobs")));
+        assert!(needs_leader(&Method::PUT, "/v1/operator/snapshot"), "a restore is a write");
     }
 
     #[test]

@@ -142,3 +142,48 @@ async fn a_forwarded_request_travels_one_hop_and_only_from_a_server() {
     assert!(cluster.servers[leader].store().snapshot().job("default", "hop").is_none(), "nothing written");
     cluster.shutdown().await;
 }
+
+async fn raw(router: &axum::Router, method: Method, path: &str, body: bytes::Bytes) -> (StatusCode, bytes::Bytes) {
+    let request = Request::builder().method(method).uri(path).body(Body::from(body)).unwrap();
+    let response = router.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    (status, axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap())
+}
+
+/// A snapshot saved and restored through followers: the save is the leader's (a stale one is
+/// the follower's own), and the restore is a Raft write every server applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_restore_through_a_follower_reaches_every_server() {
+    let cluster = start_cluster().await;
+    let leader = cluster.leader().await;
+    let follower = (leader + 1) % 3;
+    let other = (leader + 2) % 3;
+    let register = |id: &str| json!({ "Job": serde_json::to_value(job(id, 1)).unwrap() }).to_string();
+    assert_eq!(call(&cluster.routers[leader], Method::PUT, "/v1/jobs", register("kept"), "t").await.0, StatusCode::OK);
+
+    let (status, saved) = raw(&cluster.routers[follower], Method::GET, "/v1/operator/snapshot", bytes::Bytes::new()).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&saved));
+    let meta = crate::snapshot::read_archive(&saved).unwrap().meta;
+    assert!(meta.term > 0, "saved by the leader, in its term: {meta:?}");
+    let (status, stale) = raw(&cluster.routers[follower], Method::GET, "/v1/operator/snapshot?stale", bytes::Bytes::new()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(crate::snapshot::read_archive(&stale).is_ok());
+
+    assert_eq!(call(&cluster.routers[leader], Method::PUT, "/v1/jobs", register("dropped"), "t").await.0, StatusCode::OK);
+    let (status, body) = raw(&cluster.routers[other], Method::PUT, "/v1/operator/snapshot", saved).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let restored = cluster.servers.iter().all(|s| {
+            let snap = s.store().snapshot();
+            snap.job("default", "kept").is_some() && snap.job("default", "dropped").is_none()
+        });
+        if restored {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "every server holds the restored state");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cluster.shutdown().await;
+}

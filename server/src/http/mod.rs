@@ -103,6 +103,8 @@ server_routes! {
     "/v1/regions" => agent::regions,
     "/v1/operator/raft/configuration" => operator::raft_configuration,
     "/v1/operator/raft/peer" => operator::raft_peer,
+    "/v1/operator/snapshot" => operator::snapshot,
+    "/v1/operator/scheduler/configuration" => operator::scheduler_configuration,
     "/v1/event/stream" => events::stream,
     "/v1/services" => services::services,
     "/v1/service/{*rest}" => services::service_specific,
@@ -147,6 +149,8 @@ mod csi_tests;
 #[cfg(test)]
 mod deployment_tests;
 #[cfg(test)]
+mod eval_delete_tests;
+#[cfg(test)]
 mod forward_tests;
 #[cfg(test)]
 mod lifecycle_tests;
@@ -156,6 +160,8 @@ mod plan_tests;
 mod scaling_tests;
 #[cfg(test)]
 mod secret_tests;
+#[cfg(test)]
+mod snapshot_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

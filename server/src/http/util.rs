@@ -225,7 +225,8 @@ pub fn json_response<T: Serialize>(value: &T, meta: Option<QueryMeta>, pretty: b
     Ok(r)
 }
 
-fn set_meta(h: &mut HeaderMap, m: QueryMeta) {
+/// Sets Nomad's query meta headers (`X-Nomad-Index`, ...).
+pub fn set_meta(h: &mut HeaderMap, m: QueryMeta) {
     h.insert("x-nomad-index", HeaderValue::from(m.index));
     h.insert("x-nomad-knownleader", HeaderValue::from_static(if m.known_leader { "true" } else { "false" }));
     h.insert("x-nomad-lastcontact", HeaderValue::from_static("0"));

@@ -35,7 +35,7 @@ use crate::drainer::{ConsensusDrainWriter, DrainWriter, Drainer, DrainerConfig};
 use crate::heartbeat::{HeartbeatExpiry, Heartbeater};
 use crate::plan_apply::{PlanApplierConfig, spawn_plan_applier};
 use crate::scheduler::Scheduler;
-use crate::state::StateStore;
+use crate::state::{StateStore, Table};
 use crate::worker::{Worker, WorkerConfig};
 
 /// Ticks every `interval` (at least 1 ms), the first one interval from now; a late tick
@@ -164,9 +164,16 @@ impl Leader {
         &self.blocked
     }
 
-    /// Follows leadership until the consensus handle goes away (or the task is dropped).
+    /// Follows leadership until the consensus handle goes away (or the task is dropped). When
+    /// the whole state is replaced while leading (an operator's snapshot restore), the term's
+    /// subsystems start over from the new state, as Nomad's leader re-asserts itself: the
+    /// broker's queue, blocked evals and heartbeat timers described the old one.
     pub async fn run(self: Arc<Self>) {
         let mut leadership = self.deps.consensus.leadership();
+        let mut restores = self.deps.store.restores();
+        restores.borrow_and_update();
+        let config = self.deps.store.snapshot();
+        let (mut config_index, mut paused) = (config.table_index(Table::SchedulerConfig), config.scheduler_config().pause_eval_broker);
         let mut term: Option<Term> = None;
         loop {
             let leading = *leadership.borrow_and_update();
@@ -175,9 +182,31 @@ impl Leader {
                 (false, true) => self.revoke(term.take()),
                 _ => {}
             }
-            if leadership.changed().await.is_err() {
-                self.revoke(term.take());
-                return;
+            tokio::select! {
+                changed = leadership.changed() => {
+                    if changed.is_err() {
+                        self.revoke(term.take());
+                        return;
+                    }
+                }
+                Ok(()) = restores.changed() => {
+                    if term.is_some() {
+                        tracing::info!("the state was restored from a snapshot: restarting the leader's subsystems on it");
+                        self.revoke(term.take());
+                    }
+                }
+                // Pausing or resuming the eval broker (`PauseEvalBroker`) starts the term over
+                // with the broker off or on: resumed, it is filled from the state again.
+                () = self.deps.store.wait_for_change(&[Table::SchedulerConfig], config_index, std::time::Duration::from_secs(3600)) => {
+                    let config = self.deps.store.snapshot();
+                    config_index = config.table_index(Table::SchedulerConfig);
+                    let now_paused = config.scheduler_config().pause_eval_broker;
+                    if now_paused != paused && term.is_some() {
+                        tracing::info!(paused = now_paused, "eval broker status modified: restarting the leader's subsystems");
+                        self.revoke(term.take());
+                    }
+                    paused = now_paused;
+                }
             }
         }
     }
@@ -187,8 +216,14 @@ impl Leader {
             "leadership won: starting the eval broker, workers, plan applier, heartbeat timers, node drainer, CSI volume watcher and claim GC, periodic dispatcher, deployment watcher, SI token revoker"
         );
         let d = &self.deps;
-        self.broker.set_enabled(true);
-        self.blocked.set_enabled(true);
+        // A paused broker (Nomad's `PauseEvalBroker`) takes and schedules nothing: the workers
+        // and the loops that feed on it end at once; evals wait in the state.
+        let paused = d.store.snapshot().scheduler_config().pause_eval_broker;
+        if paused {
+            tracing::info!("the eval broker is paused by the scheduler configuration: no eval is scheduled until it is resumed");
+        }
+        self.broker.set_enabled(!paused);
+        self.blocked.set_enabled(!paused);
         let mut tasks = Vec::new();
 
         let (writer, writer_task) = EvalWriter::spawn(d.consensus.clone());

@@ -28,6 +28,7 @@ mod node_load;
 mod nodes;
 mod persist;
 mod scaling;
+mod scheduler_config;
 mod services;
 mod si_accessors;
 mod variables;
@@ -45,6 +46,7 @@ use tokio::sync::watch;
 pub use csi_volumes::CsiVolumeView;
 pub use job_versions::{JOB_TRACKED_VERSIONS, PeriodicLaunch};
 pub use jobs::job_status;
+pub use scheduler_config::{PreemptionConfig, SCHEDULER_ALGORITHM_BINPACK, SchedulerConfigError, SchedulerConfiguration};
 pub use si_accessors::{ClusterMetadata, SiTokenAccessor};
 pub use variables::{CAS_CONFLICT, VarOp};
 pub use waiters::Watch;
@@ -98,10 +100,12 @@ pub enum Table {
     ScalingPolicies,
     /// Jobs' scaling events.
     ScalingEvents,
+    /// The scheduler configuration.
+    SchedulerConfig,
 }
 
 /// Number of tables.
-const TABLES: usize = 20;
+const TABLES: usize = 21;
 
 impl Table {
     /// Every table.
@@ -126,6 +130,7 @@ impl Table {
         Table::Deployments,
         Table::ScalingPolicies,
         Table::ScalingEvents,
+        Table::SchedulerConfig,
     ];
 
     fn slot(self) -> usize {
@@ -187,6 +192,8 @@ pub struct State {
     variables: OrdMap<NamespacedId, Arc<crate::keyring::EncryptedVariable>>,
     /// Keyring root keys (wrapped), by KeyID.
     root_keys: OrdMap<String, Arc<crate::keyring::StoredRootKey>>,
+    /// The scheduler configuration, once written.
+    scheduler_config: Option<Arc<SchedulerConfiguration>>,
 }
 
 impl State {
@@ -203,6 +210,13 @@ impl State {
     /// The index of one table (the Raft index of its last change).
     pub fn table_index(&self, t: Table) -> u64 {
         self.table_index[t.slot()]
+    }
+
+    /// Stamps the state and every table with `index`: a state restored by an operator at that
+    /// Raft index, so every reader sees it as newer than anything it saw before.
+    pub fn stamp_all(&mut self, index: u64) {
+        self.index = index;
+        self.table_index = [index; TABLES];
     }
 
     /// The highest index among `tables`.
@@ -326,6 +340,8 @@ pub struct StateStore {
     watchers: [watch::Sender<u64>; TABLES],
     /// Blocking queries, by what they wait on.
     waiters: Arc<waiters::Registry>,
+    /// How many times the whole state was replaced ([`StateStore::restore`]).
+    restores: watch::Sender<u64>,
 }
 
 impl Default for StateStore {
@@ -343,7 +359,12 @@ impl std::fmt::Debug for StateStore {
 impl StateStore {
     /// An empty store with the `default` namespace.
     pub fn new() -> StateStore {
-        StateStore { current: RwLock::new(State::new()), watchers: std::array::from_fn(|_| watch::channel(0).0), waiters: Arc::default() }
+        StateStore {
+            current: RwLock::new(State::new()),
+            watchers: std::array::from_fn(|_| watch::channel(0).0),
+            waiters: Arc::default(),
+            restores: watch::channel(0).0,
+        }
     }
 
     /// The state now. O(1); later writes do not change it.
@@ -399,6 +420,14 @@ impl StateStore {
             self.watchers[t.slot()].send_replace(indexes[t.slot()]);
         }
         self.waiters.wake_all();
+        self.restores.send_modify(|n| *n += 1);
+    }
+
+    /// Changes each time the whole state is replaced (a snapshot installed or restored): the
+    /// leader's subsystems, which hold views of the state (queued evals, heartbeat timers),
+    /// start over from the new one.
+    pub fn restores(&self) -> watch::Receiver<u64> {
+        self.restores.subscribe()
     }
 
     /// Waits until one of `tables` has an index above `min_index`, or until `wait` passes.

@@ -42,6 +42,8 @@ struct Persisted {
     variables: Vec<Arc<crate::keyring::EncryptedVariable>>,
     #[serde(default)]
     root_keys: Vec<Arc<crate::keyring::StoredRootKey>>,
+    #[serde(default)]
+    scheduler_config: Option<Arc<super::SchedulerConfiguration>>,
     namespaces: Vec<Arc<Namespace>>,
     jobs: Vec<Arc<Job>>,
     /// Tracked versions other than the current ones (which `jobs` holds); snapshots from before
@@ -126,6 +128,7 @@ impl State {
             acl_bootstrap_index: self.acl_bootstrap_index,
             variables: self.variables.values().cloned().collect(),
             root_keys: self.root_keys.values().cloned().collect(),
+            scheduler_config: self.scheduler_config.clone(),
         };
         serde_json::to_vec(&p).map_err(|e| format!("encoding state snapshot: {e}"))
     }
@@ -225,6 +228,7 @@ impl State {
         for k in p.root_keys {
             s.root_keys.insert(k.meta.key_id.clone(), k);
         }
+        s.scheduler_config = p.scheduler_config;
         for (node, idx) in p.alloc_removed {
             s.alloc_removed.insert(node, idx);
         }

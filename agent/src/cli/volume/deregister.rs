@@ -1,8 +1,6 @@
 //! `nomad-rs volume deregister [-force] <id>`: `DELETE /v1/volume/csi/<id>?force=`
 //! (`command/volume_deregister.go`).
 
-use std::io::{BufRead, Read};
-
 use clap::Args;
 
 use crate::cli::api::ApiFlags;
@@ -31,19 +29,8 @@ pub async fn run(api: &ApiFlags, args: DeregisterArgs) -> CmdResult {
     let vol = super::resolve(&ctx, &args.id).await?;
     if args.force {
         let question = format!("Are you sure you want to force deregister volume \"{}\"? [y/N] ", safe(&vol.id));
-        match answer(&question)?.as_str() {
-            // As Nomad's: empty or "n..." cancels, "y" confirms, "yes" and the like are not exact enough.
-            "" => return cancelled(),
-            a if a.to_lowercase().starts_with('n') => return cancelled(),
-            "y" => {}
-            a if a.to_lowercase().starts_with('y') => {
-                println!("For confirmation, an exact ‘y’ is required.");
-                return Ok(exit::OK);
-            }
-            _ => {
-                println!("No confirmation detected. For confirmation, an exact 'y' is required.");
-                return Ok(exit::ERROR);
-            }
+        if let Some(code) = crate::cli::ask_exact_yes(&question, "Cancelling volume deregister")? {
+            return Ok(code);
         }
     }
     let q = super::in_namespace(&vol.namespace).param("force", args.force.to_string());
@@ -53,23 +40,4 @@ pub async fn run(api: &ApiFlags, args: DeregisterArgs) -> CmdResult {
         .map_err(|e| Failure::new(format!("Error deregistering volume: {e}")))?;
     println!("Successfully deregistered volume \"{}\"!", safe(&vol.id));
     Ok(exit::OK)
-}
-
-fn cancelled() -> CmdResult {
-    println!("Cancelling volume deregister");
-    Ok(exit::OK)
-}
-
-/// Asks on stdout and reads one line from stdin (a terminal or a pipe, as Nomad's UI does); an
-/// input that ends before a line is an error.
-fn answer(question: &str) -> Result<String, Failure> {
-    use std::io::Write;
-    print!("{question}");
-    let _ = std::io::stdout().flush();
-    let mut line = String::new();
-    let n = std::io::stdin().lock().take(4096).read_line(&mut line).map_err(|e| Failure::new(format!("Failed to parse answer: {e}")))?;
-    if n == 0 {
-        return Err(Failure::new("Failed to parse answer: EOF"));
-    }
-    Ok(line.trim_end_matches(['\n', '\r']).to_string())
 }
