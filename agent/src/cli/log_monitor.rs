@@ -105,7 +105,7 @@ mod tests {
         let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
         let stream = format!("{{\"Data\":\"{}\",\"FileEvent\":\"log\"}}{{}}{{\"Data\":\"{}\"}}", b64("one\n"), b64("two\n"));
         let cut = stream.len() - 5;
-        let (lines, used) = decode_frames(stream[..cut].as_bytes()).unwrap();
+        let (lines, used) = decode_frames(&stream.as_bytes()[..cut]).unwrap();
         assert_eq!(lines, b"one\n", "the heartbeat prints nothing, the cut frame waits");
         let rest = format!("{}{}", &stream[used..cut], &stream[cut..]);
         let (lines, used) = decode_frames(rest.as_bytes()).unwrap();

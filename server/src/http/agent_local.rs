@@ -121,7 +121,8 @@ async fn servers(State(local): State<Arc<AgentLocal>>, method: Method, uri: Uri)
             return Err(HttpError::bad_request(format!("too many server addresses: {} (at most {MAX_SERVER_ADDRESSES})", addrs.len())));
         }
         if let Some(long) = addrs.iter().find(|a| a.len() > MAX_ADDRESS_BYTES) {
-            return Err(HttpError::bad_request(format!("server address {:?}... is longer than {MAX_ADDRESS_BYTES} bytes", &long[..32])));
+            let start: String = long.chars().take(32).collect();
+            return Err(HttpError::bad_request(format!("server address {start:?}... is longer than {MAX_ADDRESS_BYTES} bytes")));
         }
         client.set_servers(addrs).await.map_err(HttpError::bad_request)?;
         Ok(StatusCode::OK.into_response())

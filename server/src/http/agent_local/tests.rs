@@ -77,6 +77,11 @@ async fn agent_servers_lists_and_replaces_the_clients_servers() {
     let many: String = (0..=MAX_SERVER_ADDRESSES).map(|i| format!("address=s{i}&")).collect();
     let (status, body) = call(&router, Method::PUT, &format!("/v1/agent/servers?{many}")).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    // Three-byte characters: cutting the echo at a byte count would split one.
+    let long = "%E2%82%AC".repeat(MAX_ADDRESS_BYTES);
+    let (status, body) = call(&router, Method::PUT, &format!("/v1/agent/servers?address={long}")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("is longer than"), "{body}");
     let (status, _) = call(&router, Method::DELETE, "/v1/agent/servers").await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
 }
