@@ -54,6 +54,11 @@ pub trait Consensus: Send + Sync + 'static {
     fn remove_raft_peer(&self, id: crate::raft::NodeId) -> BoxFuture<'_, Result<(), ApplyError>> {
         Box::pin(async move { Err(ApplyError::Refused(format!("cannot remove server {id}: this server does not run Raft"))) })
     }
+    /// `PUT /v1/agent/join`: how many of `addrs` this server is now in one cluster with, and
+    /// why not with the others.
+    fn join_servers(&self, addrs: Vec<String>) -> BoxFuture<'_, (usize, Vec<String>)> {
+        Box::pin(async move { (0, addrs.iter().map(|a| format!("Failed to join {a}: this server does not run Raft")).collect()) })
+    }
     /// Every server of the Raft configuration with whether it answers now; `None` where no
     /// Raft runs.
     fn members(&self) -> BoxFuture<'_, Option<Vec<crate::raft::RaftMember>>> {
@@ -244,6 +249,10 @@ impl Consensus for RaftConsensus {
 
     fn members(&self) -> BoxFuture<'_, Option<Vec<crate::raft::RaftMember>>> {
         Box::pin(async { Some(self.raft.members().await) })
+    }
+
+    fn join_servers(&self, addrs: Vec<String>) -> BoxFuture<'_, (usize, Vec<String>)> {
+        Box::pin(async move { self.raft.join_addresses(&addrs).await })
     }
 
     fn remove_raft_peer(&self, id: crate::raft::NodeId) -> BoxFuture<'_, Result<(), ApplyError>> {

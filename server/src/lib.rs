@@ -14,6 +14,8 @@ pub mod heartbeat;
 pub mod http;
 pub mod keyring;
 pub mod leader;
+pub mod log_hub;
+pub mod metrics;
 pub mod plan_apply;
 pub mod raft;
 pub mod rpc;

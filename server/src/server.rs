@@ -125,6 +125,10 @@ pub struct Server {
     rpc_addr: std::net::SocketAddr,
     peers: Peers,
     forward_service: ForwardService,
+    /// What `/v1/metrics` reads: the leader's broker, blocked evals and heartbeat timers.
+    broker: Arc<crate::broker::EvalBroker>,
+    blocked: Arc<crate::broker::BlockedEvals>,
+    heartbeats: Arc<Heartbeater>,
 }
 
 impl Server {
@@ -220,7 +224,7 @@ impl Server {
                 LeaderDeps {
                     store: store.clone(),
                     consensus: consensus.clone(),
-                    heartbeats,
+                    heartbeats: heartbeats.clone(),
                     heartbeat_expiry: Arc::new(endpoints.clone()),
                     scheduler,
                     volume_watch: Arc::new(endpoints.clone()),
@@ -231,8 +235,46 @@ impl Server {
             )
             .with_consul_acl(cfg.consul.acl.clone()),
         );
+        let (broker, blocked) = (leader.broker().clone(), leader.blocked().clone());
         let leader = tokio::spawn(leader.run());
-        Ok(Server { store, consensus, endpoints, tasks: vec![rpc, leader], rpc_addr, peers, forward_service })
+        Ok(Server { store, consensus, endpoints, tasks: vec![rpc, leader], rpc_addr, peers, forward_service, broker, blocked, heartbeats })
+    }
+
+    /// The server role's figures for `/v1/metrics`, under Nomad's names: Raft's last and
+    /// applied indexes, and on the leader the eval broker, blocked evals, heartbeat timers and
+    /// job statuses (a follower runs none of those, so it reports none).
+    pub fn metrics_source(&self) -> crate::metrics::MetricsSource {
+        let (raft, consensus, store) = (self.consensus.raft().clone(), self.consensus.clone(), self.store.clone());
+        let (broker, blocked, heartbeats) = (self.broker.clone(), self.blocked.clone(), self.heartbeats.clone());
+        Arc::new(move |m: &mut crate::metrics::MetricsSnapshot| {
+            let raft_metrics = raft.metrics().borrow().clone();
+            m.gauge("nomad.raft.lastIndex", raft_metrics.last_log_index.unwrap_or(0) as f64, &[]);
+            m.gauge("nomad.raft.appliedIndex", raft_metrics.last_applied.map_or(0, |l| l.index) as f64, &[]);
+            if !consensus.is_leader() {
+                return;
+            }
+            let b = broker.stats();
+            m.gauge("nomad.nomad.broker.total_ready", b.ready as f64, &[]);
+            m.gauge("nomad.nomad.broker.total_unacked", b.unacked as f64, &[]);
+            m.gauge("nomad.nomad.broker.total_pending", b.pending as f64, &[]);
+            m.gauge("nomad.nomad.broker.total_waiting", b.delayed as f64, &[]);
+            m.gauge("nomad.nomad.broker.total_cancelable", b.cancelable as f64, &[]);
+            let bl = blocked.stats();
+            m.gauge("nomad.nomad.blocked_evals.total_blocked", bl.captured as f64, &[]);
+            m.gauge("nomad.nomad.blocked_evals.total_escaped", bl.escaped as f64, &[]);
+            m.gauge("nomad.nomad.heartbeat.active", heartbeats.tracked() as f64, &[]);
+            let (mut pending, mut running, mut dead) = (0u64, 0u64, 0u64);
+            for job in store.snapshot().jobs() {
+                match job.status {
+                    nomad_proto::job::JobStatus::Pending => pending += 1,
+                    nomad_proto::job::JobStatus::Running => running += 1,
+                    nomad_proto::job::JobStatus::Dead => dead += 1,
+                }
+            }
+            m.gauge("nomad.nomad.job_status.pending", pending as f64, &[]);
+            m.gauge("nomad.nomad.job_status.running", running as f64, &[]);
+            m.gauge("nomad.nomad.job_status.dead", dead as f64, &[]);
+        })
     }
 
     /// The state store.

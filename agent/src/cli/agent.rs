@@ -265,19 +265,36 @@ pub async fn run(args: AgentArgs) -> Result<()> {
     router = router.merge(nomad_server::http::health::router(agent_health(server.as_ref(), client.as_ref())));
     let locator = server.as_ref().map(|s| Arc::new(StateLocator(s.store().clone())) as Arc<dyn AllocLocator>);
     let client_routes = crate::client::http::router(ClientHttp { client: client.clone(), locator, own_addr: cfg.advertise_http.clone() });
-    // The client routes pass the same authorization table as the server's (with a server here).
-    let client_routes = match &server {
+    // The agent's own routes pass the same authorization table as the server's (with a server here).
+    let authorized = |routes: axum::Router| match &server {
         Some(srv) => {
-            client_routes.route_layer(axum::middleware::from_fn_with_state(srv.endpoints().clone(), nomad_server::http::authz::authorize))
+            routes.route_layer(axum::middleware::from_fn_with_state(srv.endpoints().clone(), nomad_server::http::authz::authorize))
         }
         // A client-only agent resolves tokens through its servers and applies the same rows.
         None if cfg.acl.enabled => match &client_acl {
-            Some(acls) => client_routes.route_layer(axum::middleware::from_fn_with_state(acls.clone(), crate::client::acl::authorize)),
-            None => client_routes.route_layer(axum::middleware::from_fn(nomad_server::http::authz::refuse)),
+            Some(acls) => routes.route_layer(axum::middleware::from_fn_with_state(acls.clone(), crate::client::acl::authorize)),
+            None => routes.route_layer(axum::middleware::from_fn(nomad_server::http::authz::refuse)),
         },
-        None => client_routes,
+        None => routes,
     };
-    router = router.merge(client_routes);
+    router = router.merge(authorized(client_routes));
+    // The routes about this agent itself (`/v1/agent/servers`, `/v1/metrics`, `/v1/agent/monitor`,
+    // and on a client-only agent 501s for the servers' join and force-leave), authorized as the
+    // client routes are.
+    let mut metrics = vec![nomad_server::metrics::runtime_source()];
+    metrics.extend(server.as_ref().map(Server::metrics_source));
+    metrics.extend(client.as_ref().map(Client::metrics_source));
+    let local_routes = nomad_server::http::agent_local::router(nomad_server::http::agent_local::AgentLocal {
+        client_servers: client.clone().map(|c| Arc::new(c) as Arc<dyn nomad_server::http::agent_local::ClientServers>),
+        node_id: client.as_ref().map(|c| c.node_id().to_string()),
+        server_name: server.is_some().then(|| format!("{}.{}", cfg.name, cfg.region)),
+        server_role: server.is_some(),
+        metrics,
+        host: nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default(),
+        prometheus: cfg.prometheus_metrics,
+        logs: nomad_server::log_hub::LogHub::global().clone(),
+    });
+    router = router.merge(authorized(local_routes));
     let router = crate::client::http::with_alloc_checks_alias(router);
     if let Some(c) = &client {
         c.task_api().set_router(router.clone());

@@ -19,6 +19,7 @@ pub mod deployment;
 pub mod eval;
 pub mod format;
 pub mod job;
+pub mod log_monitor;
 pub mod monitor;
 pub mod namespace;
 pub mod node;
@@ -72,6 +73,8 @@ pub enum Command {
     Eval(eval::EvalArgs),
     /// Show the servers.
     Server(server::ServerArgs),
+    /// Stream the agent's log lines.
+    Monitor(log_monitor::MonitorArgs),
     /// Show Nomad-native service registrations.
     Service(service::ServiceArgs),
     /// Cluster operations: the servers' Raft configuration, the root keyring.
@@ -178,6 +181,7 @@ pub async fn run(command: Command) -> u8 {
         Command::Alloc(a) => alloc::run(a).await,
         Command::Eval(a) => eval::run(a).await,
         Command::Server(a) => server::run(a).await,
+        Command::Monitor(a) => log_monitor::run(a).await,
         Command::System(a) => system::run(a).await,
         Command::Namespace(a) => namespace::run(a).await,
         Command::Service(a) => service::run(a).await,

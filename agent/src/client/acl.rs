@@ -21,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use nomad_proto::Timestamp;
 use nomad_proto::rpc::NodeResolveTokenRequest;
 use nomad_server::acl::{Acl, Policy};
-use nomad_server::http::authz::{AllocFacts, decide, query_task, request_secret, row_for};
+use nomad_server::http::authz::{AllocFacts, Need, decide, query_task, request_secret, row_for};
 use nomad_server::http::util::HttpError;
 
 use super::Client;
@@ -112,6 +112,10 @@ impl ClientAcl {
 pub async fn authorize(State(acls): State<Arc<ClientAcl>>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
     let Some(row) = row_for(req.method(), &path) else { return denied() };
+    // Open routes (`/v1/metrics`) need no token, so no server is asked about one.
+    if row.need == Need::Public {
+        return next.run(req).await;
+    }
     let acl = match acls.resolve(&request_secret(req.headers())).await {
         Ok(acl) => acl,
         Err(Refused::Token(text)) => return HttpError { code: StatusCode::FORBIDDEN, message: text }.into_response(),

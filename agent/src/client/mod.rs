@@ -17,6 +17,7 @@
 //! servers' reconnect protocol sorts out the order) when a server answers again.
 
 pub mod acl;
+pub mod agent_api;
 pub mod allocrunner;
 pub mod artifact;
 pub mod base64;

@@ -78,7 +78,9 @@ struct List {
 
 /// The server list and cached connections.
 pub struct Servers {
-    configured: Vec<String>,
+    /// The servers given by the operator (config, `-servers`, `PUT /v1/agent/servers`): never
+    /// forgotten when replies name others.
+    configured: Mutex<Vec<String>>,
     list: Mutex<List>,
     channels: Mutex<HashMap<String, Channel>>,
     /// HTTP address of the server that last answered a node RPC.
@@ -96,7 +98,7 @@ impl Servers {
             }
         }
         Servers {
-            configured: addrs.clone(),
+            configured: Mutex::new(addrs.clone()),
             list: Mutex::new(List { addrs, current: 0 }),
             channels: Mutex::new(HashMap::new()),
             http: Mutex::new(None),
@@ -138,13 +140,29 @@ impl Servers {
         let current = l.addrs.get(l.current).cloned();
         let mut addrs: Vec<String> = Vec::new();
         let learned = servers.iter().map(|s| s.rpc_advertise_addr.as_str()).chain(std::iter::once(leader));
-        for a in learned.chain(self.configured.iter().map(String::as_str)) {
+        let configured = lock(&self.configured).clone();
+        for a in learned.chain(configured.iter().map(String::as_str)) {
             if !a.is_empty() && !addrs.iter().any(|x| x == a) {
                 addrs.push(a.to_string());
             }
         }
         l.current = current.and_then(|c| addrs.iter().position(|a| *a == c)).unwrap_or(0);
         l.addrs = addrs;
+    }
+
+    /// Replaces the whole list with `addrs` (`PUT /v1/agent/servers`, Nomad's `SetServers`):
+    /// they become the configured servers, the first is used next, and connections to servers
+    /// no longer listed are dropped. Servers named by later replies are learned again.
+    pub fn set_configured(&self, addrs: &[String]) {
+        let mut list: Vec<String> = Vec::new();
+        for a in addrs {
+            if !a.is_empty() && !list.contains(a) {
+                list.push(a.clone());
+            }
+        }
+        *lock(&self.configured) = list.clone();
+        lock(&self.channels).retain(|addr, _| list.contains(addr));
+        *lock(&self.list) = List { addrs: list, current: 0 };
     }
 
     /// Remembers the answering server's HTTP address (an agent forwards API requests there).
@@ -277,6 +295,22 @@ mod tests {
         assert_eq!(s.current().as_deref(), Some("a:1"), "the server in use stays in use");
         s.failed("a:1");
         assert_eq!(s.current().as_deref(), Some("d:1"));
+    }
+
+    #[test]
+    fn a_set_list_replaces_the_configured_and_learned_servers() {
+        let s = Servers::new(vec!["a:1".into(), "b:1".into()]);
+        s.learn("c:1", &[info("c:1")]);
+        s.failed("c:1");
+        s.set_configured(&["x:1".into(), "y:1".into(), "x:1".into()]);
+        assert_eq!(s.all(), ["x:1", "y:1"], "deduplicated, the old ones gone");
+        assert_eq!(s.current().as_deref(), Some("x:1"));
+        // Replies still teach servers, and the new configured ones are the ones kept.
+        s.learn("z:1", &[]);
+        assert_eq!(s.all(), ["z:1", "x:1", "y:1"]);
+        s.failed("z:1");
+        s.failed("x:1");
+        assert_eq!(s.current().as_deref(), Some("y:1"), "failover goes on over the new list");
     }
 
     #[test]

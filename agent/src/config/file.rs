@@ -73,7 +73,7 @@ pub struct FileConfig {
     pub plugin: Option<BTreeMap<String, PluginBlock>>,
     /// Accepted for compatibility; nomad-rs has no UI.
     pub ui: Option<Value>,
-    /// Accepted for compatibility; telemetry is not exported yet.
+    /// `telemetry {}`: only `prometheus_metrics` is read; the other keys are listed as unused.
     pub telemetry: Option<Value>,
     /// Consul: `consul {}` (see [`super::consul`]).
     pub consul: Option<super::consul::ConsulBlock>,

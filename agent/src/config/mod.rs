@@ -286,6 +286,30 @@ fn template_config(b: Option<&file::TemplateBlock>) -> Result<crate::client::tem
     Ok(c)
 }
 
+/// The keys of the `telemetry {}` blocks (one block is an object, several an array of them).
+fn telemetry_keys(telemetry: Option<&Value>) -> Vec<String> {
+    let blocks: Vec<&Value> = match telemetry {
+        Some(Value::Array(items)) => items.iter().collect(),
+        Some(v) => vec![v],
+        None => Vec::new(),
+    };
+    blocks.iter().filter_map(|b| b.as_object()).flat_map(|o| o.keys().cloned()).collect()
+}
+
+/// `telemetry { prometheus_metrics = true }`: the last block that sets it wins.
+fn telemetry_prometheus(telemetry: Option<&Value>) -> Result<Option<bool>, String> {
+    let blocks: Vec<&Value> = match telemetry {
+        Some(Value::Array(items)) => items.iter().collect(),
+        Some(v) => vec![v],
+        None => Vec::new(),
+    };
+    let mut set = None;
+    for v in blocks.iter().filter_map(|b| b.get("prometheus_metrics")) {
+        set = Some(v.as_bool().ok_or_else(|| format!("must be a boolean, got {v}"))?);
+    }
+    Ok(set)
+}
+
 /// What `f` sets that nomad-rs reads but does not act on (see [`AgentConfig::unused`]).
 fn unused_keys(f: &FileConfig) -> Vec<String> {
     let mut unused = Vec::new();
@@ -295,7 +319,9 @@ fn unused_keys(f: &FileConfig) -> Vec<String> {
         }
     };
     note(f.ui.is_some(), "ui", "nomad-rs has no web UI");
-    note(f.telemetry.is_some(), "telemetry", "metrics are not exported yet");
+    for key in telemetry_keys(f.telemetry.as_ref()).into_iter().filter(|k| k != "prometheus_metrics") {
+        note(true, &format!("telemetry.{key}"), "nomad-rs serves its metrics at /v1/metrics only (no sinks, no collection interval)");
+    }
     note(
         f.leave_on_interrupt.is_some(),
         "leave_on_interrupt",
@@ -411,6 +437,9 @@ pub struct AgentConfig {
     pub acl: acl::AclSettings,
     /// TLS (`tls {}`).
     pub tls: crate::tls::TlsSettings,
+    /// `telemetry { prometheus_metrics }`: `/v1/metrics?format=prometheus` is served (on in dev
+    /// mode, as Nomad's).
+    pub prometheus_metrics: bool,
     /// Keys the files set that nomad-rs accepts for compatibility but does not act on, each with
     /// why; the agent logs them at start so no setting is dropped without a word.
     pub unused: Vec<String>,
@@ -508,6 +537,8 @@ impl AgentConfig {
         let unused = unused_keys(&f);
         let invalid = |key: &str, message: String| ConfigError::Invalid { path: "agent configuration".into(), key: key.into(), message };
         let dev = flags.dev;
+        let prometheus_metrics =
+            telemetry_prometheus(f.telemetry.as_ref()).map_err(|e| invalid("telemetry.prometheus_metrics", e))?.unwrap_or(dev);
         let name = flags.node.clone().or(f.name).unwrap_or_else(hostname);
         let region = flags.region.clone().or(f.region).unwrap_or_else(|| "global".into());
         let datacenter = flags.dc.clone().or(f.datacenter).unwrap_or_else(|| "dc1".into());
@@ -749,6 +780,7 @@ impl AgentConfig {
             consul,
             acl,
             tls,
+            prometheus_metrics,
             unused,
             sources: flags.config.clone(),
         })
@@ -1003,8 +1035,23 @@ mod tests {
                    client {\n  gc_interval = \"1m\"\n}\n";
         let unused = resolve(src, dev).unwrap().unused;
         let keys: Vec<&str> = unused.iter().map(|u| u.split(':').next().unwrap()).collect();
-        assert_eq!(keys, vec!["telemetry", "leave_on_terminate", "ports.serf", "client.gc_interval"], "{unused:?}");
-        assert!(unused[0].ends_with("accepted for compatibility and not used: metrics are not exported yet"), "{unused:?}");
+        assert_eq!(keys, vec!["telemetry.collection_interval", "leave_on_terminate", "ports.serf", "client.gc_interval"], "{unused:?}");
+        assert!(
+            unused[0].ends_with("not used: nomad-rs serves its metrics at /v1/metrics only (no sinks, no collection interval)"),
+            "{unused:?}"
+        );
+    }
+
+    #[test]
+    fn prometheus_metrics_follow_the_telemetry_block_and_dev_mode() {
+        let dev = AgentFlags { dev: true, ..Default::default() };
+        assert!(resolve("", dev.clone()).unwrap().prometheus_metrics, "on in dev mode, as Nomad's");
+        assert!(!resolve("telemetry {\n  prometheus_metrics = false\n}\n", dev.clone()).unwrap().prometheus_metrics);
+        let on = resolve("telemetry {\n  prometheus_metrics = true\n}\n", dev.clone()).unwrap();
+        assert!(on.prometheus_metrics);
+        assert!(on.unused.is_empty(), "prometheus_metrics is used: {:?}", on.unused);
+        let err = resolve("telemetry {\n  prometheus_metrics = \"yes\"\n}\n", dev).unwrap_err().to_string();
+        assert!(err.contains("telemetry.prometheus_metrics") && err.contains("must be a boolean"), "{err}");
     }
 
     #[test]

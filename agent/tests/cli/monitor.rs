@@ -439,3 +439,41 @@ async fn node_status_reads_a_full_node_document() {
         .stdout_has("Allocated Resources")
         .stdout_has("a1a1a1a1  f00df00d  greeter     0        run      running");
 }
+
+/// `monitor`: the agent's log frames to stdout (heartbeats print nothing), with the level and
+/// format asked for; it ends when the agent ends the stream.
+#[tokio::test]
+async fn monitor_prints_the_agents_log_lines_at_the_level_asked() {
+    use base64::Engine as _;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let frames = format!(
+        "{{\"Data\":\"{}\",\"FileEvent\":\"log\"}}{{}}{{\"Data\":\"{}\",\"FileEvent\":\"log\"}}",
+        b64("2023-08-01T12:34:56.789Z [DEBUG] one\n"),
+        b64("{\"@level\":\"debug\",\"@message\":\"two\"}\n")
+    );
+    let router = Router::new().route(
+        "/v1/agent/monitor",
+        get(move || {
+            let frames = frames.clone();
+            async move { ([("content-type", "application/json")], frames) }
+        }),
+    );
+    let (router, log) = recorded(router);
+    let addr = serve(router).await;
+    let run = nomad(&["monitor", "-log-level", "debug", "-json", "-address", &addr]).await;
+    run.expect_code(0);
+    assert_eq!(run.stdout, "2023-08-01T12:34:56.789Z [DEBUG] one\n{\"@level\":\"debug\",\"@message\":\"two\"}\n");
+    let seen = find(&log, "GET", "/v1/agent/monitor").expect("the monitor was asked for");
+    assert!(seen.uri.contains("log_level=debug") && seen.uri.contains("log_json=true"), "{}", seen.uri);
+}
+
+#[tokio::test]
+async fn monitor_reports_the_agents_refusal() {
+    let router =
+        Router::new().route("/v1/agent/monitor", get(|| async { (axum::http::StatusCode::BAD_REQUEST, "Unknown log level: loud") }));
+    let addr = serve(router).await;
+    nomad(&["monitor", "-log-level", "loud", "-address", &addr])
+        .await
+        .expect_code(1)
+        .stderr_has("Error starting monitor: Unexpected response code: 400 (Unknown log level: loud)");
+}

@@ -1,6 +1,7 @@
 //! Client role tests, one binary: a real server (Raft in a temp dir) and a real client on a temp
 //! dir running raw_exec tasks under real executors.
 
+mod agent_servers;
 mod artifact;
 mod bad_input;
 mod cleanup;

@@ -148,6 +148,8 @@ pub const ROWS: &[Row] = &[
     row(Get, "/v1/status/peers", Public),
     row(Get, "/v1/regions", Public),
     row(Get, "/v1/agent/health", Public),
+    // Nomad 1.6 leaves its metrics open (`metrics_endpoint.go` checks no token).
+    row(Get, "/v1/metrics", Public),
     row(Write, "/v1/acl/bootstrap", Public),
     // ACL objects (handlers narrow reads to the caller's own).
     row(Get, "/v1/acl/policies", AnyToken),
@@ -232,6 +234,12 @@ pub const ROWS: &[Row] = &[
     // Agent and operator.
     row(Get, "/v1/agent/self", Agent(false)),
     row(Get, "/v1/agent/members", Node(false)),
+    row(Get, "/v1/agent/servers", Agent(false)),
+    row(Write, "/v1/agent/servers", Agent(true)),
+    // Nomad 1.6 checks no token on a join; a join changes the cluster, so agent write here.
+    row(Write, "/v1/agent/join", Agent(true)),
+    row(Write, "/v1/agent/force-leave", Agent(true)),
+    row(Get, "/v1/agent/monitor", Agent(false)),
     row(Get, "/v1/operator/raft/configuration", Management),
     row(Delete, "/v1/operator/raft/peer", Management),
     row(Get, "/v1/operator/snapshot", Management),

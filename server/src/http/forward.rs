@@ -77,12 +77,15 @@ pub struct ForwardedResponse {
 pub struct Forwarded;
 
 /// Whether a request must be answered by the leader: every write, and `Job.Plan` (a dry run of
-/// the scheduler on the leader's state). Parsing and validating a job need no state, and reads
+/// the scheduler on the leader's state). Parsing and validating a job need no state, a join is
+/// this server's own, and reads
 /// are answered from this server's state, as Nomad's `stale` reads are.
 pub fn needs_leader(method: &Method, path: &str) -> bool {
     let read = matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
     let stateless = path == "/v1/jobs/parse" || path.starts_with("/v1/validate/");
-    !read && !stateless
+    // A join is about this server (it may not be in a cluster yet, so have no leader).
+    let local = path == "/v1/agent/join";
+    !read && !stateless && !local
 }
 
 /// Reads only the leader answers: a snapshot save, unless the caller allows a stale one

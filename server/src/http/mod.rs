@@ -5,10 +5,13 @@
 //! shapes: JSON with `X-Nomad-Index`/`X-Nomad-KnownLeader`/`X-Nomad-LastContact`,
 //! plain-text errors with Nomad's status codes, 405 `Invalid method`, and Go's
 //! `404 page not found` for unknown paths. `health.rs` holds the agent-wide routes
-//! (`/v1/agent/health`, `/`, `/ui/`) the agent merges beside the server's and client's.
+//! (`/v1/agent/health`, `/`, `/ui/`) the agent merges beside the server's and client's;
+//! `agent_local.rs` the routes about the agent itself (`/v1/agent/servers`, `/v1/metrics`,
+//! `/v1/agent/monitor`), never forwarded.
 
 mod acl;
 mod agent;
+pub mod agent_local;
 mod allocs;
 pub mod authz;
 mod csi;
@@ -98,6 +101,8 @@ server_routes! {
     "/v1/namespace/{*rest}" => namespaces::namespace_specific,
     "/v1/agent/self" => agent::agent_self,
     "/v1/agent/members" => agent::agent_members,
+    "/v1/agent/join" => agent::agent_join,
+    "/v1/agent/force-leave" => agent::agent_force_leave,
     "/v1/status/leader" => agent::status_leader,
     "/v1/status/peers" => agent::status_peers,
     "/v1/regions" => agent::regions,

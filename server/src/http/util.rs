@@ -147,8 +147,12 @@ impl QueryOptions {
         match self.params.get(name) {
             None => Ok(default),
             Some(v) if v.is_empty() => Ok(default),
-            Some(v) => parse_bool(v)
-                .ok_or_else(|| HttpError::bad_request(format!("Failed to parse value of {name:?} ({v}) as a bool: invalid syntax"))),
+            Some(v) => parse_bool(v).ok_or_else(|| {
+                HttpError::bad_request(format!(
+                    "Failed to parse value of {name:?} ({v}) as a bool: strconv.ParseBool: parsing {}: invalid syntax",
+                    super::agent_local::go_quote(v)
+                ))
+            }),
         }
     }
 
@@ -337,7 +341,11 @@ mod tests {
         let o = q("a=True&b=0&c=yes").unwrap();
         assert!(o.bool("a", false).unwrap());
         assert!(!o.bool("b", true).unwrap());
-        assert!(o.bool("c", false).unwrap_err().message.contains("Failed to parse value of \"c\""));
+        assert_eq!(
+            o.bool("c", false).unwrap_err().message,
+            "Failed to parse value of \"c\" (yes) as a bool: strconv.ParseBool: parsing \"yes\": invalid syntax",
+            "Go's text, as Nomad's job deregister answers a bad `purge`"
+        );
         assert!(o.bool("missing", true).unwrap());
     }
 

@@ -123,6 +123,56 @@ pub(crate) async fn record_moved_address(shared: Arc<Shared>) {
     }
 }
 
+/// `PUT /v1/agent/join`: brings this server and the server at `addr` into one cluster through
+/// the membership path servers already use (there is no gossip pool to join):
+/// - this server is not in a cluster yet and `addr`'s is: this server asks to join it (as it
+///   does for its `server_join` addresses);
+/// - this server is in a cluster and `addr`'s server is not in one: the leader adds it;
+/// - both are in the same cluster already (or `addr` is this server): nothing to do.
+///
+/// Refused: two servers not yet in any cluster (they form one with `bootstrap_expect` and their
+/// join lists) and a server of another cluster (it would have to leave its own first).
+pub(crate) async fn join_via(shared: &Shared, addr: &str) -> Result<(), String> {
+    let mut client = shared.pool.client(addr).map_err(|e| format!("Failed to join {addr}: {e}"))?;
+    let info = match tokio::time::timeout(INFO_TIMEOUT, client.info(InfoRequest {})).await {
+        Ok(Ok(reply)) => reply.into_inner(),
+        Ok(Err(status)) => return Err(format!("Failed to join {addr}: {}", status.message())),
+        Err(_) => return Err(format!("Failed to join {addr}: no answer within {}s", INFO_TIMEOUT.as_secs())),
+    };
+    if info.node_id == shared.id {
+        return Ok(());
+    }
+    let initialized = shared.raft.is_initialized().await.map_err(|e| format!("Failed to join {addr}: {e}"))?;
+    if !initialized {
+        if !info.initialized {
+            return Err(format!(
+                "Failed to join {addr}: neither this server nor server {} is in a cluster yet; servers form one with bootstrap_expect and server_join (retry_join)",
+                info.node_id
+            ));
+        }
+        return request_join(shared, addr).await.map_err(|e| format!("Failed to join {addr}: {e}"));
+    }
+    let membership = shared.raft.metrics().borrow().membership_config.clone();
+    if membership.membership().get_node(&info.node_id).is_some() {
+        return Ok(());
+    }
+    if info.initialized {
+        return Err(format!(
+            "Failed to join {addr}: server {} belongs to another cluster; remove it there (operator raft remove-peer) and clear its data dir first",
+            info.node_id
+        ));
+    }
+    let request = JoinRequest { node_id: info.node_id, addr: info.addr.clone(), forwarded: false };
+    match tokio::time::timeout(shared.apply_timeout, shared.join(request)).await {
+        Ok(Ok(())) => {
+            tracing::info!(node_id = info.node_id, addr = %info.addr, "joined server to the raft cluster");
+            Ok(())
+        }
+        Ok(Err(refusal)) => Err(format!("Failed to join {addr}: {refusal}")),
+        Err(_) => Err(format!("Failed to join {addr}: timed out")),
+    }
+}
+
 /// One round of discovery. `Ok` when this server initialized or joined a cluster, else what it waits for.
 async fn step(shared: &Shared, expect: usize, join: &[String]) -> Result<(), String> {
     let (peers, refusals) = discover(shared, join).await;

@@ -407,6 +407,15 @@ impl RaftNode {
         }
     }
 
+    /// `PUT /v1/agent/join`: joins this server and each of `addrs` into one cluster where the
+    /// membership path allows it (see `bootstrap::join_via`); how many are joined, and why the
+    /// others are not.
+    pub async fn join_addresses(&self, addrs: &[String]) -> (usize, Vec<String>) {
+        let outcomes = futures::future::join_all(addrs.iter().map(|addr| super::bootstrap::join_via(&self.shared, addr))).await;
+        let joined = outcomes.iter().filter(|o| o.is_ok()).count();
+        (joined, outcomes.into_iter().filter_map(Result::err).collect())
+    }
+
     /// RPC addresses of the voting servers.
     pub fn peers(&self) -> Vec<String> {
         let membership = self.shared.raft.metrics().borrow().membership_config.clone();

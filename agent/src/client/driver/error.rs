@@ -67,8 +67,8 @@ pub enum DriverError {
         /// The handle's driver.
         found: String,
     },
-    /// A signal name that does not exist.
-    #[error("unknown signal {0:?}")]
+    /// A signal name that does not exist (consul-template's text, which Nomad's drivers give).
+    #[error("invalid signal {0:?} - valid signals are {names}", names = super::valid_signal_names())]
     UnknownSignal(String),
     /// Signalling the task failed.
     #[error("signal task: {0}")]

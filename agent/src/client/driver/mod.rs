@@ -368,6 +368,14 @@ impl DriverRegistry {
     }
 }
 
+/// The signal names accepted, sorted, as Go's `%q` prints a list (`["SIGABRT" "SIGALRM" ...]`).
+pub fn valid_signal_names() -> String {
+    let mut names: Vec<&str> = Signal::iterator().map(Signal::as_str).collect();
+    names.sort_unstable();
+    let quoted: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
+    format!("[{}]", quoted.join(" "))
+}
+
 /// The signal Nomad's `kill_signal` names (`SIGTERM`, `TERM`, `15`).
 pub fn signal_named(name: &str) -> Result<Signal, DriverError> {
     parse_signal(name).ok_or_else(|| DriverError::UnknownSignal(name.to_string()))

@@ -4,6 +4,8 @@
 //! own way (the process group, a container). Each task signalled gets a `Signaling` event with
 //! the signal in its details, as Nomad's. With no `Task`, every task of the alloc is signalled
 //! and the failures are reported together; a task that is not running is "Task not running".
+//! A signal name that does not exist is a 400 with the text Nomad's drivers give
+//! (`failed to parse signal: invalid signal "X" - valid signals are [...]`).
 
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -48,6 +50,10 @@ async fn serve(state: ClientHttp, alloc_id: String, req: Request<Body>) -> Resul
         Target::Local(r) => r,
         Target::Done(resp) => return Ok(resp),
     };
+    // A name no driver can deliver is the caller's mistake: 400 with the drivers' text.
+    if let Err(e) = signal_named(&args.signal) {
+        return Err(HttpError::bad_request(format!("failed to parse signal: {e}")));
+    }
     signal_alloc(&runner, &args.task, &args.signal)
         .await
         .map_err(|message| HttpError { code: StatusCode::INTERNAL_SERVER_ERROR, message })?;

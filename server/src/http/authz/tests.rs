@@ -43,9 +43,20 @@ const CLIENT_ROUTE_PATHS: &[&str] = &[
     "/v1/client/fs/stream/{alloc_id}",
 ];
 
+/// The agent-wide routes (`http/agent_local.rs`) the server's router does not serve.
+fn local_only() -> impl Iterator<Item = &'static str> {
+    crate::http::agent_local::LOCAL_ROUTE_PATHS.iter().copied().filter(|p| !crate::http::ROUTE_PATHS.contains(p))
+}
+
+fn local_served(path: &str) -> bool {
+    let path = path.split_once('?').map_or(path, |(p, _)| p);
+    local_only().any(|p| p == path)
+}
+
+/// The client routes and the agent-wide ones, each answering 200 behind the middleware.
 fn client_router(ts: &TestServer) -> Router {
     let mut r = Router::new();
-    for p in CLIENT_ROUTE_PATHS {
+    for p in CLIENT_ROUTE_PATHS.iter().copied().chain(local_only()) {
         r = r.route(p, any(|| async { "ok" }));
     }
     r.route_layer(axum::middleware::from_fn_with_state(ts.endpoints.clone(), super::authorize))
@@ -86,7 +97,7 @@ async fn send(ts: &TestServer, method: Method, path: &str, token: Option<&str>, 
         b = b.header("X-Nomad-Token", t);
     }
     // A guard, not a synchronisation: a handler that never answers fails the test instead of hanging it.
-    let router = if path.starts_with("/v1/client/") { client_router(ts) } else { ts.router() };
+    let router = if path.starts_with("/v1/client/") || local_served(path) { client_router(ts) } else { ts.router() };
     let resp = tokio::time::timeout(std::time::Duration::from_secs(30), router.oneshot(b.body(Body::from(body)).unwrap()))
         .await
         .expect("the router answers")
@@ -293,8 +304,8 @@ fn every_router_route_has_a_row() {
     ] {
         assert!(row_for(&m, path).is_some(), "{m} {path} has no row");
     }
-    // Every client route the agent serves has a row, with the method its handler takes.
-    for p in CLIENT_ROUTE_PATHS {
+    // Every client and agent-wide route the agent serves has a row, with the method its handler takes.
+    for p in CLIENT_ROUTE_PATHS.iter().chain(crate::http::agent_local::LOCAL_ROUTE_PATHS) {
         let sample = p.replace("{alloc_id}", "abc");
         let covered = [Method::GET, Method::PUT, Method::POST, Method::DELETE].iter().any(|m| row_for(m, &sample).is_some());
         assert!(covered, "client route {p} has no row in authz::ROWS");
@@ -302,7 +313,11 @@ fn every_router_route_has_a_row() {
     // Every row's pattern is served by some route (or is the agent's health route).
     for r in ROWS {
         let sample = r.pattern.replace(":name", "x").replace(":accessor", "x").replace(":id", "x").replace(":op", "ls").replace('*', "x");
-        assert!(served(&sample) || client_served(&sample) || sample == "/v1/agent/health", "row {} serves nothing", r.pattern);
+        assert!(
+            served(&sample) || client_served(&sample) || local_served(&sample) || sample == "/v1/agent/health",
+            "row {} serves nothing",
+            r.pattern
+        );
     }
     // Default deny: a method no row lists.
     assert!(row_for(&Method::PATCH, "/v1/jobs").is_none());
@@ -330,7 +345,7 @@ async fn table_walk_with_every_kind_of_caller() {
         for method in methods_of(row.method) {
             let path = sample_path(row.pattern, &mgmt.accessor_id, &method);
             let client = client_served(&path);
-            if !served(&path) && !client {
+            if !served(&path) && !client && !local_served(&path) {
                 continue;
             }
             for ns in ["default", "a"] {
