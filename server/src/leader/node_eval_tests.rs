@@ -123,7 +123,8 @@ async fn a_plain_heartbeat_writes_no_raft_entry_and_emits_no_event() {
     let task = leader(&ts);
     let n = node("n1");
     join(&ts, &n).await;
-    let before = eventually(&ts, "evals settled", settled).await;
+    // The new leader's own first write (the keyring's root key) lands too, whenever it comes.
+    let before = eventually(&ts, "evals settled and the root key written", |s| settled(s) && s.active_root_key().is_some()).await;
     let mut events = ts.endpoints.events().unwrap().subscribe(before.index + 1);
     for _ in 0..3 {
         assert_eq!(heartbeat(&ts, &n).await, 0, "no write index");
