@@ -413,6 +413,15 @@ fn validate_group(job: &Job, g: &TaskGroup) -> Vec<String> {
         if v.source.is_empty() {
             errs.push(format!("Volume {name} has an empty source"));
         }
+        if v.per_alloc {
+            if matches!(job.job_type, JobType::System | JobType::Sysbatch) {
+                errs.push(format!("Volume {name} cannot be per_alloc for system or sysbatch jobs"));
+            }
+            // A canary takes the name, so the volume, of the alloc it will replace.
+            if g.update.as_ref().or(job.update.as_ref()).is_some_and(|u| u.canary > 0) {
+                errs.push(format!("Volume {name} cannot be per_alloc when canaries are in use"));
+            }
+        }
         if v.volume_type == "csi" {
             let modes = [
                 "",

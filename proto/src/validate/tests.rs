@@ -147,6 +147,25 @@ fn meta_keys_and_values_are_checked() {
 }
 
 #[test]
+fn a_per_alloc_volume_is_refused_with_canaries_and_in_system_jobs() {
+    let volume = crate::volume::VolumeRequest { volume_type: "csi".into(), source: "data".into(), per_alloc: true, ..Default::default() };
+    let with_volume = |j: &mut Job| {
+        j.task_groups[0].volumes.insert("data".into(), volume.clone());
+    };
+    assert!(errors_of(&job_with(with_volume)).is_empty(), "{}", errors_of(&job_with(with_volume)));
+    let j = job_with(|j| {
+        with_volume(j);
+        j.task_groups[0].update = Some(UpdateStrategy { canary: 1, ..UpdateStrategy::default_service() });
+    });
+    assert_refused(&j, "Volume data cannot be per_alloc when canaries are in use");
+    let j = job_with(|j| {
+        with_volume(j);
+        j.job_type = JobType::Sysbatch;
+    });
+    assert_refused(&j, "Volume data cannot be per_alloc for system or sysbatch jobs");
+}
+
+#[test]
 fn update_migrate_restart_and_reschedule_follow_nomad() {
     let j = job_with(|j| {
         j.update = Some(UpdateStrategy { max_parallel: -1, ..UpdateStrategy::default_service() });

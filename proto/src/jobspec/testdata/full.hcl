@@ -100,6 +100,12 @@ job "example" {
     shutdown_delay        = "5s"
     max_client_disconnect = "1h"
 
+    # Its per_alloc volume cannot go with canaries: the group rolls without them.
+    update {
+      canary       = 0
+      auto_promote = false
+    }
+
     network {
       mode     = "bridge"
       hostname = "cache-host"
