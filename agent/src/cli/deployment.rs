@@ -198,7 +198,7 @@ async fn find(ctx: &Ctx, id: &str, verbose: bool) -> Result<Deployment, Failure>
     }
 }
 
-pub(crate) fn format_list(list: &[Deployment], verbose: bool) -> String {
+fn format_list(list: &[Deployment], verbose: bool) -> String {
     if list.is_empty() {
         return "No deployments found".into();
     }
@@ -225,10 +225,15 @@ async fn list(ctx: &Ctx, args: ListArgs) -> CmdResult {
         .await
         .map_err(|e| Failure::new(format!("Error retrieving deployments: {e}")))?
         .value;
-    if args.json {
+    print_list(&list, args.json, args.verbose)
+}
+
+/// Prints deployments as the API's JSON or as Nomad's table.
+pub(crate) fn print_list(list: &[Deployment], json: bool, verbose: bool) -> CmdResult {
+    if json {
         println!("{}", json_text(&list));
     } else {
-        println!("{}", format_list(&list, args.verbose));
+        println!("{}", format_list(list, verbose));
     }
     Ok(exit::OK)
 }

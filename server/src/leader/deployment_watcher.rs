@@ -212,7 +212,7 @@ pub fn writes(state: &State, seen: &mut HashMap<String, SeenDeployment>, now: Ti
             continue;
         }
         let action = match decide(d, before.map(|(_, counts)| counts), now) {
-            Some(Action::Fail { desc, rollback }) => Some(Action::Fail { desc, rollback }),
+            fail @ Some(Action::Fail { .. }) => fail,
             _ if d.status == status::RUNNING && ready_for_auto_promotion(state, d) => Some(Action::Promote),
             other => other,
         };

@@ -7,7 +7,7 @@ use nomad_proto::Deployment;
 use serde::Deserialize;
 
 use crate::cli::api::{ApiFlags, Query, encode_path};
-use crate::cli::deployment::{format_deployment, format_list};
+use crate::cli::deployment::{format_deployment, print_list};
 use crate::cli::format::json_text;
 use crate::cli::monitor::detach_or_follow;
 use crate::cli::{CmdResult, Ctx, Failure, exit, prefix};
@@ -107,10 +107,5 @@ pub async fn deployments(api: &ApiFlags, args: DeploymentsArgs) -> CmdResult {
         .await
         .map_err(|e| Failure::new(format!("Error retrieving deployments: {e}")))?
         .value;
-    if args.json {
-        println!("{}", json_text(&list));
-    } else {
-        println!("{}", format_list(&list, args.verbose));
-    }
-    Ok(exit::OK)
+    print_list(&list, args.json, args.verbose)
 }
