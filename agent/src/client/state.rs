@@ -20,6 +20,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::{RwLock, RwLockReadGuard};
 
 use nomad_proto::{Allocation, TaskState};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -117,9 +118,21 @@ pub enum Durability {
     Lazy,
 }
 
-/// The local state database.
+/// The local state database. [`StateDb::close`] releases the file at once, whoever still
+/// holds the handle: the next agent on the same state dir can open it even while a stray
+/// task of this one has not yet dropped its clone.
 pub struct StateDb {
-    db: Database,
+    db: RwLock<Option<Database>>,
+}
+
+/// The open database, held open while borrowed.
+struct Open<'a>(RwLockReadGuard<'a, Option<Database>>);
+
+impl std::ops::Deref for Open<'_> {
+    type Target = Database;
+    fn deref(&self) -> &Database {
+        self.0.as_ref().expect("checked open when borrowed")
+    }
 }
 
 fn encode<T: Serialize>(value: &T) -> Vec<u8> {
@@ -144,11 +157,27 @@ impl StateDb {
         txn.open_table(ALLOC_HOOKS)?;
         txn.open_table(CHECKS)?;
         txn.commit()?;
-        Ok(StateDb { db })
+        Ok(StateDb { db: RwLock::new(Some(db)) })
+    }
+
+    /// Closes the database once the reads and writes in flight finished; every later one
+    /// fails with "the local state is closed".
+    pub fn close(&self) {
+        let db = self.db.write().unwrap_or_else(|e| e.into_inner()).take();
+        drop(db);
+    }
+
+    fn open_db(&self) -> Result<Open<'_>, StateError> {
+        let guard = self.db.read().unwrap_or_else(|e| e.into_inner());
+        if guard.is_none() {
+            return Err(StateError::Db("the local state is closed".into()));
+        }
+        Ok(Open(guard))
     }
 
     fn write(&self, durability: Durability, f: impl FnOnce(&redb::WriteTransaction) -> Result<(), StateError>) -> Result<(), StateError> {
-        let mut txn = self.db.begin_write()?;
+        let db = self.open_db()?;
+        let mut txn = db.begin_write()?;
         if durability == Durability::Lazy {
             txn.set_durability(redb::Durability::None)?;
         }
@@ -159,7 +188,8 @@ impl StateDb {
 
     /// The stored node identity, if one was created.
     pub fn identity(&self) -> Result<Option<NodeIdentity>, StateError> {
-        let txn = self.db.begin_read()?;
+        let db = self.open_db()?;
+        let txn = db.begin_read()?;
         let meta = txn.open_table(META)?;
         let value = meta.get(IDENTITY)?;
         value.map(|v| decode(|| "node identity".into(), v.value())).transpose()
@@ -186,7 +216,8 @@ impl StateDb {
     /// Every stored alloc. One that does not decode is skipped with a warning: the servers
     /// still have it, and the agent must not refuse to start over it.
     pub fn allocs(&self) -> Result<Vec<Allocation>, StateError> {
-        let txn = self.db.begin_read()?;
+        let db = self.open_db()?;
+        let txn = db.begin_read()?;
         let table = txn.open_table(ALLOCS)?;
         let mut out = Vec::new();
         for item in table.iter()? {
@@ -222,7 +253,8 @@ impl StateDb {
 
     /// The stored tasks of an alloc, by name.
     pub fn tasks(&self, alloc_id: &str) -> Result<BTreeMap<String, LocalTaskState>, StateError> {
-        let txn = self.db.begin_read()?;
+        let db = self.open_db()?;
+        let txn = db.begin_read()?;
         let table = txn.open_table(TASKS)?;
         let mut out = BTreeMap::new();
         for item in table.range((alloc_id, "")..=(alloc_id, "\u{10FFFF}"))? {
@@ -273,7 +305,8 @@ impl StateDb {
     /// Every stored check result: alloc ID to check ID to result. One that does not decode is
     /// skipped with a warning (the check runs again and replaces it).
     pub fn check_results<T: DeserializeOwned>(&self) -> Result<BTreeMap<String, BTreeMap<String, T>>, StateError> {
-        let txn = self.db.begin_read()?;
+        let db = self.open_db()?;
+        let txn = db.begin_read()?;
         let table = txn.open_table(CHECKS)?;
         let mut out: BTreeMap<String, BTreeMap<String, T>> = BTreeMap::new();
         for item in table.iter()? {
@@ -291,7 +324,8 @@ impl StateDb {
 
     /// The stored alloc hook states of an alloc, by hook name.
     pub fn alloc_hooks(&self, alloc_id: &str) -> Result<BTreeMap<String, HookState>, StateError> {
-        let txn = self.db.begin_read()?;
+        let db = self.open_db()?;
+        let txn = db.begin_read()?;
         let table = txn.open_table(ALLOC_HOOKS)?;
         let mut out = BTreeMap::new();
         for item in table.range((alloc_id, "")..=(alloc_id, "\u{10FFFF}"))? {
@@ -339,5 +373,17 @@ mod tests {
         assert!(db.tasks("a1").unwrap().is_empty());
         assert!(db.alloc_hooks("a1").unwrap().is_empty());
         assert_eq!(db.tasks("a2").unwrap().len(), 2, "other allocs are untouched");
+    }
+
+    #[test]
+    fn a_closed_state_releases_the_file_while_a_clone_is_still_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = std::sync::Arc::new(StateDb::open(dir.path()).unwrap());
+        let straggler = db.clone();
+        assert!(matches!(StateDb::open(dir.path()), Err(StateError::Open { .. })), "redb refuses a second opener");
+        db.close();
+        let err = straggler.identity().unwrap_err().to_string();
+        assert!(err.contains("the local state is closed"), "{err}");
+        StateDb::open(dir.path()).expect("the next agent opens the file");
     }
 }
