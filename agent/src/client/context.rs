@@ -43,6 +43,8 @@ pub struct ClientContext {
     pub shutdown: CancellationToken,
     /// Every runner task, so shutdown can wait for all of them.
     pub tracker: TaskTracker,
+    /// Wakes the alloc GC (an alloc became terminal).
+    pub gc_trigger: tokio::sync::Notify,
     /// Registers Nomad-native services with the servers.
     pub registrar: Arc<dyn ServiceRegistrar>,
     /// `<state_dir>/csi`: CSI plugin sockets and staging roots.

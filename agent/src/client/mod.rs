@@ -188,6 +188,7 @@ pub(crate) struct ClientInner {
     registered: tokio_watch::Sender<u64>,
     node_changed: Notify,
     stats: Stats,
+    gc: gc::Collector,
 }
 
 /// The SI token deriver, when the agent's Consul config has a token: Nomad's only sign that
@@ -259,6 +260,7 @@ impl Client {
             updates: updates_tx,
             shutdown: CancellationToken::new(),
             tracker: TaskTracker::new(),
+            gc_trigger: Notify::new(),
             registrar,
             csi_root: s.state_dir.join("csi"),
             csi_plugins: csi_manager.clone(),
@@ -282,6 +284,7 @@ impl Client {
             template: s.template.clone(),
             network: Arc::new(network::CniNetworks::new(s.cni.clone(), &s.state_dir).with_maker(netns_maker)),
         });
+        let gc = gc::Collector::new(s.gc.clone(), s.reserved.disk.unwrap_or(0));
         let inner = Arc::new(ClientInner {
             servers,
             config,
@@ -293,6 +296,7 @@ impl Client {
             registered: tokio_watch::channel(0).0,
             node_changed: Notify::new(),
             stats: Stats::default(),
+            gc,
         });
 
         // Restore before any server is contacted: tasks are reattached, or their exits
@@ -313,6 +317,7 @@ impl Client {
         ctx.tracker.spawn(inner.clone().watch_allocations());
         ctx.tracker.spawn(inner.clone().sync_allocs(updates_rx));
         ctx.tracker.spawn(inner.clone().fingerprint_drivers());
+        ctx.tracker.spawn(inner.clone().collect_garbage());
         ctx.tracker.spawn(csi_manager.clone().run(ctx.shutdown.clone()));
         // The servers' calls to this client (CSI controller and node detach), over the stream it
         // keeps to its server. A node detach is the volume manager's unmount.
@@ -422,13 +427,15 @@ impl Client {
 
     /// Stops the client role and waits until every runner and loop has stopped. Tasks keep
     /// running: a client started later on the same state dir reattaches to them. The local
-    /// state is closed once the last clone of this client is dropped.
+    /// state is closed on the way out, not when the last holder drops it: a watcher that has
+    /// not yet seen the cancellation must not keep the next client from opening it.
     pub async fn shutdown(&self) {
         let ctx = &self.inner.ctx;
         ctx.shutdown.cancel();
         ctx.tracker.close();
         ctx.tracker.wait().await;
         lock(&self.inner.allocs).clear();
+        ctx.state.close();
     }
 }
 
@@ -446,8 +453,8 @@ impl ClientInner {
         }
     }
 
-    /// Applies one alloc watch pass.
-    fn run_allocs(&self, diff: watch::Diff) {
+    /// Applies one alloc watch pass; new allocs start once the GC made room for them.
+    async fn run_allocs(&self, diff: watch::Diff) {
         for id in diff.removed {
             let Some(runner) = lock(&self.allocs).remove(&id) else { continue };
             tracing::info!(alloc_id = %id, "alloc removed by the servers; destroying it");
@@ -456,6 +463,7 @@ impl ClientInner {
         for alloc in diff.updated {
             self.update_alloc(alloc);
         }
+        self.make_room_for(&diff.added).await;
         for alloc in diff.added {
             self.add_alloc(alloc);
         }

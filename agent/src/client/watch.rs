@@ -140,7 +140,7 @@ impl ClientInner {
             self.stats.alloc_pulls.fetch_add(1, Ordering::Relaxed);
             index = resp.index;
             let d = diff(&known, &resp.allocs, pulled);
-            self.run_allocs(d);
+            self.run_allocs(d).await;
             self.servers_contacted.send_replace(true);
         }
     }

@@ -234,8 +234,16 @@ pub struct ClientBlock {
     pub min_dynamic_port: Option<i64>,
     /// Highest dynamic port.
     pub max_dynamic_port: Option<i64>,
-    /// Accepted for compatibility.
+    /// How often the alloc GC checks usage (Nomad: 1m).
     pub gc_interval: Option<DurationValue>,
+    /// Percent of the alloc dir's disk in use above which terminal allocs are collected (80).
+    pub gc_disk_usage_threshold: Option<f64>,
+    /// Percent of its inodes in use above which terminal allocs are collected (70).
+    pub gc_inode_usage_threshold: Option<f64>,
+    /// Most allocs a client keeps, terminal ones included (50).
+    pub gc_max_allocs: Option<i64>,
+    /// Most alloc destroys at once (2).
+    pub gc_parallel_destroys: Option<i64>,
     /// CNI plugin directories, `:`-separated.
     pub cni_path: Option<String>,
     /// Where `cni/<name>` network configs are read from.

@@ -140,6 +140,8 @@ pub struct ClientSettings {
     pub artifact: crate::client::artifact::ArtifactConfig,
     /// `template {}`: how templates are rendered.
     pub template: crate::client::template::TemplateConfig,
+    /// `gc_*`: when terminal allocs are destroyed.
+    pub gc: crate::client::gc::GcConfig,
 }
 
 /// `cni_path`, `cni_config_dir` and the `bridge_network_*` keys.
@@ -203,6 +205,41 @@ impl CniSettings {
             hairpin_mode: cb.bridge_network_hairpin_mode.unwrap_or(false),
         })
     }
+}
+
+/// `client { gc_* }` over Nomad's defaults (a dev agent's when `dev`); a zero keeps the
+/// default, as Nomad's config merge does.
+fn gc_config(b: &file::ClientBlock, dev: bool) -> Result<crate::client::gc::GcConfig, ConfigError> {
+    let invalid =
+        |key: &str, message: String| ConfigError::Invalid { path: "agent configuration".into(), key: format!("client.{key}"), message };
+    let mut gc = if dev { crate::client::gc::GcConfig::dev() } else { crate::client::gc::GcConfig::default() };
+    if let Some(d) = &b.gc_interval {
+        match d.0 {
+            d if d.is_zero() => return Err(invalid("gc_interval", "gc_interval should be greater than 0s".into())),
+            d => gc.interval = d,
+        }
+    }
+    for (key, value, into) in [
+        ("gc_disk_usage_threshold", b.gc_disk_usage_threshold, &mut gc.disk_usage_threshold),
+        ("gc_inode_usage_threshold", b.gc_inode_usage_threshold, &mut gc.inode_usage_threshold),
+    ] {
+        match value {
+            Some(v) if !(0.0..=100.0).contains(&v) => return Err(invalid(key, format!("{v} is not a percentage between 0 and 100"))),
+            Some(v) if v > 0.0 => *into = v,
+            _ => {}
+        }
+    }
+    for (key, value, into) in [
+        ("gc_max_allocs", b.gc_max_allocs, &mut gc.max_allocs),
+        ("gc_parallel_destroys", b.gc_parallel_destroys, &mut gc.parallel_destroys),
+    ] {
+        match value {
+            Some(v) if v < 0 => return Err(invalid(key, format!("{v} is negative"))),
+            Some(v) if v > 0 => *into = usize::try_from(v).unwrap_or(usize::MAX),
+            _ => {}
+        }
+    }
+    Ok(gc)
 }
 
 /// `client { artifact {} }` with Nomad's defaults and checks (`ArtifactConfig.Validate`).
@@ -347,11 +384,6 @@ fn unused_keys(f: &FileConfig) -> Vec<String> {
         f.server.as_ref().is_some_and(|s| s.csi_plugin_gc_threshold.is_some()),
         "server.csi_plugin_gc_threshold",
         "a CSI plugin is removed as soon as no node runs an instance of it, so there is nothing left to collect",
-    );
-    note(
-        f.client.as_ref().is_some_and(|c| c.gc_interval.is_some()),
-        "client.gc_interval",
-        "the client does not garbage-collect alloc dirs on an interval yet",
     );
     if let Some(t) = f.client.as_ref().and_then(|c| c.template.as_ref()) {
         note(t.max_stale.is_some(), "client.template.max_stale", "templates read Nomad data from the servers' consistent state");
@@ -719,6 +751,7 @@ impl AgentConfig {
             if !(1..=65535).contains(&min_port) || !(1..=65535).contains(&max_port) || min_port > max_port {
                 return Err(invalid("client.min_dynamic_port", format!("dynamic port range {min_port}-{max_port} is not valid")));
             }
+            let gc = gc_config(&cb, flags.dev)?;
             Some(ClientSettings {
                 servers,
                 state_dir: flags.state_dir.clone().or(cb.state_dir.map(PathBuf::from)).unwrap_or_else(|| data_dir.join("client")),
@@ -737,6 +770,7 @@ impl AgentConfig {
                 chroot_env,
                 artifact: artifact_config(cb.artifact.as_ref())?,
                 template: template_config(cb.template.as_ref())?,
+                gc,
             })
         } else {
             None
@@ -1028,14 +1062,48 @@ mod tests {
     }
 
     #[test]
+    fn client_gc_settings_take_nomads_defaults_a_dev_agents_and_refuse_nonsense() {
+        use crate::client::gc::GcConfig;
+        let client = |src: &str, dev: bool| {
+            let flags =
+                AgentFlags { dev, client: true, servers: vec!["127.0.0.1:4647".into()], data_dir: Some("/d".into()), ..Default::default() };
+            resolve(src, flags).map(|c| c.client.expect("a client").gc)
+        };
+        assert_eq!(client("", false).unwrap(), GcConfig::default());
+        assert_eq!(client("", true).unwrap().disk_usage_threshold, 99.0);
+        let gc = client(
+            "client {\n  gc_interval = \"30s\"\n  gc_disk_usage_threshold = 90\n  gc_inode_usage_threshold = 85.5\n  \
+             gc_max_allocs = 10\n  gc_parallel_destroys = 0\n}\n",
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            gc,
+            GcConfig {
+                interval: Duration::from_secs(30),
+                disk_usage_threshold: 90.0,
+                inode_usage_threshold: 85.5,
+                max_allocs: 10,
+                parallel_destroys: 2
+            },
+            "a zero keeps the default"
+        );
+        let err = client("client {\n  gc_disk_usage_threshold = 120\n}\n", false).unwrap_err().to_string();
+        assert!(err.contains("client.gc_disk_usage_threshold") && err.contains("between 0 and 100"), "{err}");
+        let err = client("client {\n  gc_max_allocs = -1\n}\n", false).unwrap_err().to_string();
+        assert!(err.contains("client.gc_max_allocs") && err.contains("negative"), "{err}");
+        let err = client("client {\n  gc_interval = \"0s\"\n}\n", false).unwrap_err().to_string();
+        assert!(err.contains("greater than 0s"), "{err}");
+    }
+
+    #[test]
     fn keys_accepted_for_compatibility_but_unused_are_listed_with_why() {
         let dev = AgentFlags { dev: true, ..Default::default() };
         assert_eq!(resolve("", dev.clone()).unwrap().unused, Vec::<String>::new());
-        let src = "telemetry {\n  collection_interval = \"1s\"\n}\nports {\n  serf = 4648\n}\nleave_on_terminate = true\n\
-                   client {\n  gc_interval = \"1m\"\n}\n";
+        let src = "telemetry {\n  collection_interval = \"1s\"\n}\nports {\n  serf = 4648\n}\nleave_on_terminate = true\n";
         let unused = resolve(src, dev).unwrap().unused;
         let keys: Vec<&str> = unused.iter().map(|u| u.split(':').next().unwrap()).collect();
-        assert_eq!(keys, vec!["telemetry.collection_interval", "leave_on_terminate", "ports.serf", "client.gc_interval"], "{unused:?}");
+        assert_eq!(keys, vec!["telemetry.collection_interval", "leave_on_terminate", "ports.serf"], "{unused:?}");
         assert!(
             unused[0].ends_with("not used: nomad-rs serves its metrics at /v1/metrics only (no sinks, no collection interval)"),
             "{unused:?}"

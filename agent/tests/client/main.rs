@@ -12,6 +12,7 @@ mod consul_si;
 mod dns;
 mod docker_network;
 mod escape;
+mod gc;
 mod http;
 mod operator;
 mod reconnect;

@@ -368,6 +368,7 @@ pub fn client_config(root: &Path, servers: Vec<String>) -> ClientConfig {
         chroot_env: None,
         artifact: Default::default(),
         template: Default::default(),
+        gc: nomad_agent::client::gc::GcConfig::dev(),
     };
     let mut c = ClientConfig::new(settings, "test-node", "dc1", "global", "127.0.0.1:4646");
     c.dev_mode = true;

@@ -234,6 +234,21 @@ impl AllocRunner {
         self.tasks.iter().all(|t| t.is_finished())
     }
 
+    /// The destroy hooks ran and the alloc left the local state.
+    pub fn is_destroyed(&self) -> bool {
+        *self.destroyed.borrow()
+    }
+
+    /// When the last task finished (the client GC collects the oldest first).
+    pub fn finished_at(&self) -> Timestamp {
+        self.tasks.iter().map(|t| t.state().finished_at).max().unwrap_or_default()
+    }
+
+    /// The alloc's ephemeral disk, MiB.
+    pub fn disk_mb(&self) -> u64 {
+        self.alloc().allocated_resources.as_ref().map_or(0, |r| r.shared.disk_mb.max(0) as u64)
+    }
+
     fn hook_request_alloc_dir(&self) -> PathBuf {
         self.alloc_dir()
     }
@@ -299,6 +314,8 @@ impl AllocRunner {
             tracing::warn!(alloc_id = %self.id, hook, error = %e, "alloc postrun hook failed");
         }
         self.on_change();
+        // One more terminal alloc: the GC may be over a limit and waiting for one.
+        self.ctx.gc_trigger.notify_one();
         // A verdict can still come (the health hook judging the failure that ended the
         // alloc): it goes to the servers like any other change.
         loop {

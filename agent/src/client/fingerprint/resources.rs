@@ -91,6 +91,7 @@ mod tests {
             chroot_env: None,
             artifact: Default::default(),
             template: Default::default(),
+            gc: Default::default(),
         }
     }
 

@@ -97,8 +97,25 @@ pub fn parse_meminfo(text: &str) -> HashMap<String, u64> {
         .collect()
 }
 
-fn disk(device: &str, mountpoint: &Path) -> Option<Value> {
-    let s = nix::sys::statvfs::statvfs(mountpoint).ok()?;
+/// What `statvfs` says of the file system under a path, in Nomad's terms (gopsutil's: the
+/// used share counts the blocks only root may use as neither used nor available).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DiskUsage {
+    /// Bytes.
+    pub size: u64,
+    /// Bytes in use.
+    pub used: u64,
+    /// Bytes an unprivileged writer can still use.
+    pub available: u64,
+    /// `used / (used + available)`, percent.
+    pub used_percent: f64,
+    /// Inodes in use, percent.
+    pub inodes_used_percent: f64,
+}
+
+/// The usage of the file system `path` is on.
+pub fn disk_usage(path: &Path) -> Result<DiskUsage, String> {
+    let s = nix::sys::statvfs::statvfs(path).map_err(|e| format!("statvfs {}: {e}", path.display()))?;
     let frsize = s.fragment_size() as u64;
     let size = (s.blocks() as u64).saturating_mul(frsize);
     let free = (s.blocks_free() as u64).saturating_mul(frsize);
@@ -107,9 +124,14 @@ fn disk(device: &str, mountpoint: &Path) -> Option<Value> {
     let used_percent = if used + available > 0 { used as f64 / (used + available) as f64 * 100.0 } else { 0.0 };
     let inodes = s.files() as u64;
     let inodes_used_percent = if inodes > 0 { (inodes - (s.files_free() as u64).min(inodes)) as f64 / inodes as f64 * 100.0 } else { 0.0 };
+    Ok(DiskUsage { size, used, available, used_percent, inodes_used_percent })
+}
+
+fn disk(device: &str, mountpoint: &Path) -> Option<Value> {
+    let u = disk_usage(mountpoint).ok()?;
     Some(json!({
-        "Device": device, "Mountpoint": mountpoint.display().to_string(), "Size": size, "Used": used, "Available": available,
-        "UsedPercent": used_percent, "InodesUsedPercent": inodes_used_percent,
+        "Device": device, "Mountpoint": mountpoint.display().to_string(), "Size": u.size, "Used": u.used, "Available": u.available,
+        "UsedPercent": u.used_percent, "InodesUsedPercent": u.inodes_used_percent,
     }))
 }
 
