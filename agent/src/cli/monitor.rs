@@ -13,7 +13,8 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::Duration;
 
-use nomad_proto::{AllocListStub, Allocation, ClientStatus, DesiredStatus, EvalStatus, Evaluation, JobType};
+use nomad_proto::deployment::status as deployment_status;
+use nomad_proto::{AllocListStub, Allocation, ClientStatus, Deployment, DesiredStatus, EvalStatus, Evaluation, JobType};
 
 use super::api::{Client, Query, encode_path};
 use super::format::{format_time, go_duration, limit, now_nanos, table_with_header};
@@ -23,6 +24,8 @@ use super::{CmdResult, Failure, exit, tables};
 const BLOCK_WAIT: Duration = Duration::from_secs(30);
 /// Pause between reads when the server did not block (its index did not move).
 const POLL_PAUSE: Duration = Duration::from_secs(1);
+/// How long a failed deployment's auto-revert may take to start its own deployment.
+const ROLLBACK_WAIT: Duration = Duration::from_secs(5);
 
 /// How to monitor.
 #[derive(Debug, Clone)]
@@ -189,6 +192,30 @@ pub fn live_view(job_type: JobType, allocs: &[AllocListStub], len: usize) -> Vec
     std::iter::once(head).chain(table.lines().map(|l| format!("    {l}"))).collect()
 }
 
+/// How a deployment ended, for `job run`'s exit code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeploymentEnd {
+    /// Every group healthy at its count.
+    Successful,
+    /// Failed; with `auto_revert` on a group, a rollback follows.
+    Failed {
+        /// Some group reverts.
+        auto_revert: bool,
+    },
+    /// Cancelled (a newer version, a stop) or blocked.
+    Other,
+}
+
+/// How `d` ended; `None` while it still runs (or is paused, or waits for a promotion).
+pub fn deployment_end(d: &Deployment) -> Option<DeploymentEnd> {
+    match d.status.as_str() {
+        deployment_status::SUCCESSFUL => Some(DeploymentEnd::Successful),
+        deployment_status::FAILED => Some(DeploymentEnd::Failed { auto_revert: d.task_groups.values().any(|g| g.auto_revert) }),
+        deployment_status::CANCELLED | "blocked" => Some(DeploymentEnd::Other),
+        _ => None,
+    }
+}
+
 /// Follows evaluations and allocations, writing progress to `out`.
 pub struct Monitor<'a> {
     client: &'a Client,
@@ -353,6 +380,9 @@ impl<'a> Monitor<'a> {
             if !self.opts.wait_for_allocs || eval.status == EvalStatus::Canceled {
                 return Ok(exit::OK);
             }
+            if !eval.deployment_id.is_empty() {
+                return self.watch_deployment(&eval).await;
+            }
             return self.watch_allocs(&eval, &mut seen, allocs, alloc_index).await;
         }
     }
@@ -402,6 +432,88 @@ impl<'a> Monitor<'a> {
             index = next_index;
             allocs = next;
         }
+    }
+
+    async fn read_deployment(&self, id: &str, index: u64) -> Result<(Deployment, u64), Failure> {
+        let a = self
+            .client
+            .get::<Deployment>(&format!("/v1/deployment/{}", encode_path(id)), &Query::new().blocking(index, BLOCK_WAIT))
+            .await
+            .map_err(|e| Failure::new(format!("Error fetching deployment: {e}")))?;
+        Ok((a.value, a.index))
+    }
+
+    /// Follows the deployment `eval` rolled out in until it ends, then the rollback an
+    /// `auto_revert` started, as Nomad's `job run` does. 0 only when the first one succeeded.
+    async fn watch_deployment(&mut self, eval: &Evaluation) -> CmdResult {
+        let len = self.opts.id_len;
+        self.info(&format!("Monitoring deployment \"{}\"", limit(&eval.deployment_id, len)));
+        let mut id = eval.deployment_id.clone();
+        let mut first = None;
+        loop {
+            let d = self.follow_deployment(&id).await?;
+            let end = deployment_end(&d).expect("followed until it ended");
+            let mark = if end == DeploymentEnd::Successful { '✓' } else { '!' };
+            self.write_line(&format!("  {mark} Deployment \"{}\" {}", limit(&d.id, len), d.status));
+            first.get_or_insert_with(|| end.clone());
+            if end != (DeploymentEnd::Failed { auto_revert: true }) {
+                break;
+            }
+            match self.rollback_of(&d, &eval.namespace).await {
+                Some(next) => {
+                    self.info(&format!("Monitoring rollback deployment \"{}\"", limit(&next, len)));
+                    id = next;
+                }
+                None => break,
+            }
+        }
+        Ok(if first == Some(DeploymentEnd::Successful) { exit::OK } else { exit::ERROR })
+    }
+
+    /// Shows the deployment as it changes (redrawn in place on a terminal) until it ends.
+    async fn follow_deployment(&mut self, id: &str) -> Result<Deployment, Failure> {
+        let verbose = self.opts.id_len > 8;
+        let (mut index, mut shown) = (0, String::new());
+        loop {
+            let (d, next) = self.read_deployment(id, index).await?;
+            let view = super::deployment::format_deployment(&d, verbose);
+            if view != shown {
+                let lines: Vec<String> = std::iter::once(format_time(now_nanos())).chain(view.lines().map(str::to_string)).collect();
+                if self.opts.live {
+                    self.redraw(&lines);
+                } else {
+                    self.write_line("");
+                    for l in &lines {
+                        self.write_line(l);
+                    }
+                }
+                shown = view;
+            }
+            if deployment_end(&d).is_some() {
+                self.drawn = 0;
+                return Ok(d);
+            }
+            Monitor::pace(index, next).await;
+            index = next;
+        }
+    }
+
+    /// The deployment an auto-revert of failed deployment `d` started, once it exists; `None`
+    /// when none came within [`ROLLBACK_WAIT`] (nothing to revert to, or the same spec).
+    async fn rollback_of(&self, d: &Deployment, namespace: &str) -> Option<String> {
+        let deadline = tokio::time::Instant::now() + ROLLBACK_WAIT;
+        let path = format!("/v1/job/{}/deployment", encode_path(&d.job_id));
+        let mut index = 0;
+        while tokio::time::Instant::now() < deadline {
+            let q = Query::new().param("namespace", namespace).blocking(index, ROLLBACK_WAIT);
+            let a = self.client.get::<Option<Deployment>>(&path, &q).await.ok()?;
+            if let Some(latest) = a.value.filter(|l| l.id != d.id && l.create_index > d.create_index) {
+                return Some(latest.id);
+            }
+            Monitor::pace(index, a.index).await;
+            index = a.index;
+        }
+        None
     }
 
     /// Prints why allocations failed: each failed task's latest events.

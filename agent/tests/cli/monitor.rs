@@ -194,6 +194,84 @@ async fn job_run_exits_2_with_the_task_events_when_an_allocation_fails() {
         .stdout_has(&format!("nomad-rs alloc status {ALLOC}"));
 }
 
+const DEPLOYMENT: &str = "d0d0d0d0-1111-2222-3333-444444444444";
+const ROLLBACK: &str = "d1d1d1d1-1111-2222-3333-444444444444";
+
+fn deployment(id: &str, status: &str, description: &str, healthy: i64, auto_revert: bool) -> Value {
+    let group =
+        nomad_proto::DeploymentState { auto_revert, desired_total: 1, placed_allocs: 1, healthy_allocs: healthy, ..Default::default() };
+    json!(nomad_proto::Deployment {
+        id: id.into(),
+        namespace: "default".into(),
+        job_id: "hello".into(),
+        status: status.into(),
+        status_description: description.into(),
+        task_groups: BTreeMap::from([("greeter".to_string(), group)]),
+        create_index: if id == ROLLBACK { 20 } else { 10 },
+        ..Default::default()
+    })
+}
+
+/// A fake API for `job run` of a job whose eval rolled out in [`DEPLOYMENT`]: it answers with
+/// `first` in turn; [`ROLLBACK`] (the job's latest deployment) with `rollback`.
+fn deployment_api(first: Vec<Value>, rollback: Value) -> Router {
+    let mut e = eval(EvalStatus::Complete, JobType::Service);
+    e.deployment_id = DEPLOYMENT.into();
+    let first = Seq::new(first);
+    let latest = rollback.clone();
+    run_api(vec![e], vec![json!([])], None)
+        .route(
+            "/v1/deployment/{id}",
+            get(move |axum::extract::Path(id): axum::extract::Path<String>| {
+                let (first, rollback) = (first.clone(), rollback.clone());
+                async move { if id == DEPLOYMENT { first.reply() } else { json_reply(&rollback, 30) } }
+            }),
+        )
+        .route(
+            "/v1/job/{id}/deployment",
+            get(move || {
+                let l = latest.clone();
+                async move { json_reply(&l, 30) }
+            }),
+        )
+}
+
+#[tokio::test]
+async fn job_run_follows_the_deployment_and_exits_0_once_it_succeeds() {
+    let api = deployment_api(
+        vec![
+            deployment(DEPLOYMENT, "running", "Deployment is running", 0, false),
+            deployment(DEPLOYMENT, "successful", "Deployment completed successfully", 1, false),
+        ],
+        Value::Null,
+    );
+    let addr = serve(api).await;
+    let run = nomad(&["job", "run", "-address", &addr, &example("hello.nomad.hcl")]).await;
+    run.expect_code(0)
+        .stdout_has("Evaluation \"e0e0e0e0\" finished with status \"complete\"")
+        .stdout_has("Monitoring deployment \"d0d0d0d0\"")
+        .stdout_has("Status      = running")
+        .stdout_has("Description = Deployment completed successfully")
+        .stdout_has("Task Group  Desired  Placed  Healthy  Unhealthy\ngreeter     1        1       1        0")
+        .stdout_has("  ✓ Deployment \"d0d0d0d0\" successful");
+    assert!(!run.stdout.contains("allocation(s) of job"), "the deployment, not the allocs, decides: {}", run.stdout);
+}
+
+#[tokio::test]
+async fn job_run_exits_1_when_the_deployment_fails_and_follows_the_rollback() {
+    let api = deployment_api(
+        vec![deployment(DEPLOYMENT, "failed", "Failed due to unhealthy allocations - rolling back to job version 0", 0, true)],
+        deployment(ROLLBACK, "successful", "Deployment completed successfully", 1, true),
+    );
+    let addr = serve(api).await;
+    nomad(&["job", "run", "-address", &addr, &example("hello.nomad.hcl")])
+        .await
+        .expect_code(1)
+        .stdout_has("  ! Deployment \"d0d0d0d0\" failed")
+        .stdout_has("Monitoring rollback deployment \"d1d1d1d1\"")
+        .stdout_has("  ✓ Deployment \"d1d1d1d1\" successful");
+}
+
 #[tokio::test]
 async fn job_plan_prints_the_diff_and_exits_1_when_allocations_would_change() {
     let plan = json!({

@@ -770,8 +770,9 @@ fn the_default_injection_runs_envoy_as_a_docker_task_in_the_infra_containers_nam
     containers.1.0 = Some(dashboard["ID"].as_str().unwrap().to_string());
 }
 
-/// `examples/connect.nomad.hcl` as its comment says to run it: `job run` (which waits for the
-/// allocations to run) and the dashboard answers with the API's greeting through the mesh.
+/// `examples/connect.nomad.hcl` as its comment says to run it: `job run` (which follows the
+/// deployment until every alloc is healthy) and the dashboard answers with the API's greeting
+/// through the mesh.
 #[test]
 fn the_connect_example_runs_through_the_cli_and_its_dashboard_answers_through_the_mesh() {
     nomad_testkit::require_prereqs!(Prereq::Root, Prereq::Iproute2, Prereq::CniPlugins, Prereq::Envoy, Prereq::Busybox, Prereq::Runc);
@@ -780,7 +781,7 @@ fn the_connect_example_runs_through_the_cli_and_its_dashboard_answers_through_th
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/connect.nomad.hcl");
     let var = format!("envoy={envoy}");
     let run = nomad(&mesh.agent, &["job", "run", "-var", &var, example.to_str().unwrap()]).expect(0, "job run examples/connect.nomad.hcl");
-    assert!(run.stdout.contains("All 2 allocation(s) of job \"countdash\" are running"), "{}", run.stdout);
+    assert!(run.stdout.contains("Monitoring deployment") && run.stdout.contains("successful"), "{}", run.stdout);
     let http = mesh.agent.http();
     let allocs = http.get_json("/v1/job/countdash/allocations").unwrap();
     let by_group = |g: &str| -> Value {

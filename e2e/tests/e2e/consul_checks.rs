@@ -32,7 +32,9 @@ fn dev_agent_with_consul(dir: &std::path::Path, consul: &ConsulStandIn, extra: &
 fn run_job(agent: &Agent, dir: &std::path::Path, name: &str, hcl: &str) {
     let file = dir.join(format!("{name}.nomad.hcl"));
     std::fs::write(&file, hcl).unwrap();
-    nomad(agent, &["job", "run", file.to_str().unwrap()]).expect(0, "job run");
+    // Detached: a job whose check is meant to fail would fail its deployment, and `job run`
+    // follows the deployment to its end; the tests wait for what they need themselves.
+    nomad(agent, &["job", "run", "-detach", file.to_str().unwrap()]).expect(0, "job run");
 }
 
 fn running_alloc(http: &HttpClient, job: &str) -> Value {
