@@ -451,8 +451,7 @@ impl<'a> Monitor<'a> {
         let mut id = eval.deployment_id.clone();
         let mut first = None;
         loop {
-            let d = self.follow_deployment(&id).await?;
-            let end = deployment_end(&d).expect("followed until it ended");
+            let (d, end) = self.follow_deployment(&id).await?;
             let mark = if end == DeploymentEnd::Successful { '✓' } else { '!' };
             self.write_line(&format!("  {mark} Deployment \"{}\" {}", limit(&d.id, len), d.status));
             first.get_or_insert_with(|| end.clone());
@@ -471,7 +470,7 @@ impl<'a> Monitor<'a> {
     }
 
     /// Shows the deployment as it changes (redrawn in place on a terminal) until it ends.
-    async fn follow_deployment(&mut self, id: &str) -> Result<Deployment, Failure> {
+    async fn follow_deployment(&mut self, id: &str) -> Result<(Deployment, DeploymentEnd), Failure> {
         let verbose = self.opts.id_len > 8;
         let (mut index, mut shown) = (0, String::new());
         loop {
@@ -489,9 +488,9 @@ impl<'a> Monitor<'a> {
                 }
                 shown = view;
             }
-            if deployment_end(&d).is_some() {
+            if let Some(end) = deployment_end(&d) {
                 self.drawn = 0;
-                return Ok(d);
+                return Ok((d, end));
             }
             Monitor::pace(index, next).await;
             index = next;
