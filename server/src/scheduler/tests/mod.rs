@@ -8,6 +8,7 @@ mod csi;
 mod feasibility;
 mod generic;
 mod props;
+mod rolling;
 mod system;
 
 use std::collections::BTreeMap;
