@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use nomad_agent::client::Client;
 use nomad_agent::client::gc::GcConfig;
+use nomad_proto::ClientStatus;
 use nomad_proto::job::JobType;
 
 use crate::support::{TestServer, client_config, drivers, job, restart_policy, sh_task, task_pid, wait_for, wait_ready, wait_until};
@@ -64,5 +65,31 @@ async fn a_disk_over_the_usage_threshold_collects_allocs_as_they_finish_and_leav
         root.path().join("alloc").join(&live).exists() && task_pid(&client, &live, "t").is_some(),
         "a running alloc is never collected"
     );
+    client.shutdown_destroying_allocs().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collected_alloc_the_servers_still_list_keeps_its_record_after_an_agent_restart() {
+    let server = TestServer::start().await;
+    let root = tempfile::tempdir().unwrap();
+    let client = start_with(root.path(), &server, GcConfig { interval: NEVER, ..GcConfig::dev() }).await;
+    wait_ready(&server, &client).await;
+    let marker = root.path().join("runs");
+    let script = format!("echo ran >> {}; exit 3", marker.display());
+    let id = server.place(&job("failing", JobType::Batch, vec![sh_task("t", &script)], restart_policy(0, 0)), client.node_id()).await;
+    wait_until("the servers see it failed", || server.alloc(&id).is_some_and(|a| a.client_status == ClientStatus::Failed)).await;
+    nomad_agent::client::gc::collect(&client, &id).await.expect("a terminal alloc is collected");
+    client.shutdown().await;
+    drop(client);
+
+    // The next agent finds the alloc only on the servers' list: it must neither run it again
+    // nor report it as a fresh, successful one.
+    let client = start_with(root.path(), &server, GcConfig { interval: NEVER, ..GcConfig::dev() }).await;
+    wait_until("the alloc is known again", || client.alloc_runner(&id).is_some_and(|r| r.tasks_finished())).await;
+    let reported = client.alloc_runner(&id).unwrap().client_alloc();
+    assert_eq!(reported.client_status, ClientStatus::Failed, "{reported:?}");
+    let task = &reported.task_states.as_ref().expect("task states")["t"];
+    assert!(task.failed && task.events.iter().any(|e| e.exit_code == 3), "the first run's record: {task:?}");
+    assert_eq!(std::fs::read_to_string(&marker).unwrap().lines().count(), 1, "the task ran once");
     client.shutdown_destroying_allocs().await;
 }

@@ -142,8 +142,18 @@ impl TaskRunner {
         let fresh = restored.is_none();
         let local = restored.unwrap_or_else(|| {
             let mut l = LocalTaskState::default();
-            l.state.state = task_state::PENDING.into();
-            events::append(&mut l.state, events::received());
+            // A finished alloc this client no longer has (collected, then listed again by the
+            // servers after a restart) keeps the servers' record of its tasks, as Nomad's task
+            // runner starts from the alloc's task state: it never runs again, and its report
+            // must not turn a failed run into a fresh, successful one.
+            let finished = alloc.client_terminal().then(|| alloc.task_states.as_ref()?.get(&task.name)).flatten();
+            match finished {
+                Some(state) => l.state = state.clone(),
+                None => {
+                    l.state.state = task_state::PENDING.into();
+                    events::append(&mut l.state, events::received());
+                }
+            }
             l
         });
         let runner = Arc::new_cyclic(|me: &std::sync::Weak<TaskRunner>| TaskRunner {
