@@ -475,7 +475,16 @@ impl<'a> Monitor<'a> {
         let (mut index, mut shown) = (0, String::new());
         loop {
             let (d, next) = self.read_deployment(id, index).await?;
-            let view = super::deployment::format_deployment(&d, verbose);
+            let mut view = super::deployment::format_deployment(&d, verbose);
+            if verbose {
+                // Nomad's `-verbose` view ends with the deployment's allocations.
+                view.push_str("\n\nAllocations\n");
+                let path = format!("/v1/deployment/allocations/{}", encode_path(id));
+                match self.client.get::<Vec<AllocListStub>>(&path, &Query::new()).await {
+                    Ok(a) => view.push_str(&tables::allocs(&a.value, self.opts.id_len, true, now_nanos())),
+                    Err(e) => view.push_str(&format!("Error fetching allocations: {e}")),
+                }
+            }
             if view != shown {
                 let lines: Vec<String> = std::iter::once(format_time(now_nanos())).chain(view.lines().map(str::to_string)).collect();
                 if self.opts.live {

@@ -227,6 +227,7 @@ fn deployment_api(first: Vec<Value>, rollback: Value) -> Router {
                 async move { if id == DEPLOYMENT { first.reply() } else { json_reply(&rollback, 30) } }
             }),
         )
+        .route("/v1/deployment/allocations/{id}", get(|| async { json_reply(&json!([]), 30) }))
         .route(
             "/v1/job/{id}/deployment",
             get(move || {
@@ -264,12 +265,13 @@ async fn job_run_exits_1_when_the_deployment_fails_and_follows_the_rollback() {
         deployment(ROLLBACK, "successful", "Deployment completed successfully", 1, true),
     );
     let addr = serve(api).await;
-    nomad(&["job", "run", "-address", &addr, &example("hello.nomad.hcl")])
+    nomad(&["job", "run", "-verbose", "-address", &addr, &example("hello.nomad.hcl")])
         .await
         .expect_code(1)
-        .stdout_has("  ! Deployment \"d0d0d0d0\" failed")
-        .stdout_has("Monitoring rollback deployment \"d1d1d1d1\"")
-        .stdout_has("  ✓ Deployment \"d1d1d1d1\" successful");
+        .stdout_has(&format!("  ! Deployment \"{DEPLOYMENT}\" failed"))
+        .stdout_has("Allocations\nNo allocations placed")
+        .stdout_has(&format!("Monitoring rollback deployment \"{ROLLBACK}\""))
+        .stdout_has(&format!("  ✓ Deployment \"{ROLLBACK}\" successful"));
 }
 
 #[tokio::test]
