@@ -3,30 +3,12 @@
 
 use std::collections::HashMap;
 
-use nomad_proto::Job;
 use nomad_proto::deployment::alloc_is_canary;
 use nomad_proto::job::UpdateStrategy;
 
-use super::{Harness, SEC, placed, service_job, stopped};
+use super::{Harness, SEC, deployed_then_changed, placed, stopped, version_of};
 use crate::fsm::Command;
 use crate::leader::deployment_watcher::{SeenDeployment, writes};
-
-/// `web` with 3 allocs of version 0, deployed and stable, and version 1 (a new env) registered.
-fn canarying(update: UpdateStrategy) -> (Harness, Job) {
-    let mut h = Harness::new();
-    h.add_nodes(4);
-    let mut job = service_job("web", 3);
-    job.update = Some(update);
-    h.register_job(job.clone());
-    h.run_job("web");
-    let ids: Vec<String> = h.live("web").iter().map(|a| a.id.clone()).collect();
-    h.report_health(&ids, true);
-    h.run_job("web");
-    assert!(h.state().job("default", "web").unwrap().stable, "version 0 deployed and stable");
-    job.task_groups[0].tasks[0].env.insert("V".into(), "1".into());
-    h.register_job(job.clone());
-    (h, job)
-}
 
 /// One look of the leader's deployment watcher, its writes applied.
 fn watch(h: &mut Harness, seen: &mut HashMap<String, SeenDeployment>) -> Vec<Command> {
@@ -37,13 +19,9 @@ fn watch(h: &mut Harness, seen: &mut HashMap<String, SeenDeployment>) -> Vec<Com
     cmds
 }
 
-fn version_of(a: &nomad_proto::Allocation) -> u64 {
-    a.job.as_ref().map_or(u64::MAX, |j| j.version)
-}
-
 #[test]
 fn a_canary_waits_for_promotion_then_the_rest_roll_max_parallel_at_a_time() {
-    let (mut h, _) = canarying(UpdateStrategy { max_parallel: 1, canary: 1, ..UpdateStrategy::default_service() });
+    let (mut h, _) = deployed_then_changed(UpdateStrategy { max_parallel: 1, canary: 1, ..UpdateStrategy::default_service() });
     let out = h.run_job("web");
     assert!(stopped(&out).is_empty(), "nothing old stops for a canary");
     let canary = placed(&out)[0].clone();
@@ -85,7 +63,7 @@ fn a_canary_waits_for_promotion_then_the_rest_roll_max_parallel_at_a_time() {
 fn a_failing_canary_with_auto_revert_takes_the_job_back_to_its_stable_version() {
     let update =
         UpdateStrategy { max_parallel: 1, canary: 1, auto_revert: true, progress_deadline: 0, ..UpdateStrategy::default_service() };
-    let (mut h, _) = canarying(update);
+    let (mut h, _) = deployed_then_changed(update);
     let out = h.run_job("web");
     let canary = placed(&out)[0].id.clone();
     let d = out.plan.deployment.clone().unwrap();
@@ -113,7 +91,7 @@ fn a_failing_canary_with_auto_revert_takes_the_job_back_to_its_stable_version() 
 #[test]
 fn auto_promote_promotes_once_every_canary_is_healthy() {
     let update = UpdateStrategy { max_parallel: 2, canary: 2, auto_promote: true, ..UpdateStrategy::default_service() };
-    let (mut h, _) = canarying(update);
+    let (mut h, _) = deployed_then_changed(update);
     let out = h.run_job("web");
     let canaries: Vec<String> = placed(&out).iter().map(|a| a.id.clone()).collect();
     assert_eq!(canaries.len(), 2);

@@ -214,6 +214,29 @@ impl Harness {
     }
 }
 
+/// `web` with 3 allocs of version 0 on 4 nodes, deployed and stable, and version 1 (a new env)
+/// registered: the start of every update scenario.
+pub(crate) fn deployed_then_changed(update: nomad_proto::job::UpdateStrategy) -> (Harness, Job) {
+    let mut h = Harness::new();
+    h.add_nodes(4);
+    let mut job = service_job("web", 3);
+    job.update = Some(update);
+    h.register_job(job.clone());
+    h.run_job("web");
+    let ids: Vec<String> = h.live("web").iter().map(|a| a.id.clone()).collect();
+    h.report_health(&ids, true);
+    h.run_job("web");
+    assert!(h.state().job("default", "web").unwrap().stable, "version 0 deployed and stable");
+    job.task_groups[0].tasks[0].env.insert("V".into(), "1".into());
+    h.register_job(job.clone());
+    (h, job)
+}
+
+/// The job version a stored alloc runs (the plan's allocs leave the job out).
+pub(crate) fn version_of(a: &Allocation) -> u64 {
+    a.job.as_ref().map_or(u64::MAX, |j| j.version)
+}
+
 /// New allocs of an outcome (rewrites of stored allocs carry their create index).
 pub(crate) fn placed(out: &ScheduleOutcome) -> Vec<&Allocation> {
     out.plan.node_allocation.values().flatten().filter(|a| a.create_index == 0).collect()

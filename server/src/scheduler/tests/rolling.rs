@@ -7,28 +7,12 @@ use nomad_proto::eval::trigger;
 use nomad_proto::job::UpdateStrategy;
 use nomad_proto::{Allocation, DesiredTransition};
 
-use super::{Harness, placed, service_job, stopped};
+use super::{deployed_then_changed, placed, stopped, version_of};
 use crate::fsm::Command;
-
-fn version_of(a: &Allocation) -> u64 {
-    a.job.as_ref().map_or(u64::MAX, |j| j.version)
-}
 
 #[test]
 fn a_node_drained_mid_rollout_moves_its_alloc_and_the_update_still_rolls_max_parallel_at_a_time() {
-    let mut h = Harness::new();
-    h.add_nodes(4);
-    let mut job = service_job("web", 3);
-    job.update = Some(UpdateStrategy { max_parallel: 1, ..UpdateStrategy::default_service() });
-    h.register_job(job.clone());
-    h.run_job("web");
-    let ids: Vec<String> = h.live("web").iter().map(|a| a.id.clone()).collect();
-    h.report_health(&ids, true);
-    h.run_job("web");
-    assert!(h.state().job("default", "web").unwrap().stable, "version 0 deployed and stable");
-
-    job.task_groups[0].tasks[0].env.insert("V".into(), "1".into());
-    h.register_job(job);
+    let (mut h, _) = deployed_then_changed(UpdateStrategy { max_parallel: 1, ..UpdateStrategy::default_service() });
     let out = h.run_job("web");
     assert_eq!((placed(&out).len(), stopped(&out).len()), (1, 1), "one destructive update at a time");
     let deployment = out.plan.deployment.clone().expect("a deployment").id;
